@@ -1,0 +1,114 @@
+"""EngineConfig: the one frozen configuration that flows downward from the edge.
+
+Built once (by `LLM(...)` or the CLI), validated in `__post_init__`, never mutated.
+What start-up discovers (the model's shape, the number of KV blocks) lives in separate
+objects (`model.spec.ModelSpec`, `core.kv_cache.CachePlan`), not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Literal, Union
+
+from conveyor.errors import ConfigError
+
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+SUPPORTED_DEVICES = ("auto", "cpu", "cuda")
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_memory_size(value: Union[int, float, str]) -> Union[int, float]:
+    """'2GiB' -> 2147483648; 0.25 -> 0.25 (a fraction of available memory); 10**9 -> 10**9."""
+    if isinstance(value, bool):
+        raise ConfigError(f"kv_cache_memory={value!r} is not a size; give bytes (e.g. 2000000000), "
+                          "a string like '2GiB', or a fraction of available memory in (0, 1]")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ConfigError(f"kv_cache_memory={value!r} must be positive: bytes (e.g. 2000000000), "
+                              "a string like '2GiB', or a fraction of available memory in (0, 1]")
+        if isinstance(value, float) and value > 1:
+            return int(value)
+        return value
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _SIZE_UNITS:
+        raise ConfigError(f"kv_cache_memory={value!r} is not a size I can read; use bytes, "
+                          "a unit among B, KB, MB, GB, KiB, MiB, GiB (e.g. '2GiB'), or a fraction like 0.2")
+    amount = float(match.group(1))
+    if unit == "" and amount <= 1:
+        return amount
+    return int(amount * _SIZE_UNITS[unit])
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything a user can choose about an engine. Each field is also a CLI flag."""
+
+    model: str | None = None
+    """Path to a .gguf file or a Hugging Face checkpoint folder; None = the embedded SmolLM2-135M-Instruct."""
+    dtype: str = "float32"
+    """Compute and KV-cache dtype: float32 (default on CPU), bfloat16 or float16."""
+    device: str = "auto"
+    """'auto' (CUDA when available, else CPU), 'cpu' or 'cuda'."""
+    max_model_len: int | None = None
+    """Longest prompt + output in tokens; None = the model's own context length."""
+    block_size: int = 16
+    """Tokens per KV-cache block."""
+    max_num_seqs: int = 128
+    """Most requests running in one step."""
+    max_num_batched_tokens: int = 2048
+    """Token budget of one step (prefill chunks + decodes)."""
+    kv_cache_memory: Union[int, float, str, None] = None
+    """KV cache size: bytes, a string like '2GiB', or a fraction of available memory; None = 0.2."""
+    enable_prefix_caching: bool = True
+    """Reuse KV blocks of identical prompt prefixes across requests."""
+    async_batching: Union[bool, Literal["auto"]] = "auto"
+    """Overlap host work with device compute: 'auto', True or False."""
+    seed: int = 0
+    """Seed for requests that give none of their own."""
+    num_threads: int | None = None
+    """CPU threads for torch; None = torch's default."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ConfigError(f"dtype={self.dtype!r} is not supported; choose one of "
+                              f"{', '.join(SUPPORTED_DTYPES)} (float32 is the default on CPU)")
+        if self.device not in SUPPORTED_DEVICES:
+            raise ConfigError(f"device={self.device!r} is not supported; choose one of {', '.join(SUPPORTED_DEVICES)}")
+        for name, lowest in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < lowest:
+                raise ConfigError(f"{name}={value!r} must be an integer >= {lowest}")
+        if self.block_size > 1024:
+            raise ConfigError(f"block_size={self.block_size} is too large; use at most 1024 (16 is typical)")
+        if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
+            raise ConfigError(f"max_model_len={self.max_model_len!r} must be an integer >= 2 (or None for the model's own)")
+        if self.kv_cache_memory is not None:
+            object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
+        if self.async_batching not in (True, False, "auto"):
+            raise ConfigError(f"async_batching={self.async_batching!r} must be 'auto', True or False")
+        if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
+            raise ConfigError(f"num_threads={self.num_threads!r} must be a positive integer (or None)")
+
+    def replace(self, **changes: object) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def field_docs() -> dict[str, str]:
+    """Field name -> its docstring (the string literal after it), for CLI help."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(EngineConfig))
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, following in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr) \
+                and isinstance(following.value, ast.Constant) and isinstance(node.target, ast.Name):
+            docs[node.target.id] = str(following.value.value)
+    return docs
+

@@ -1,0 +1,79 @@
+"""Request: token ids and the counters that drive scheduling (no phases, only counters)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from conveyor.params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def is_finished(self) -> bool:
+        return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
+
+
+@dataclass(eq=False)
+class Request:
+    """One sequence being generated.
+
+    `token_ids` holds prompt + committed output. The scheduler advances
+    `num_computed_tokens` when it plans a step (tokens whose KV will exist once the step
+    ran); `num_inflight_tokens` counts tokens that a planned step will sample but that
+    are not committed yet. Prefill, chunked prefill, decode and recompute after
+    preemption are all "compute tokens[num_computed:num_tokens + num_inflight]".
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    arrival_index: int
+    max_model_len: int
+    token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_inflight_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_token_ids):]
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.num_tokens + self.num_inflight_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.status.value if self.status.is_finished else None

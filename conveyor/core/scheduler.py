@@ -1,0 +1,171 @@
+"""Scheduler: continuous batching under a token budget, with chunked prefill and preemption.
+
+Each step: running requests first (decodes and unfinished prefill chunks, oldest first),
+then waiting requests FCFS while the token budget, `max_num_seqs` and free blocks allow.
+When blocks run out, the newest running request is preempted (its blocks freed, its
+tokens recomputed later). Knows nothing of tensors.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from conveyor.core.kv_cache import EMPTY_MATCH, BlockManager
+from conveyor.core.plan import PLACEHOLDER_TOKEN, SamplingSpec, ScheduledSeq, StepPlan
+from conveyor.core.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class SchedulerLimits:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+
+@dataclass
+class SchedulerStats:
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_partial_prefills: int = 0
+    """Prefill chunks planned that did not reach the end of the known tokens."""
+
+
+class Scheduler:
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager,
+                 on_free: Callable[[str], None] | None = None) -> None:
+        self.limits = limits
+        self.blocks = blocks
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.stats = SchedulerStats()
+        self._requests: dict[str, Request] = {}
+        self._next_step_id = 0
+        self._on_free = on_free
+
+    # ---- membership -----------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use; ids must be unique")
+        self._requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def get(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._requests)
+
+    def finish(self, request: Request, status: RequestStatus) -> None:
+        """Move a request to a terminal state and release its blocks (idempotent)."""
+        if request.is_finished:
+            return
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        request.status = status
+        self._free_blocks(request.request_id)
+        del self._requests[request.request_id]
+
+    def abort(self, request_ids: Iterable[str]) -> list[Request]:
+        aborted = []
+        for rid in request_ids:
+            request = self._requests.get(rid)
+            if request is not None:
+                self.finish(request, RequestStatus.FINISHED_ABORTED)
+                aborted.append(request)
+        return aborted
+
+    # ---- planning -------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        budget = self.limits.max_num_batched_tokens
+        planned: list[tuple[Request, int]] = []
+        num_preempted = 0
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            count = min(request.num_tokens_to_compute, budget)
+            if count <= 0:
+                i += 1
+                continue
+            while not self.blocks.can_allocate(request.request_id, request.num_computed_tokens + count):
+                victim = self.running[-1]
+                self._preempt(victim)
+                num_preempted += 1
+                if victim is request:
+                    break
+            else:
+                self.blocks.allocate(request.request_id, request.num_computed_tokens + count)
+                planned.append((request, count))
+                budget -= count
+                i += 1
+
+        while self.waiting and budget > 0 and num_preempted == 0 \
+                and len(self.running) < self.limits.max_num_seqs:
+            request = self.waiting[0]
+            prefix = self.blocks.find_cached_prefix(request.token_ids) if request.num_computed_tokens == 0 \
+                else EMPTY_MATCH
+            start = prefix.num_tokens
+            count = min(request.num_tokens_to_compute - start, budget)
+            if not self.blocks.can_allocate(request.request_id, start + count, prefix):
+                break
+            self.blocks.allocate(request.request_id, start + count, prefix)
+            self.blocks.count_prefix_query(request.num_tokens)
+            self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = start
+            request.num_cached_tokens = start
+            self.running.append(request)
+            planned.append((request, count))
+            budget -= count
+
+        plan = StepPlan(self._next_step_id, [self._plan_seq(r, n) for r, n in planned], num_preempted)
+        self._next_step_id += 1
+        self.stats.num_steps += 1
+        self.stats.num_preemptions += num_preempted
+        return plan
+
+    def _plan_seq(self, request: Request, count: int) -> ScheduledSeq:
+        start = request.num_computed_tokens
+        known = request.token_ids[start:start + count]
+        inputs = known + [PLACEHOLDER_TOKEN] * (count - len(known))
+        request.num_computed_tokens = start + count
+        self.blocks.register_full_blocks(request.request_id, request.token_ids, min(start + count, request.num_tokens))
+        sampling = None
+        if request.num_tokens_to_compute == 0:
+            p = request.params
+            sampling = SamplingSpec(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=request.seed,
+                                    output_index=request.num_output_tokens + request.num_inflight_tokens)
+            request.num_inflight_tokens += 1
+        else:
+            self.stats.num_partial_prefills += 1
+        return ScheduledSeq(request.request_id, inputs, start, list(self.blocks.block_table(request.request_id)),
+                            sampling)
+
+    def _preempt(self, request: Request) -> None:
+        """Free the request's blocks and queue it first in line for recomputation."""
+        self.running.remove(request)
+        self._free_blocks(request.request_id)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _free_blocks(self, request_id: str) -> None:
+        if self._on_free is not None:
+            self._on_free(request_id)
+        else:
+            self.blocks.free(request_id)
+
+    # ---- committing -----------------------------------------------------------------
+    def commit_token(self, request: Request, token_id: int) -> None:
+        """Record a sampled token of a planned step (the caller then checks stops)."""
+        request.num_inflight_tokens -= 1
+        request.token_ids.append(token_id)

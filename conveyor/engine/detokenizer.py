@@ -1,0 +1,49 @@
+"""Incremental detokenizer: text grows token by token, and ends equal to a full decode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    """Decodes a window that starts a few tokens back, so spacing and multi-byte
+    characters split across tokens come out right; holds text back while it ends in an
+    incomplete character (U+FFFD)."""
+
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
+        self.num_context = len(self.ids)
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the text it completes (maybe empty)."""
+        self.ids.append(token_id)
+        if self.tokenizer is None:
+            return ""
+        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset:])
+        if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
+            return ""
+        delta = new_text[len(prefix_text):]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+        self.text += delta
+        return delta
+
+    def finish(self) -> str:
+        """Settle on the exact full decode of the output; return what it adds to the text so far."""
+        if self.tokenizer is None:
+            return ""
+        full = self._decode(self.ids[self.num_context:])
+        delta = full[len(self.text):] if full.startswith(self.text) else ""
+        self.text = full
+        return delta

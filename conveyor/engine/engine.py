@@ -1,0 +1,133 @@
+"""Engine: add_request / abort / step / has_work. step() is schedule -> run -> commit, nothing else."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from conveyor.config import EngineConfig
+from conveyor.core.kv_cache import BlockManager
+from conveyor.core.request import Request
+from conveyor.core.scheduler import Scheduler, SchedulerLimits
+from conveyor.engine.output import OutputProcessor
+from conveyor.errors import InvalidRequestError
+from conveyor.model.loader import load_model, resolve_max_model_len
+from conveyor.model.runner import ModelRunner
+from conveyor.outputs import RequestOutput
+from conveyor.params import SamplingParams
+from conveyor.runtime.device import detect_device
+from conveyor.runtime.sync import SyncExecutor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_steps: int
+    num_preemptions: int
+    num_partial_prefills: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_blocks_cached: int
+    prefix_hit_tokens: int
+    prefix_query_tokens: int
+    num_generated_tokens: int
+
+
+class Engine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        self.device_info = detect_device(config.device)
+        loaded = load_model(config.model, config.dtype)
+        self.spec = loaded.spec
+        self.tokenizer = loaded.tokenizer
+        self.model_source = loaded.source
+        self.max_model_len = resolve_max_model_len(loaded.spec, config.max_model_len)
+        self.runner = ModelRunner(config, loaded, self.max_model_len, self.device_info)
+        plan = self.runner.cache_plan
+        self.blocks = BlockManager(plan.num_blocks, plan.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.blocks)
+        self.outputs = OutputProcessor(self.scheduler, self.tokenizer, loaded.spec.eos_token_ids)
+        self.executor = SyncExecutor(self.runner)
+        self._seed_rng = random.Random(config.seed)
+        self._ids = itertools.count()
+        logger.info("engine ready: %s on %s, dtype %s, max_model_len %d, %d KV blocks", self.model_source,
+                    self.device_info.name, config.dtype, self.max_model_len, plan.num_blocks)
+
+    # ---- requests -------------------------------------------------------------------
+    def tokenize(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise InvalidRequestError(f"model {self.model_source} has no tokenizer, so text prompts cannot be "
+                                      f"used; pass token ids (a list of ints) instead")
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_token_ids(prompt)
+        if not token_ids:
+            raise InvalidRequestError("the prompt is empty (0 tokens); give at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}, which leaves no "
+                f"room for output; shorten the prompt to at most {self.max_model_len - 1} tokens or raise "
+                f"max_model_len")
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        request = Request(request_id=request_id, prompt_token_ids=token_ids, params=params, seed=seed,
+                          arrival_index=next(self._ids), max_model_len=self.max_model_len)
+        self.scheduler.add(request)
+        self.outputs.track(request, text)
+        return request_id
+
+    def _check_token_ids(self, ids: Sequence[int]) -> list[int]:
+        vocab = self.spec.vocab_size
+        out = []
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise InvalidRequestError(f"prompt token id {t!r} at index {i} is not an integer in [0, {vocab}) "
+                                          f"(the model's vocabulary size is {vocab})")
+            out.append(int(t))
+        return out
+
+    def abort(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        return [self.outputs.finish_aborted(r) for r in self.scheduler.abort(ids)]
+
+    # ---- the loop -------------------------------------------------------------------
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            return []
+        result = self.executor.run(plan)
+        return self.outputs.commit(plan, result)
+
+    def stats(self) -> EngineStats:
+        s, b = self.scheduler, self.blocks
+        return EngineStats(num_running=len(s.running), num_waiting=len(s.waiting), num_steps=s.stats.num_steps,
+                           num_preemptions=s.stats.num_preemptions, num_partial_prefills=s.stats.num_partial_prefills,
+                           kv_blocks_total=b.num_blocks, kv_blocks_free=b.num_free_blocks,
+                           kv_blocks_cached=b.num_cached_blocks, prefix_hit_tokens=b.prefix_hit_tokens,
+                           prefix_query_tokens=b.prefix_queries_tokens,
+                           num_generated_tokens=self.outputs.num_generated_tokens)
+
+    def check_idle(self) -> None:
+        """When no request is left, every block must be free or cached (no leak)."""
+        self.blocks.check_invariants()
+        if not self.has_work():
+            assert self.blocks.num_allocated == 0, f"{self.blocks.num_allocated} KV blocks leaked"
+

