@@ -1,0 +1,63 @@
+"""Shared fixtures: the embedded default model (ours and transformers'), tiny random models."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from conveyor.model.loader import default_model_path
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def default_gguf() -> str:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def hf_default_model(default_gguf: str) -> Any:
+    """transformers' own GGUF loading and dequantization of the default model, float32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(default_gguf),
+                                                 gguf_file=os.path.basename(default_gguf), dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def default_llm() -> Any:
+    from conveyor import LLM
+
+    return LLM(kv_cache_memory="256MiB", max_model_len=1024)
+
+
+def build_tiny_model(arch: str, folder: str, **overrides: Any) -> Any:
+    """A small random-weight transformers model saved as a checkpoint folder; returns the HF model."""
+    import transformers
+
+    common: dict[str, Any] = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                  initializer_range=0.3, tie_word_embeddings=False, eos_token_id=1,
+                                  bos_token_id=0, pad_token_id=0)
+    configs: dict[str, Callable[..., Any]] = {
+        "llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+    }
+    if arch == "mistral":
+        common["sliding_window"] = None
+    if arch == "qwen3":
+        common["head_dim"] = 32
+    common.update(overrides)
+    config = configs[arch](**common)
+    torch.manual_seed(1234)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # norms and biases away from their trivial init, so they matter in the comparison
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(folder)
+    return model
