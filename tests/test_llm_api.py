@@ -1,0 +1,108 @@
+"""The offline API: input forms, output order, chat, seeds, and clear errors for bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from conveyor import InvalidRequestError, SamplingParams
+
+
+def test_input_forms_and_order(default_llm: Any) -> None:
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    tok = default_llm.get_tokenizer()
+    texts = ["The quick brown fox", "1, 2, 3,", "Paris is the capital of"]
+    by_text = default_llm.generate(texts, greedy, use_tqdm=False)
+    by_ids = default_llm.generate([tok(t).input_ids for t in texts], greedy, use_tqdm=False)
+    single = default_llm.generate(texts[1], greedy, use_tqdm=False)
+    assert [o.prompt for o in by_text] == texts
+    assert [o.prompt_token_ids for o in by_text] == [tok(t).input_ids for t in texts]
+    assert [o.outputs[0].token_ids for o in by_text] == [o.outputs[0].token_ids for o in by_ids]
+    assert single[0].outputs[0].token_ids == by_text[1].outputs[0].token_ids
+    for o in by_text:
+        c = o.outputs[0]
+        assert o.finished and c.finish_reason in ("stop", "length")
+        assert c.text == tok.decode(c.token_ids, skip_special_tokens=True)
+
+
+def test_per_prompt_params_and_stop_reasons(default_llm: Any) -> None:
+    tok = default_llm.get_tokenizer()
+    prompt = tok("1, 2, 3, 4,").input_ids
+    probe = default_llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0), use_tqdm=False)[0]
+    third = probe.outputs[0].token_ids[2]
+    outs = default_llm.generate([prompt, prompt], [SamplingParams(max_tokens=3, temperature=0.0),
+                                                   SamplingParams(max_tokens=6, temperature=0.0,
+                                                                  stop_token_ids=[third])], use_tqdm=False)
+    assert outs[0].outputs[0].finish_reason == "length" and len(outs[0].outputs[0].token_ids) == 3
+    stopped = outs[1].outputs[0]
+    assert stopped.finish_reason == "stop" and stopped.stop_reason == third
+    assert stopped.token_ids == probe.outputs[0].token_ids[:3]
+
+
+def test_eos_ends_with_stop_and_ignore_eos_continues(default_llm: Any) -> None:
+    msgs = [{"role": "user", "content": "Say hi."}]
+    out = default_llm.chat(msgs, SamplingParams(max_tokens=64, temperature=0.0), use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids[-1] in default_llm.engine.spec.eos_token_ids
+    longer = default_llm.chat(msgs, SamplingParams(max_tokens=len(out.token_ids) + 5, temperature=0.0,
+                                                    ignore_eos=True), use_tqdm=False)[0].outputs[0]
+    assert longer.finish_reason == "length" and longer.token_ids[:len(out.token_ids)] == out.token_ids
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(default_llm: Any) -> None:
+    p = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=123)
+    alone = default_llm.generate(["Tell me a story"], p, use_tqdm=False)[0].outputs[0].token_ids
+    crowd = default_llm.generate(["Hello", "Tell me a story", "Why?"],
+                                 [SamplingParams(max_tokens=5, temperature=1.0),
+                                  p, SamplingParams(max_tokens=20, temperature=0.0)], use_tqdm=False)
+    assert crowd[1].outputs[0].token_ids == alone
+    other = default_llm.generate(["Tell me a story"], p.clone(seed=124), use_tqdm=False)[0].outputs[0].token_ids
+    assert other != alone
+
+
+def test_chat_many_conversations(default_llm: Any) -> None:
+    convs = [[{"role": "user", "content": "What is the capital of France?"}],
+             [{"role": "system", "content": "You answer in one word."},
+              {"role": "user", "content": "What color is the sky?"}]]
+    outs = default_llm.chat(convs, SamplingParams(max_tokens=24, temperature=0.0), use_tqdm=False)
+    assert len(outs) == 2 and "Paris" in outs[0].outputs[0].text
+    assert "<|im_start|>system\nYou answer in one word." in outs[1].prompt
+
+
+@pytest.mark.parametrize("prompts, message", [
+    ([], "no prompts"),
+    ([[1, 2, 10**9]], "not an integer in [0, 49152)"),
+    ([[]], "empty"),
+    ([3.5], "must be a string or a list of token ids"),
+    ([list(range(1, 1100))], "max_model_len is 1024"),
+])
+def test_bad_prompts_are_refused_clearly(default_llm: Any, prompts: Any, message: str) -> None:
+    with pytest.raises(InvalidRequestError, match=None) as info:
+        default_llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)
+    assert message in str(info.value)
+    default_llm.engine.check_idle()
+
+
+def test_mismatched_params_list_admits_nothing(default_llm: Any) -> None:
+    with pytest.raises(InvalidRequestError, match="2 SamplingParams for 3 prompts"):
+        default_llm.generate(["a", "b", "c"], [SamplingParams(), SamplingParams()], use_tqdm=False)
+    with pytest.raises(InvalidRequestError, match="index 1"):
+        default_llm.generate(["fine", [1, -5]], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert not default_llm.engine.has_work()
+    default_llm.engine.check_idle()
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(max_tokens=0), "max_tokens=0"),
+    (dict(temperature=-0.5), "temperature=-0.5"),
+    (dict(top_p=1.5), "top_p=1.5"),
+    (dict(top_k=-2), "top_k=-2"),
+    (dict(seed=-1), "seed=-1"),
+    (dict(stop_token_ids=[-3]), "stop_token_ids"),
+    (dict(max_token=5), "no field 'max_token'"),
+])
+def test_sampling_params_validation(kwargs: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**kwargs)
+    assert fragment in str(info.value)
