@@ -1,0 +1,53 @@
+"""The CLI as a user runs it: a real subprocess on the default model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+CLI = [sys.executable, "-m", "conveyor.cli"]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+SMALL = ["--kv-cache-memory", "64MiB", "--max-model-len", "512"]
+
+
+def test_generate_answers_capital_of_france() -> None:
+    done = subprocess.run(CLI + ["generate", "What is the capital of France?", "--max-tokens", "32"] + SMALL,
+                          capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr
+    assert "Paris" in done.stdout
+    assert "time to first token" in done.stderr and "tokens/s" in done.stderr
+
+
+def _chat(script: str) -> list[str]:
+    done = subprocess.run(CLI + ["chat", "--max-tokens", "40"] + SMALL, input=script, capture_output=True,
+                          text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr
+    return [part for part in done.stdout.split("you> ") if part.startswith("bot> ")]
+
+
+def test_chat_keeps_history_and_exits_on_eof() -> None:
+    replies = _chat("My name is Alice and I live in Lisbon.\nWhat is my name?\n")
+    assert len(replies) == 2 and all(len(r) > len("bot> \n") for r in replies)
+    fresh = _chat("What is my name?\n")
+    # greedy decoding: the same question answers differently only because the first turn is in the context
+    assert replies[1] != fresh[0]
+
+
+def test_chat_exit_command() -> None:
+    done = subprocess.run(CLI + ["chat"] + SMALL, input="/exit\nnever read\n", capture_output=True, text=True,
+                          timeout=300, env=ENV)
+    assert done.returncode == 0 and "bot>" not in done.stdout
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["generate", "x", "--dtype", "float64"], "invalid choice"),
+    (["generate", "x", "--temperature", "-1"], "temperature=-1"),
+    (["generate", "x", "--model", "/no/such/model.gguf"], "no such file or folder"),
+])
+def test_bad_flags_give_clear_errors(args: list[str], fragment: str) -> None:
+    done = subprocess.run(CLI + args, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 2
+    assert fragment in done.stderr and "Traceback" not in done.stderr
