@@ -72,8 +72,11 @@ class LLM:
                         bar.update(1)
                 if use_tqdm:
                     bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9):.1f} tok/s", refresh=False)
+            if not self.engine.scheduler.has_work():
+                self.engine.drain()  # a step launched before the last finish: its tokens are discarded
         except BaseException:
             self.engine.abort([i for i in ids if i not in finished])
+            self.engine.drain()
             raise
         finally:
             bar.close()

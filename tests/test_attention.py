@@ -53,7 +53,7 @@ def test_mixed_ragged_batch_matches_sdpa(seed: int) -> None:
     q = torch.randn(n_tokens, HEADS, HEAD_DIM)
     k_new = torch.cat([h[0][s:] for h, s in zip(history, starts)])  # [n_tokens, kv_heads, d]
     v_new = torch.cat([h[1][s:] for h, s in zip(history, starts)])
-    batch = build_attention_batch(starts, lengths, tables, BLOCK, torch.device("cpu"))
+    batch = build_attention_batch(starts, lengths, tables, BLOCK)
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5)  # [n_tokens, heads * d]
 
     row = 0
@@ -76,7 +76,7 @@ def test_decode_only_batch_matches_sdpa() -> None:
     q = torch.randn(3, HEADS, HEAD_DIM)
     k_new = torch.randn(3, KV_HEADS, HEAD_DIM)
     v_new = torch.randn(3, KV_HEADS, HEAD_DIM)
-    batch = build_attention_batch([c - 1 for c in contexts], [1, 1, 1], tables, BLOCK, torch.device("cpu"))
+    batch = build_attention_batch([c - 1 for c in contexts], [1, 1, 1], tables, BLOCK)
     assert batch.all_decodes
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5)
     for i, (table, ctx) in enumerate(zip(tables, contexts)):

@@ -4,6 +4,7 @@ distribution (chi-square), counter-based determinism, and the noise itself."""
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import pytest
 import torch
@@ -34,7 +35,10 @@ def test_chi2_sf_helper() -> None:
     assert chi2_sf(30.58, 15) == pytest.approx(0.01, rel=2e-3)  # textbook table: chi2(15) 99th percentile
 
 
-def tensors(temperature, top_k, top_p, seeds, output_index) -> SamplingTensors:
+def tensors(temperature: Sequence[float] | torch.Tensor, top_k: Sequence[int] | torch.Tensor,
+            top_p: Sequence[float] | torch.Tensor, seeds: Sequence[int] | torch.Tensor,
+            output_index: Sequence[int] | torch.Tensor) -> SamplingTensors:
+    """SamplingTensors for a batch, one entry per row (as the model runner would build them)."""
     t = torch.as_tensor(temperature, dtype=torch.float32)
     k = torch.as_tensor(top_k, dtype=torch.int64)
     p = torch.as_tensor(top_p, dtype=torch.float32)
@@ -70,6 +74,7 @@ def test_top_k_top_p_matches_transformers(vocab: int) -> None:
     ps = torch.rand(rows, generator=g) * 0.97 + 0.02
     ps[::5] = 1.0  # off
     ps[3::11] = 0.999
+    ps[4::13] = 1e-9  # 1 - p rounds to 1.0 in float32: only the always-kept top token survives
     ks_list, ps_list = ks.tolist(), ps.tolist()
     got = apply_top_k_top_p(logits, ks, ps)
     want = hf_reference(logits, ks_list, ps_list)
@@ -87,6 +92,16 @@ def test_top_k_keeps_ties_with_the_kth_largest() -> None:
     got = apply_top_k_top_p(logits, torch.tensor(ks), torch.ones(2))
     assert torch.equal(got, hf_reference(logits, ks, [1.0, 1.0]))
     assert torch.isfinite(got).sum(dim=1).tolist() == [2, 3]
+
+
+@pytest.mark.parametrize("top_p", [0.125, 0.25, 0.5, 0.75])
+def test_top_p_boundary_is_inclusive_like_transformers(top_p: float) -> None:
+    # Uniform logits over 8 tokens: probabilities and their partial sums are exact in float32,
+    # so 1 - top_p equals a partial sum and the "<=" of transformers decides.
+    logits = torch.zeros(1, 8)
+    got = apply_top_k_top_p(logits, torch.tensor([0]), torch.tensor([top_p]))
+    want = hf_reference(logits, [0], [top_p])
+    assert int(torch.isfinite(got).sum()) == int(torch.isfinite(want).sum()) == round(8 * top_p)
 
 
 # ---- (b) greedy rows ----------------------------------------------------------------------
@@ -200,6 +215,7 @@ def test_a_rows_sample_depends_only_on_seed_and_output_index() -> None:
 
 def test_draws_change_with_output_index_and_seed() -> None:
     logits = torch.zeros(1, 64)  # uniform: every draw is decided by the noise alone
+
     def draw(seed: int, index: int) -> int:
         return sample(logits, tensors([1.0], [0], [1.0], [seed], [index])).item()
     by_index = {draw(42, i) for i in range(200)}
@@ -230,10 +246,8 @@ def test_uniform_noise_range_shape_and_streams() -> None:
     assert abs(u.mean().item() - 0.5) < 0.01
 
 
-NOISE_BUG = ("uniform_noise computes ((bits >> 8) + 0.5) / 2**24 in float32; for bits >> 8 == 2**24 - 1 the "
-             "sum 16777215.5 rounds to 16777216, so u == 1.0, the Gumbel noise -log(-log(u)) is +inf, and "
-             "that token is drawn whatever its logit (even one top-k/top-p removed: -inf + inf = nan wins argmax). "
-             "About one element in 2**24 (a 0.3% chance per draw with a 50k vocabulary).")
+# Regression: the noise was once ((bits >> 8) + 0.5) / 2**24 in float32, where the top value
+# rounded to exactly 1.0, so -log(-log(u)) = +inf forced a token even past top-k/top-p.
 
 
 # A search over seeds and output indices found that seed 7 reaches the top noise value
@@ -247,7 +261,6 @@ def extreme_noise_sample() -> torch.Tensor:
     return uniform_noise(seeds, torch.arange(EXTREME_ROWS), EXTREME_VOCAB)  # [rows, vocab]
 
 
-@pytest.mark.xfail(strict=True, reason=NOISE_BUG)
 def test_uniform_noise_stays_below_one_on_a_large_sample() -> None:
     u = extreme_noise_sample()
     assert bool((u > 0).all())
@@ -265,12 +278,12 @@ def test_top_k_1_and_tiny_top_p_equal_greedy() -> None:
     seeds, index = list(range(rows)), list(range(rows))
     argmax = logits.argmax(dim=-1)
     assert torch.equal(sample(logits, tensors(temperature, [1] * rows, [1.0] * rows, seeds, index)), argmax)
-    assert torch.equal(sample(logits, tensors(temperature, [0] * rows, [1e-6] * rows, seeds, index)), argmax)
+    for tiny in (1e-6, 1e-9):
+        assert torch.equal(sample(logits, tensors(temperature, [0] * rows, [tiny] * rows, seeds, index)), argmax)
     # Without the filter the same rows do not all pick the argmax: the check above can fail.
     assert not torch.equal(sample(logits, tensors(temperature, [0] * rows, [1.0] * rows, seeds, index)), argmax)
 
 
-@pytest.mark.xfail(strict=True, reason=NOISE_BUG)
 def test_top_k_1_equals_greedy_even_where_the_noise_is_extreme() -> None:
     # Check top_k=1 on every row of the extreme sample (one of them holds the top noise value).
     vocab = EXTREME_VOCAB

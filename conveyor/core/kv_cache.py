@@ -2,7 +2,8 @@
 
 Every block is in exactly one of three pools:
 
-    allocated  refcount > 0, in some request's block table
+    allocated  refcount > 0, in some request's block table (or held: freed while an
+               in-flight step may still read it)
     cached     refcount == 0, holds a full block whose hash is known; reusable by a
                prefix hit, evicted least-recently-freed first when a new block is needed
     free       refcount == 0, no hash
@@ -77,6 +78,7 @@ class BlockManager:
         self._block_of_hash: dict[bytes, int] = {}
         self._tables: dict[str, list[int]] = {}
         self._hashes: dict[str, list[bytes]] = {}  # hashes of a request's full blocks, in order
+        self._held: list[tuple[int, list[int]]] = []  # (step id, table) freed while that step may read them
         self.num_allocated = 0
         self.prefix_queries_tokens = 0
         self.prefix_hit_tokens = 0
@@ -163,10 +165,35 @@ class BlockManager:
                 self._hash_of_block[block] = h
                 self._tokens_of_block[block] = tokens
 
-    def free(self, request_id: str) -> int:
-        """Release the request's blocks; returns how many it held. Unknown ids free nothing."""
+    def free(self, request_id: str, hold_until_step: int | None = None) -> int:
+        """Release the request's blocks; returns how many it held. Unknown ids free nothing.
+
+        With `hold_until_step`, the blocks leave the request now but return to the pools only
+        at `release_held(step)` for a step >= it: a step still in flight may read them.
+        """
         table = self._tables.pop(request_id, [])
         self._hashes.pop(request_id, None)
+        if hold_until_step is not None and table:
+            self._held.append((hold_until_step, table))
+            return len(table)
+        self._release(table)
+        return len(table)
+
+    def release_held(self, completed_step: int) -> None:
+        """Return blocks held for steps up to `completed_step` (that step has finished)."""
+        keep = []
+        for step, table in self._held:
+            if step <= completed_step:
+                self._release(table)
+            else:
+                keep.append((step, table))
+        self._held = keep
+
+    @property
+    def num_held_blocks(self) -> int:
+        return sum(len(t) for _, t in self._held)
+
+    def _release(self, table: list[int]) -> None:
         for b in reversed(table):  # tail blocks first, so they are evicted first
             self._refcount[b] -= 1
             if self._refcount[b] == 0:
@@ -175,7 +202,6 @@ class BlockManager:
                     self._cached[b] = None
                 else:
                     self._free.append(b)
-        return len(table)
 
     def reset_prefix_cache(self) -> None:
         for b in list(self._cached):
@@ -216,7 +242,7 @@ class BlockManager:
         assert all(self._refcount[b] == 0 and b in self._hash_of_block for b in self._cached)
         assert all(self._refcount[b] == 0 and b not in self._hash_of_block for b in self._free)
         in_tables: dict[int, int] = {}
-        for table in self._tables.values():
+        for table in [*self._tables.values(), *(t for _, t in self._held)]:
             for b in table:
                 in_tables[b] = in_tables.get(b, 0) + 1
         assert all(self._refcount[b] == n for b, n in in_tables.items()), "refcounts disagree with tables"

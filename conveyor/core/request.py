@@ -71,6 +71,13 @@ class Request:
         return self.num_tokens + self.num_inflight_tokens - self.num_computed_tokens
 
     @property
+    def reached_length_limit(self) -> bool:
+        """Committed plus in-flight tokens already reach max_tokens or max_model_len."""
+        pending = self.num_inflight_tokens
+        return (self.num_output_tokens + pending >= self.params.max_tokens
+                or self.num_tokens + pending >= self.max_model_len)
+
+    @property
     def is_finished(self) -> bool:
         return self.status.is_finished
 

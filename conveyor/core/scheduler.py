@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
 
 from conveyor.core.kv_cache import EMPTY_MATCH, BlockManager
 from conveyor.core.plan import PLACEHOLDER_TOKEN, SamplingSpec, ScheduledSeq, StepPlan
@@ -33,8 +33,7 @@ class SchedulerStats:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, blocks: BlockManager,
-                 on_free: Callable[[str], None] | None = None) -> None:
+    def __init__(self, limits: SchedulerLimits, blocks: BlockManager) -> None:
         self.limits = limits
         self.blocks = blocks
         self.waiting: deque[Request] = deque()
@@ -42,7 +41,8 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._requests: dict[str, Request] = {}
         self._next_step_id = 0
-        self._on_free = on_free
+        self.inflight_step: int | None = None
+        """Id of the newest step submitted and not finished; blocks freed meanwhile are held until it is."""
 
     # ---- membership -----------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -92,7 +92,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             count = min(request.num_tokens_to_compute, budget)
-            if count <= 0:
+            if count <= 0 or (request.num_inflight_tokens and request.reached_length_limit):
                 i += 1
                 continue
             while not self.blocks.can_allocate(request.request_id, request.num_computed_tokens + count):
@@ -159,10 +159,7 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _free_blocks(self, request_id: str) -> None:
-        if self._on_free is not None:
-            self._on_free(request_id)
-        else:
-            self.blocks.free(request_id)
+        self.blocks.free(request_id, hold_until_step=self.inflight_step)
 
     # ---- committing -----------------------------------------------------------------
     def commit_token(self, request: Request, token_id: int) -> None:

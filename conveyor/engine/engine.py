@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -20,8 +21,10 @@ from conveyor.model.loader import load_model, resolve_max_model_len
 from conveyor.model.runner import ModelRunner
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
-from conveyor.runtime.device import detect_device
+from conveyor.runtime.device import detect_device, resolve_async_batching
+from conveyor.runtime.pipelined import InflightStep, PipelinedExecutor
 from conveyor.runtime.sync import SyncExecutor
+from conveyor.runtime.trace import Tracer
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +42,14 @@ class EngineStats:
     prefix_hit_tokens: int
     prefix_query_tokens: int
     num_generated_tokens: int
+    async_batching: bool
+    device_busy_s: float
+    active_s: float
+
+    @property
+    def device_idle_fraction(self) -> float:
+        """Share of the engine's active wall time in which the device waited for the host."""
+        return 0.0 if self.active_s <= 0 else max(0.0, 1.0 - self.device_busy_s / self.active_s)
 
 
 class Engine:
@@ -47,6 +58,7 @@ class Engine:
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device_info = detect_device(config.device)
+        self.async_batching = resolve_async_batching(config.async_batching, self.device_info)
         loaded = load_model(config.model, config.dtype)
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer
@@ -58,7 +70,11 @@ class Engine:
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.blocks)
         self.outputs = OutputProcessor(self.scheduler, self.tokenizer, loaded.spec.eos_token_ids)
-        self.executor = SyncExecutor(self.runner)
+        self.tracer = Tracer(enabled=False)
+        self.executor: SyncExecutor | PipelinedExecutor = (
+            PipelinedExecutor(self.runner, self.tracer) if self.async_batching else SyncExecutor(self.runner, self.tracer))
+        self._inflight: InflightStep | None = None
+        self._active_s = 0.0
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
         logger.info("engine ready: %s on %s, dtype %s, max_model_len %d, %d KV blocks", self.model_source,
@@ -107,14 +123,70 @@ class Engine:
 
     # ---- the loop -------------------------------------------------------------------
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._inflight is not None
 
     def step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()
+        """One engine iteration; returns outputs of requests that got a token (or finished)."""
+        start = time.perf_counter()
+        try:
+            if self.async_batching:
+                return self._step_pipelined()
+            return self._step_sync()
+        finally:
+            self._active_s += time.perf_counter() - start
+
+    def _step_sync(self) -> list[RequestOutput]:
+        with self.tracer.span("schedule"):
+            plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        result = self.executor.run(plan)
-        return self.outputs.commit(plan, result)
+        result = self.executor.wait(self.executor.submit(plan))
+        with self.tracer.span("commit", step=plan.step_id):
+            return self.outputs.commit(plan, result)
+
+    def _step_pipelined(self) -> list[RequestOutput]:
+        """Plan and launch step N+1 while step N runs, then finish step N.
+
+        Blocks freed meanwhile (finish, abort, preemption) are held until the newest
+        launched step has run, since it may still read them."""
+        executor = self.executor
+        current = self._inflight
+        with self.tracer.span("schedule"):
+            plan = self.scheduler.schedule()
+        following = None if plan.is_empty else executor.submit(plan)
+        if following is not None:
+            self.scheduler.inflight_step = plan.step_id
+        if current is None:  # the pipeline was empty: this call only fills it
+            self._inflight = following
+            return []
+        result = executor.wait(current)
+        self.blocks.release_held(current.plan.step_id)
+        self._inflight = following
+        if following is None:
+            self.scheduler.inflight_step = None
+        with self.tracer.span("commit", step=current.plan.step_id):
+            return self.outputs.commit(current.plan, result)
+
+    def drain(self) -> list[RequestOutput]:
+        """Finish the step in flight, if any, without launching another."""
+        if self._inflight is None:
+            return []
+        current, self._inflight = self._inflight, None
+        result = self.executor.wait(current)
+        self.blocks.release_held(current.plan.step_id)
+        self.scheduler.inflight_step = None
+        return self.outputs.commit(current.plan, result)
+
+    def close(self) -> None:
+        """Finish the step in flight (if any) and stop the executor's worker."""
+        self.drain()
+        self.executor.close()
+
+    def start_trace(self) -> None:
+        self.tracer.enabled = True
+
+    def save_trace(self, path: str) -> None:
+        self.tracer.save(path)
 
     def stats(self) -> EngineStats:
         s, b = self.scheduler, self.blocks
@@ -123,7 +195,9 @@ class Engine:
                            kv_blocks_total=b.num_blocks, kv_blocks_free=b.num_free_blocks,
                            kv_blocks_cached=b.num_cached_blocks, prefix_hit_tokens=b.prefix_hit_tokens,
                            prefix_query_tokens=b.prefix_queries_tokens,
-                           num_generated_tokens=self.outputs.num_generated_tokens)
+                           num_generated_tokens=self.outputs.num_generated_tokens,
+                           async_batching=self.async_batching, device_busy_s=self.executor.device_busy_s,
+                           active_s=self._active_s)
 
     def check_idle(self) -> None:
         """When no request is left, every block must be free or cached (no leak)."""

@@ -18,6 +18,7 @@ Every layer first writes this step's K/V through the slot mapping, then attends:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +49,11 @@ class AttentionBatch:
 
 
 def build_attention_batch(starts: list[int], lengths: list[int], tables: list[list[int]], block_size: int,
-                          device: torch.device) -> AttentionBatch:
-    """Metadata shared by all layers of one step, from plain per-sequence lists."""
+                          to_device: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> AttentionBatch:
+    """Metadata shared by all layers of one step, from plain per-sequence lists.
+
+    Tensors are built on the host, then moved by `to_device` (a pinned, non-blocking copy on CUDA).
+    """
     slots: list[int] = []
     decode_rows: list[int] = []
     decode_tables: list[list[int]] = []
@@ -68,23 +72,23 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
             prefills.append(PrefillChunk(row, n, context, None, None))
         else:
             used = table[:-(-context // block_size)]
-            q_pos = torch.arange(start, context, device=device)  # [n]
-            k_pos = torch.arange(context, device=device)  # [context]
+            q_pos = torch.arange(start, context)  # [n]
+            k_pos = torch.arange(context)  # [context]
             mask = k_pos[None, :] <= q_pos[:, None]  # [n, context]
-            prefills.append(PrefillChunk(row, n, context, torch.tensor(used, dtype=torch.int64, device=device),
-                                         mask))
+            prefills.append(PrefillChunk(row, n, context, to_device(torch.tensor(used, dtype=torch.int64)),
+                                         to_device(mask)))
         row += n
     decode_index = decode_tables_t = decode_mask = None
     if decode_rows:
         width = max(len(t) for t in decode_tables)
         padded = [t + [0] * (width - len(t)) for t in decode_tables]
-        decode_index = torch.tensor(decode_rows, dtype=torch.int64, device=device)
-        decode_tables_t = torch.tensor(padded, dtype=torch.int64, device=device)
-        lens = torch.tensor(decode_lens, dtype=torch.int64, device=device)  # [num_decodes]
-        k_pos = torch.arange(width * block_size, device=device)  # [max_context]
-        decode_mask = (k_pos[None, :] < lens[:, None])[:, None, None, :]  # [num_decodes, 1, 1, max_context]
+        decode_index = to_device(torch.tensor(decode_rows, dtype=torch.int64))
+        decode_tables_t = to_device(torch.tensor(padded, dtype=torch.int64))
+        lens = torch.tensor(decode_lens, dtype=torch.int64)  # [num_decodes]
+        k_pos = torch.arange(width * block_size)  # [max_context]
+        decode_mask = to_device((k_pos[None, :] < lens[:, None])[:, None, None, :])  # [num_decodes, 1, 1, max_ctx]
     return AttentionBatch(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)),
         decode_token_index=decode_index, decode_block_tables=decode_tables_t, decode_mask=decode_mask,
         prefills=prefills, all_decodes=not prefills)
 

@@ -37,7 +37,8 @@ def uniform_noise(seeds: torch.Tensor, output_index: torch.Tensor, vocab_size: i
     key = _fmix32(key ^ _fmix32((output_index & _MASK32) ^ 0x7F4A7C15))  # [rows]
     vocab = _fmix32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64) ^ 0x165667B1)  # [vocab]
     bits = _fmix32(_fmix32(key[:, None] ^ vocab[None, :]) ^ key[:, None])  # [rows, vocab]
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    # 23 bits, so that (k + 0.5) / 2**23 is exact in float32 and never rounds to 0 or 1
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 @dataclass

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 import torch
 
 from conveyor.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,33 @@ class DeviceInfo:
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    @property
+    def pipeline_kind(self) -> str | None:
+        """How this device overlaps host and device work, or None when it cannot."""
+        if self.is_cuda and self.has_streams:
+            return "cuda streams and events"
+        if self.device.type == "cpu":
+            return "a worker thread running the forward pass (torch releases the GIL inside ops)"
+        return None
+
+
+def resolve_async_batching(requested: bool | str, info: DeviceInfo) -> bool:
+    """'auto' -> pipelined wherever the device supports it; True on a device that cannot -> a clear error."""
+    kind = info.pipeline_kind
+    if requested is True and kind is None:
+        raise ConfigError(f"async_batching=True was requested, but device {info.device.type!r} ({info.name}) offers "
+                          f"no way to overlap host work with device compute (no CUDA streams, and the CPU worker-thread "
+                          f"pipeline only drives CPU tensors); use async_batching='auto' (falls back to the "
+                          f"synchronous path) or async_batching=False")
+    if requested == "auto":
+        if kind is None:
+            logger.info("async batching: off on %s (no stream or worker-thread pipeline for this device); "
+                        "running the synchronous path", info.name)
+            return False
+        logger.info("async batching: on, via %s", kind)
+        return True
+    return bool(requested)
 
 
 def detect_device(requested: str) -> DeviceInfo:

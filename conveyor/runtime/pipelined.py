@@ -1,0 +1,102 @@
+"""PipelinedExecutor: depth-2 pipeline; the device runs step N while the host works on N±1.
+
+    host   | schedule N+1 | prepare N+1 | wait N | commit N | schedule N+2 | ...
+    device | ------- forward N ------- | --- forward N+1 --- | ...
+
+CPU: one worker thread runs forward + sample (torch releases the GIL inside ops), so the
+host thread's Python work overlaps it. CUDA: the host launches on a compute stream after
+the copy stream's host-to-device event; sampled ids come back on a third stream into
+pinned memory, and the host blocks only on the previous step's event.
+A continuing request's next input is a placeholder filled on the device from the
+previous step's sampled ids (see ModelRunner.prepare / forward).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from conveyor.core.plan import StepPlan, StepResult
+from conveyor.model.runner import ModelRunner
+from conveyor.runtime.trace import DEVICE_LANE, Tracer
+
+
+@dataclass
+class InflightStep:
+    plan: StepPlan
+    future: Future[list[int]] | None = None  # CPU worker
+    host_ids: torch.Tensor | None = None  # CUDA: pinned [num_sampled]
+    fetched: Any = None  # CUDA: event after the device-to-host copy
+    started: Any = None
+    finished: Any = None
+
+
+class PipelinedExecutor:
+    pipelined = True
+
+    def __init__(self, runner: ModelRunner, tracer: Tracer) -> None:
+        self.runner = runner
+        self.tracer = tracer
+        self.device_busy_s = 0.0
+        self._last_plan: StepPlan | None = None
+        self._lock = threading.Lock()
+        self.is_cuda = runner.info.is_cuda
+        if self.is_cuda:
+            self.compute_stream = runner.compute_stream
+            self.d2h_stream = torch.cuda.Stream(runner.device)
+            self._pool = None
+        else:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-device")
+
+    def submit(self, plan: StepPlan) -> InflightStep:
+        with self.tracer.span("prepare", step=plan.step_id):
+            prepared = self.runner.prepare(plan, self._last_plan)
+        self._last_plan = plan
+        if self._pool is not None:
+            return InflightStep(plan, future=self._pool.submit(self._run_on_worker, prepared, plan))
+        return self._launch_cuda(prepared, plan)
+
+    def _run_on_worker(self, prepared: Any, plan: StepPlan) -> list[int]:
+        start = time.perf_counter()
+        tokens = self.runner.forward(prepared)
+        ids = [] if tokens is None else tokens.tolist()
+        end = time.perf_counter()
+        with self._lock:
+            self.device_busy_s += end - start
+        self.tracer.add("forward+sample", DEVICE_LANE, start, end, step=plan.step_id, tokens=plan.num_tokens)
+        return ids
+
+    def _launch_cuda(self, prepared: Any, plan: StepPlan) -> InflightStep:
+        step = InflightStep(plan, started=torch.cuda.Event(enable_timing=True),
+                            finished=torch.cuda.Event(enable_timing=True), fetched=torch.cuda.Event())
+        step.started.record(self.compute_stream)
+        tokens = self.runner.forward(prepared)  # enqueued on the compute stream; returns at once
+        step.finished.record(self.compute_stream)
+        if tokens is not None:
+            with torch.cuda.stream(self.d2h_stream):
+                self.d2h_stream.wait_event(step.finished)
+                tokens.record_stream(self.d2h_stream)
+                step.host_ids = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+                step.host_ids.copy_(tokens, non_blocking=True)
+        step.fetched.record(self.d2h_stream)
+        return step
+
+    def wait(self, step: InflightStep) -> StepResult:
+        if step.future is not None:
+            return StepResult(step.plan.step_id, step.future.result())
+        step.fetched.synchronize()
+        busy = step.started.elapsed_time(step.finished) / 1000.0
+        self.device_busy_s += busy
+        end = time.perf_counter()
+        self.tracer.add("forward+sample", DEVICE_LANE, end - busy, end, step=step.plan.step_id)
+        ids = [] if step.host_ids is None else step.host_ids.tolist()
+        return StepResult(step.plan.step_id, ids)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

@@ -1,0 +1,49 @@
+"""Chrome trace-event JSON (opens in Perfetto / chrome://tracing): a host lane and a device lane."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+HOST_LANE, DEVICE_LANE = 1, 2
+_LANE_NAMES = {HOST_LANE: "host (schedule, prepare, commit)", DEVICE_LANE: "device (forward, sample)"}
+
+
+class Tracer:
+    """Collects complete ("X") events; cheap enough to leave on for a run, off by default."""
+
+    def __init__(self, enabled: bool = False) -> None:
+        self.enabled = enabled
+        self.origin = time.perf_counter()
+        self._events: list[dict[str, object]] = []
+        self._lock = threading.Lock()
+
+    def add(self, name: str, lane: int, start: float, end: float, **args: object) -> None:
+        if not self.enabled:
+            return
+        event = {"name": name, "ph": "X", "pid": 1, "tid": lane, "ts": (start - self.origin) * 1e6,
+                 "dur": max(0.0, end - start) * 1e6, "args": args}
+        with self._lock:
+            self._events.append(event)
+
+    @contextmanager
+    def span(self, name: str, lane: int = HOST_LANE, **args: object) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, lane, start, time.perf_counter(), **args)
+
+    def save(self, path: str) -> None:
+        meta = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": lane, "args": {"name": name}}
+                for lane, name in _LANE_NAMES.items()]
+        with self._lock:
+            events = meta + sorted(self._events, key=lambda e: e["ts"])  # type: ignore[arg-type,return-value]
+        with open(path, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
