@@ -85,6 +85,8 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)  # weights and cache exist before other streams use them
         self._last_sampled: torch.Tensor | None = None  # [num_sampled] ids of the newest step run
         self._last_step_id: int | None = None
+        self.num_placeholder_tokens = 0
+        """Input tokens filled on the device from the previous step's samples (async batching at work)."""
         logger.info("KV cache: %d blocks x %d tokens (%.1f MiB)", self.cache_plan.num_blocks, self.block_size,
                     self.cache_plan.num_blocks * self.cache_plan.bytes_per_block / 2**20)
 
@@ -120,6 +122,7 @@ class ModelRunner:
                 positions.extend(range(s.start_position, s.context_len))
                 if s.sampling is not None:
                     sample_rows.append(len(ids) - 1)
+            self.num_placeholder_tokens += len(holes)
             t = self._to_device
             prepared = PreparedStep(
                 step_id=plan.step_id,

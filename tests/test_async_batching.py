@@ -1,0 +1,163 @@
+"""Async (pipelined) batching gives exactly the tokens of the synchronous path, in every mode."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import build_tiny_model
+
+from conveyor import LLM, ConfigError, SamplingParams
+from conveyor.engine.engine import Engine
+from conveyor.config import EngineConfig
+from conveyor.runtime.device import DeviceInfo, resolve_async_batching
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory: Any) -> str:
+    folder = str(tmp_path_factory.mktemp("tiny-llama-async"))
+    build_tiny_model("llama", folder)
+    return folder
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(2, 512) for _ in range(rng.randrange(1, 60))] for _ in range(n)]
+
+
+PARAMS = {
+    "greedy": lambda i: SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
+    "seeded": lambda i: SamplingParams(max_tokens=20, temperature=0.9, seed=100 + i, ignore_eos=True),
+    "mixed": lambda i: [SamplingParams(max_tokens=5 + 3 * (i % 6), temperature=0.0),
+                        SamplingParams(max_tokens=18, temperature=1.3, top_k=20, seed=i, ignore_eos=True),
+                        SamplingParams(max_tokens=12, temperature=0.7, top_p=0.8, seed=7 * i),
+                        SamplingParams(max_tokens=16, temperature=0.5, top_k=5, top_p=0.9, seed=3,
+                                       stop_token_ids=[17, 99])][i % 4],
+}
+PRESSURE = {
+    "none": dict(block_size=4, max_model_len=128, kv_cache_memory=2**20),
+    "preemption": dict(block_size=4, max_model_len=96, kv_cache_memory=26 * 4 * 512, max_num_seqs=12),
+    "chunked": dict(block_size=4, max_model_len=128, kv_cache_memory=2**20, max_num_batched_tokens=12),
+    "both": dict(block_size=4, max_model_len=96, kv_cache_memory=28 * 4 * 512, max_num_batched_tokens=16),
+}
+
+
+def _run(folder: str, async_batching: bool, pressure: str, params: str) -> tuple[list[list[int]], Any]:
+    llm = LLM(model=folder, async_batching=async_batching, **PRESSURE[pressure])
+    assert llm.engine.async_batching is async_batching
+    prompts = _prompts(14, seed=len(params) + len(pressure))
+    outs = llm.generate(prompts, [PARAMS[params](i) for i in range(len(prompts))], use_tqdm=False)
+    stats = llm.engine.stats()
+    assert (llm.engine.runner.num_placeholder_tokens > 0) is async_batching
+    llm.engine.check_idle()
+    llm.engine.close()
+    return [o.outputs[0].token_ids + [hash(o.outputs[0].finish_reason)] for o in outs], stats
+
+
+@pytest.mark.parametrize("params", list(PARAMS))
+@pytest.mark.parametrize("pressure", list(PRESSURE))
+def test_async_matches_sync(tiny_llama: str, pressure: str, params: str) -> None:
+    sync_tokens, sync_stats = _run(tiny_llama, False, pressure, params)
+    async_tokens, async_stats = _run(tiny_llama, True, pressure, params)
+    assert async_tokens == sync_tokens
+    for stats in (sync_stats, async_stats):
+        if pressure in ("preemption", "both"):
+            assert stats.num_preemptions > 0, "the small cache was meant to force preemption"
+        if pressure in ("chunked", "both"):
+            assert stats.num_partial_prefills > 0, "the small budget was meant to force chunked prefill"
+
+
+def test_default_model_async_matches_sync_under_preemption() -> None:
+    prompts = [[1] + [(97 * i + 31 * j) % 40000 + 50 for j in range(20 + 9 * i)] for i in range(8)]
+    params = [SamplingParams(max_tokens=24, temperature=0.8 if i % 2 else 0.0, seed=i, ignore_eos=True)
+              for i in range(8)]
+    results = []
+    for async_batching in (False, True):
+        llm = LLM(async_batching=async_batching, max_model_len=160, kv_cache_memory=11 * 16 * 46080,
+                  max_num_batched_tokens=48)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        stats = llm.engine.stats()
+        assert stats.num_preemptions > 0 and stats.num_partial_prefills > 0
+        llm.engine.check_idle()
+        llm.engine.close()
+        results.append([o.outputs[0].token_ids for o in outs])
+    assert results[0] == results[1]
+
+
+def test_auto_picks_the_pipeline_on_cpu_and_true_works(tiny_llama: str) -> None:
+    assert LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=64).engine.async_batching is True
+    assert LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=64,
+               async_batching=True).engine.async_batching is True
+    assert LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=64,
+               async_batching=False).engine.async_batching is False
+
+
+def test_explicit_true_on_a_device_without_a_pipeline_is_a_clear_error() -> None:
+    no_pipeline = DeviceInfo(torch.device("meta"), has_streams=False, name="meta device")
+    with pytest.raises(ConfigError) as info:
+        resolve_async_batching(True, no_pipeline)
+    message = str(info.value)
+    assert "'meta'" in message and "async_batching='auto'" in message and "async_batching=False" in message
+    assert "requires CUDA" not in message
+    assert resolve_async_batching("auto", no_pipeline) is False
+
+
+def test_stop_found_one_step_late_is_discarded(tiny_llama: str) -> None:
+    """With async on, a request whose token ends it has already been planned one step further;
+    that extra token must never reach the output."""
+    prompt = _prompts(1, seed=5)[0]
+    probe = LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=128, async_batching=False)
+    ref = probe.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+                         use_tqdm=False)[0].outputs[0].token_ids
+    stop_at = ref[5]
+    expected = ref[:ref.index(stop_at) + 1]
+    llm = LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=128, async_batching=True)
+    engine = llm.engine
+    engine.add_request(prompt, SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop_at]), "r")
+    seen: list[list[int]] = []
+    while engine.has_work():
+        seen.extend(o.outputs[0].token_ids for o in engine.step())
+    assert seen[-1] == expected and all(len(s) <= len(expected) for s in seen)
+    engine.check_idle()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_abort_storm_ends_every_request_exactly_once(tiny_llama: str, data: Any) -> None:
+    engine = _storm_engine(tiny_llama, data.draw(st.booleans(), label="async"))
+    n = data.draw(st.integers(1, 10), label="requests")
+    terminal: dict[str, int] = {}
+    live: list[str] = []
+    for i in range(n):
+        prompt = [data.draw(st.integers(2, 511)) for _ in range(data.draw(st.integers(1, 40)))]
+        params = SamplingParams(max_tokens=data.draw(st.integers(1, 12)),
+                                temperature=data.draw(st.sampled_from([0.0, 1.0])), seed=i)
+        live.append(engine.add_request(prompt, params, f"req{i}"))
+    steps = 0
+    while engine.has_work():
+        steps += 1
+        assert steps < 500, "the engine did not drain"
+        if live and data.draw(st.integers(0, 3), label="abort?") == 0:
+            victim = data.draw(st.sampled_from(sorted(live)), label="victim")
+            for out in engine.abort(victim):
+                assert out.finished and out.outputs[0].finish_reason == "abort"
+                terminal[out.request_id] = terminal.get(out.request_id, 0) + 1
+        for out in engine.step():
+            if out.finished:
+                terminal[out.request_id] = terminal.get(out.request_id, 0) + 1
+        live = [r for r in live if r not in terminal]
+    assert sorted(terminal) == sorted(f"req{i}" for i in range(n))
+    assert set(terminal.values()) == {1}, terminal
+    engine.check_idle()
+    assert engine.blocks.num_held_blocks == 0
+    engine.close()
+
+
+def _storm_engine(folder: str, async_batching: bool) -> Engine:
+    return Engine(EngineConfig(model=folder, async_batching=async_batching, block_size=4, max_model_len=64,
+                               kv_cache_memory=30 * 4 * 512, max_num_batched_tokens=20))
