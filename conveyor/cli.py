@@ -87,10 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(gen, max_tokens=256)
     add_engine_flags(gen)
 
+    gen.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the run (Perfetto)")
+
     chat = commands.add_parser("chat", help="interactive chat with history; Ctrl-D or /exit leaves")
     chat.add_argument("--system", default=None, help="system message placed first in the conversation")
     add_sampling_flags(chat, max_tokens=512)
     add_engine_flags(chat)
+
+    from conveyor.bench.cli import add_bench_parser
+    add_bench_parser(commands, add_engine_flags)
     return parser
 
 
@@ -102,9 +107,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     has_template = llm.get_tokenizer() is not None and bool(getattr(llm.get_tokenizer(), "chat_template", None))
     prompts = [p if args.raw or not has_template
                else llm.apply_chat_template([{"role": "user", "content": p}]) for p in args.prompts]
+    if args.trace:
+        llm.engine.start_trace()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1)
     elapsed = time.perf_counter() - start
+    if args.trace:
+        llm.engine.save_trace(args.trace)
+        print(f"[trace written to {args.trace}; open it in https://ui.perfetto.dev]", file=sys.stderr)
     total = 0
     for prompt, out in zip(args.prompts, outputs):
         completion = out.outputs[0]
@@ -166,6 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "bench":
+            from conveyor.bench.cli import cmd_bench
+            return cmd_bench(args, engine_config_from(args))
         return cmd_chat(args)
     except ConveyorError as exc:
         print(f"conveyor: error: {exc}", file=sys.stderr)

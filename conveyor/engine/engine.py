@@ -183,7 +183,7 @@ class Engine:
         self.executor.close()
 
     def start_trace(self) -> None:
-        self.tracer.enabled = True
+        self.tracer.start()
 
     def save_trace(self, path: str) -> None:
         self.tracer.save(path)

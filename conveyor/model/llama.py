@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.model.attention import AttentionBatch, paged_attention
-from conveyor.model.layers import RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
+from conveyor.model.layers import Projection, RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
 from conveyor.model.spec import ModelSpec
 
 
@@ -17,40 +17,55 @@ class LlamaModel:
                  device: torch.device) -> None:
         self.spec = spec
         self.device = device
-        self.w = {name: t.to(device) for name, t in weights.items()}
-        self.dtype = self.w["embed"].dtype
+        w = {name: t.to(device) for name, t in weights.items()}
+        self.dtype = w["embed"].dtype
         self.rotary = RotaryEmbedding(spec.rope, spec.head_dim, max_positions, device)
         self.scale = spec.head_dim ** -0.5
-        lm_head = self.w.get("lm_head", self.w["embed"])  # [vocab, hidden] (tied to the embedding if absent)
-        self.lm_head = lm_head
+        self.embed = w["embed"]  # [vocab, hidden]
+        self.final_norm = w["final_norm"]
+        self.lm_head = Projection(w.get("lm_head", w["embed"]))  # tied to the embedding when absent
+        self.layers = [_Layer(w, f"layers.{i}.") for i in range(spec.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden] (before the final norm)."""
-        spec, w = self.spec, self.w
+        spec = self.spec
         n = input_ids.shape[0]
         cos, sin = self.rotary.tables(positions, self.dtype)  # [num_tokens, 1, head_dim] each
-        h = F.embedding(input_ids, w["embed"])  # [num_tokens, hidden]
-        for i, (k_cache, v_cache) in enumerate(kv_caches):
-            p = f"layers.{i}."
-            x = rms_norm(h, w[p + "input_norm"], spec.rms_norm_eps)
-            qkv = F.linear(x, w[p + "qkv"], w.get(p + "qkv_bias"))  # [num_tokens, q_size + 2 * kv_size]
+        h = F.embedding(input_ids, self.embed)  # [num_tokens, hidden]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            x = rms_norm(h, layer.input_norm, spec.rms_norm_eps)
+            qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
             q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
             q = q.view(n, spec.num_heads, spec.head_dim)  # [num_tokens, heads, head_dim]
             k = k.view(n, spec.num_kv_heads, spec.head_dim)  # [num_tokens, kv_heads, head_dim]
             v = v.view(n, spec.num_kv_heads, spec.head_dim)  # [num_tokens, kv_heads, head_dim]
-            if spec.qk_norm:
-                q = rms_norm(q, w[p + "q_norm"], spec.rms_norm_eps)
-                k = rms_norm(k, w[p + "k_norm"], spec.rms_norm_eps)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = rms_norm(q, layer.q_norm, spec.rms_norm_eps)
+                k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
             attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale)  # [num_tokens, heads * head_dim]
-            h = h + F.linear(attn, w[p + "o_proj"])
-            x = rms_norm(h, w[p + "post_norm"], spec.rms_norm_eps)
-            h = h + F.linear(silu_and_mul(F.linear(x, w[p + "gate_up"])), w[p + "down"])
+            h = h + layer.o_proj(attn)
+            x = rms_norm(h, layer.post_norm, spec.rms_norm_eps)
+            h = h + layer.down(silu_and_mul(layer.gate_up(x)))  # [num_tokens, hidden]
         return h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [rows, hidden] (only the rows that sample) -> [rows, vocab] float32 logits."""
-        x = rms_norm(hidden, self.w["final_norm"], self.spec.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        x = rms_norm(hidden, self.final_norm, self.spec.rms_norm_eps)
+        return self.lm_head(x).float()
+
+
+class _Layer:
+    """One decoder layer's weights."""
+
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str) -> None:
+        self.input_norm = w[prefix + "input_norm"]
+        self.post_norm = w[prefix + "post_norm"]
+        self.qkv = Projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"))
+        self.o_proj = Projection(w[prefix + "o_proj"])
+        self.gate_up = Projection(w[prefix + "gate_up"])
+        self.down = Projection(w[prefix + "down"])
+        self.q_norm = w.get(prefix + "q_norm")
+        self.k_norm = w.get(prefix + "k_norm")

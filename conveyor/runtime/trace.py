@@ -21,6 +21,13 @@ class Tracer:
         self._events: list[dict[str, object]] = []
         self._lock = threading.Lock()
 
+    def start(self) -> None:
+        """Begin a fresh trace (earlier events are dropped)."""
+        with self._lock:
+            self._events.clear()
+        self.origin = time.perf_counter()
+        self.enabled = True
+
     def add(self, name: str, lane: int, start: float, end: float, **args: object) -> None:
         if not self.enabled:
             return

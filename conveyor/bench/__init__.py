@@ -1,0 +1,1 @@
+"""Benchmarks: workloads, timing, results as JSON, tables."""

@@ -1,0 +1,36 @@
+"""Benchmark workloads: fixed-seed random-token prompts, EOS ignored (nano-vllm's shape)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from conveyor.params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(p.max_tokens for p in self.params)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+def random_workload(num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int,
+                    seed: int = 0, temperature: float = 0.0, name: str = "random") -> Workload:
+    """Prompt and output lengths uniform in the given ranges (inclusive); greedy unless temperature > 0."""
+    rng = random.Random(seed)
+    prompts, params = [], []
+    for i in range(num_requests):
+        length = rng.randint(*input_len)
+        prompts.append([rng.randrange(100, vocab_size - 100) for _ in range(length)])
+        params.append(SamplingParams(max_tokens=rng.randint(*output_len), temperature=temperature,
+                                     seed=seed * 100_003 + i, ignore_eos=True))
+    return Workload(name, prompts, params)
