@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from conveyor.core.plan import TokenLogprobs
+
 
 @dataclass
 class CompletionOutput:
@@ -13,7 +15,13 @@ class CompletionOutput:
     finish_reason: str | None = None
     """'stop' (EOS or a stop token), 'length' (max_tokens or max_model_len), 'abort', 'error', or None while running."""
     stop_reason: int | str | None = None
-    """The stop token id that ended generation, when one did (None for EOS and length)."""
+    """The stop token id or stop string that ended generation (None for EOS and length)."""
+    logprobs: list[TokenLogprobs] | None = None
+    """Per generated token, when SamplingParams.logprobs was set: raw-model logprobs."""
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        return None if self.logprobs is None else sum(lp.logprob for lp in self.logprobs)
 
 
 @dataclass
@@ -27,3 +35,6 @@ class RequestOutput:
     """Prompt tokens whose KV came from the prefix cache."""
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    """When SamplingParams.prompt_logprobs was set: None for the first prompt token, then the
+    logprob of each prompt token given the ones before it."""

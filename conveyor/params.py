@@ -1,40 +1,85 @@
-"""SamplingParams: what one request asks of generation, validated on construction."""
+"""SamplingParams: what one request asks of generation, validated on construction.
+
+Names and meaning follow OpenAI and vLLM. The order in which the sampler applies them:
+
+    raw logits -> logit_bias -> min_tokens (EOS / stop tokens masked) -> repetition penalty
+    (prompt + output, as transformers) -> presence / frequency penalties (output only, as
+    OpenAI) -> [greedy: argmax here] -> temperature -> top-k -> top-p -> min-p -> sample.
+
+`logprobs` / `prompt_logprobs` are computed from the raw model logits (log_softmax before
+any of the steps above), which is vLLM's documented default ("raw_logprobs").
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from conveyor.errors import InvalidRequestError
 
 MAX_STOP_TOKEN_IDS = 256
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
+MAX_LOGPROBS = 20
+MAX_N = 128
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
 class SamplingParams(BaseModel):
-    """Per-request generation settings (names and meaning follow OpenAI / vLLM).
+    """Per-request generation settings.
 
-    temperature == 0 means greedy decoding (top_k / top_p are then irrelevant).
-    top_k == 0 (or -1) disables top-k; top_p == 1.0 disables nucleus sampling.
-    A request without `seed` gets one drawn from the engine's seeded generator, so a run
-    is reproducible as a whole; with `seed`, its tokens depend only on that seed.
+    temperature == 0 means greedy decoding. top_k of 0 or -1, top_p of 1.0, min_p of 0.0 and
+    penalties of 0 (repetition_penalty 1.0) turn those steps off. A request without `seed`
+    gets one drawn from the engine's seeded generator; with one, its tokens depend only on
+    that seed (never on the batch around it, nor on async vs sync execution).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_tokens: int = Field(default=16, ge=1, le=10_000_000)
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    max_tokens: int | None = Field(default=16, ge=1, le=10_000_000)
+    """None: generate until EOS, a stop condition or max_model_len."""
+    min_tokens: int = Field(default=0, ge=0)
     temperature: float = Field(default=1.0, ge=0.0, le=100.0)
     top_k: int = Field(default=0, ge=-1)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
-    ignore_eos: bool = False
+    stop: tuple[str, ...] = Field(default=(), max_length=MAX_STOP_STRINGS)
     stop_token_ids: tuple[int, ...] = Field(default=(), max_length=MAX_STOP_TOKEN_IDS)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logit_bias: dict[int, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS_ENTRIES)
+    skip_special_tokens: bool = True
 
     def __init__(self, **data: Any) -> None:
         try:
             super().__init__(**data)
         except ValidationError as exc:
             raise InvalidRequestError(_explain(exc)) from None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_tuple(cls, value: Union[str, list[str], tuple[str, ...], None]) -> Any:
+        if value is None:
+            return ()
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stops: tuple[str, ...]) -> tuple[str, ...]:
+        for s in stops:
+            if not s:
+                raise ValueError("stop strings must be non-empty")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(f"a stop string has {len(s)} characters; at most {MAX_STOP_STRING_CHARS}")
+        return stops
 
     @field_validator("stop_token_ids")
     @classmethod
@@ -44,9 +89,30 @@ class SamplingParams(BaseModel):
             raise ValueError(f"token ids must be >= 0, saw {bad[0]}")
         return ids
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, bias: dict[int, float]) -> dict[int, float]:
+        for token, value in bias.items():
+            if token < 0:
+                raise ValueError(f"token ids must be >= 0, saw {token}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"bias {value} for token {token} is outside [-100, 100]")
+        return bias
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "SamplingParams":
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} is larger than max_tokens={self.max_tokens}")
+        return self
+
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
 
     def clone(self, **changes: Any) -> "SamplingParams":
         return SamplingParams(**{**self.model_dump(), **changes})
@@ -59,9 +125,13 @@ def _explain(exc: ValidationError) -> str:
         name = ".".join(str(p) for p in err["loc"]) or "SamplingParams"
         seen = err.get("input")
         reason = err["msg"]
+        if reason.startswith("Value error, "):
+            reason = reason[len("Value error, "):]
         if err["type"] == "extra_forbidden":
             allowed = ", ".join(SamplingParams.model_fields)
             parts.append(f"SamplingParams has no field {name!r}; known fields: {allowed}")
+        elif name == "SamplingParams" or not err["loc"]:
+            parts.append(f"SamplingParams is invalid: {reason}")
         else:
             parts.append(f"SamplingParams.{name}={seen!r} is invalid: {reason[0].lower() + reason[1:]}")
     return "; ".join(parts)

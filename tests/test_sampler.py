@@ -10,7 +10,12 @@ import pytest
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from conveyor.model.sampler import SamplingTensors, apply_top_k_top_p, sample, uniform_noise
+from conveyor.model.sampler import sample as sample_output
+from conveyor.model.sampler import SamplingTensors, apply_top_k_top_p, uniform_noise
+
+
+def sample_tokens(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    return sample_output(logits, t).tokens
 
 try:
     from scipy.stats import chi2 as _scipy_chi2
@@ -114,12 +119,12 @@ def test_greedy_rows_are_exact_argmax_in_a_mixed_batch() -> None:
     temperature = torch.rand(rows, generator=g) * 1.5 + 0.5
     temperature[::2] = 0.0
     t = tensors(temperature, [40] * rows, [0.8] * rows, list(range(rows)), [3] * rows)
-    got = sample(logits, t)
+    got = sample_tokens(logits, t)
     argmax = logits.argmax(dim=-1)
     assert torch.equal(got[::2], argmax[::2])
     assert not torch.equal(got[1::2], argmax[1::2])  # the sampled rows really sampled
     all_greedy = tensors([0.0] * rows, [0] * rows, [1.0] * rows, list(range(rows)), [3] * rows)
-    assert torch.equal(sample(logits, all_greedy), argmax)
+    assert torch.equal(sample_tokens(logits, all_greedy), argmax)
 
 
 # ---- (c) the sampled distribution -------------------------------------------------------
@@ -133,7 +138,7 @@ def draw_counts(logits: torch.Tensor, temperature: float, n: int, top_k: int = 0
     seeds = idx * 7919 + 17 if vary == "seed" else torch.full((n,), 1234, dtype=torch.int64)
     index = torch.zeros(n, dtype=torch.int64) if vary == "seed" else idx
     t = tensors(torch.full((n,), temperature), torch.full((n,), top_k), torch.full((n,), top_p), seeds, index)
-    tokens = sample(logits.expand(n, vocab).contiguous(), t)
+    tokens = sample_tokens(logits.expand(n, vocab).contiguous(), t)
     return torch.bincount(tokens, minlength=vocab)
 
 
@@ -195,21 +200,21 @@ def test_a_rows_sample_depends_only_on_seed_and_output_index() -> None:
     top_p = (torch.rand(rows, generator=g) * 0.5 + 0.5).tolist()
     seeds = torch.randint(0, 2**62, (rows,), generator=g).tolist()
     index = torch.randint(0, 1000, (rows,), generator=g).tolist()
-    base = sample(logits, tensors(temperature, top_k, top_p, seeds, index))
+    base = sample_tokens(logits, tensors(temperature, top_k, top_p, seeds, index))
 
     # Shuffled, and mixed with unrelated rows (greedy ones among them).
     perm = torch.randperm(rows, generator=g).tolist()
     extra = 20
     other = torch.randn(extra, vocab, generator=g)
     mixed_logits = torch.cat([logits[perm], other])
-    mixed = sample(mixed_logits, tensors(
+    mixed = sample_tokens(mixed_logits, tensors(
         [temperature[i] for i in perm] + [0.0] * (extra // 2) + [1.3] * (extra // 2),
         [top_k[i] for i in perm] + [5] * extra, [top_p[i] for i in perm] + [0.5] * extra,
         [seeds[i] for i in perm] + list(range(extra)), [index[i] for i in perm] + [0] * extra))
     assert mixed[:rows].tolist() == [base[i].item() for i in perm]
 
     for i in (0, 7, 31):  # alone in its batch
-        alone = sample(logits[i:i + 1], tensors([temperature[i]], [top_k[i]], [top_p[i]], [seeds[i]], [index[i]]))
+        alone = sample_tokens(logits[i:i + 1], tensors([temperature[i]], [top_k[i]], [top_p[i]], [seeds[i]], [index[i]]))
         assert alone.item() == base[i].item()
 
 
@@ -217,7 +222,7 @@ def test_draws_change_with_output_index_and_seed() -> None:
     logits = torch.zeros(1, 64)  # uniform: every draw is decided by the noise alone
 
     def draw(seed: int, index: int) -> int:
-        return sample(logits, tensors([1.0], [0], [1.0], [seed], [index])).item()
+        return sample_tokens(logits, tensors([1.0], [0], [1.0], [seed], [index])).item()
     by_index = {draw(42, i) for i in range(200)}
     by_seed = {draw(s, 0) for s in range(200)}
     assert len(by_index) > 40 and len(by_seed) > 40
@@ -277,11 +282,11 @@ def test_top_k_1_and_tiny_top_p_equal_greedy() -> None:
     temperature = (torch.rand(rows, generator=g) * 3 + 0.05).tolist()
     seeds, index = list(range(rows)), list(range(rows))
     argmax = logits.argmax(dim=-1)
-    assert torch.equal(sample(logits, tensors(temperature, [1] * rows, [1.0] * rows, seeds, index)), argmax)
+    assert torch.equal(sample_tokens(logits, tensors(temperature, [1] * rows, [1.0] * rows, seeds, index)), argmax)
     for tiny in (1e-6, 1e-9):
-        assert torch.equal(sample(logits, tensors(temperature, [0] * rows, [tiny] * rows, seeds, index)), argmax)
+        assert torch.equal(sample_tokens(logits, tensors(temperature, [0] * rows, [tiny] * rows, seeds, index)), argmax)
     # Without the filter the same rows do not all pick the argmax: the check above can fail.
-    assert not torch.equal(sample(logits, tensors(temperature, [0] * rows, [1.0] * rows, seeds, index)), argmax)
+    assert not torch.equal(sample_tokens(logits, tensors(temperature, [0] * rows, [1.0] * rows, seeds, index)), argmax)
 
 
 def test_top_k_1_equals_greedy_even_where_the_noise_is_extreme() -> None:
@@ -289,6 +294,6 @@ def test_top_k_1_equals_greedy_even_where_the_noise_is_extreme() -> None:
     vocab = EXTREME_VOCAB
     logits = torch.linspace(0, 10, vocab).expand(EXTREME_ROWS, vocab).contiguous()  # argmax: last token
     rows = EXTREME_ROWS
-    got = sample(logits, tensors([1.0] * rows, [1] * rows, [1.0] * rows, [EXTREME_SEED] * rows,
+    got = sample_tokens(logits, tensors([1.0] * rows, [1] * rows, [1.0] * rows, [EXTREME_SEED] * rows,
                                  list(range(rows))))
     assert got.tolist() == [vocab - 1] * rows, f"top_k=1 sampled {sorted(set(got.tolist()))}, not only the argmax"

@@ -119,12 +119,15 @@ class BlockManager:
             found.append(block)
         return PrefixMatch(found, len(found) * bs)
 
-    def can_allocate(self, request_id: str, num_tokens: int, prefix: PrefixMatch = EMPTY_MATCH) -> bool:
-        """Whether the request's table can grow to hold `num_tokens` tokens."""
+    def can_allocate(self, request_id: str, num_tokens: int, prefix: PrefixMatch = EMPTY_MATCH,
+                     write_from: int | None = None) -> bool:
+        """Whether the request's table can grow to hold `num_tokens` tokens (plus a private copy
+        of a shared block at position `write_from`, when given)."""
         have = len(self._tables.get(request_id, ())) + len(prefix.block_ids)
         new = max(0, self.blocks_needed(num_tokens) - have)
         revived = sum(1 for b in prefix.block_ids if self._refcount[b] == 0)
-        return new + revived <= self.num_free_blocks
+        copy = 1 if write_from is not None and self._shared_block_at(request_id, write_from) is not None else 0
+        return new + revived + copy <= self.num_free_blocks
 
     # ---- verbs ----------------------------------------------------------------------
     def allocate(self, request_id: str, num_tokens: int, prefix: PrefixMatch = EMPTY_MATCH) -> list[int]:
@@ -143,6 +146,34 @@ class BlockManager:
         new_blocks = [self._take_new() for _ in range(self.blocks_needed(num_tokens) - len(table))]
         table.extend(new_blocks)
         return new_blocks
+
+    def fork(self, parent_id: str, child_id: str) -> None:
+        """Give `child_id` the parent's blocks, shared (refcounts up), e.g. for n > 1 samples."""
+        if child_id in self._tables:
+            raise RuntimeError(f"request {child_id!r} already has blocks; cannot fork into it")
+        table = list(self._tables[parent_id])
+        for b in table:
+            self._refcount[b] += 1
+        self._tables[child_id] = table
+        self._hashes[child_id] = list(self._hashes.get(parent_id, []))
+
+    def copy_on_write(self, request_id: str, position: int) -> tuple[int, int] | None:
+        """Before writing `position`: if its block is shared, swap in a private block and
+        return (source, destination) for the device to copy; else None."""
+        index = self._shared_block_at(request_id, position)
+        if index is None:
+            return None
+        table = self._tables[request_id]
+        shared = table[index]
+        private = self._take_new()
+        self._refcount[shared] -= 1
+        table[index] = private
+        return shared, private
+
+    def _shared_block_at(self, request_id: str, position: int) -> int | None:
+        table = self._tables.get(request_id, [])
+        index = position // self.block_size
+        return index if index < len(table) and self._refcount[table[index]] > 1 else None
 
     def count_prefix_query(self, num_prompt_tokens: int) -> None:
         self.prefix_queries_tokens += num_prompt_tokens

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PLACEHOLDER_TOKEN = -1
-"""Input id of a token that the previous, still in-flight step is sampling; the runner
-fills it on the device from that step's output."""
+"""Id of a token that the previous, still in-flight step is sampling; the runner fills it
+on the device from that step's output (in inputs and in penalty histories alike)."""
 
 
 @dataclass(frozen=True)
@@ -20,18 +20,39 @@ class SamplingSpec:
     output_index: int
     """Index of the token being sampled among the request's outputs: the random stream's
     counter, so the draw depends on (seed, index) only, never on the batch around it."""
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    suppress_token_ids: tuple[int, ...] = ()
+    """Tokens masked out (EOS and stop tokens while fewer than min_tokens were generated)."""
+    history: tuple[int, ...] | None = None
+    """Prompt + output ids (PLACEHOLDER_TOKEN for in-flight ones), only when a penalty is on."""
+    num_prompt_tokens: int = 0
+    logprobs: int | None = None
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.history is not None
 
 
 @dataclass(frozen=True)
 class ScheduledSeq:
     request_id: str
     input_token_ids: list[int]
-    """Tokens whose KV this step computes; PLACEHOLDER_TOKEN where not yet known."""
+    """Tokens whose KV this step computes; PLACEHOLDER_TOKEN where not yet known. Empty for
+    a forked sample that draws from its parent's logits (`sample_from`)."""
     start_position: int
     """Position of input_token_ids[0] (= num_computed_tokens before this step)."""
     block_table: list[int]
     sampling: SamplingSpec | None
     """None for a prefill chunk that does not reach the end of the known tokens."""
+    sample_from: str | None = None
+    """For a sample forked from another sequence: that sequence's id (same logits row)."""
+    prompt_logprob_targets: list[int] | None = None
+    """For prompt_logprobs: the next prompt token of each input position (-1 past the prompt)."""
+    num_prompt_logprobs: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -47,6 +68,8 @@ class StepPlan:
     step_id: int
     seqs: list[ScheduledSeq]
     num_preempted: int = 0
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    """(source, destination) blocks to copy before the forward: copy-on-write of shared blocks."""
 
     @property
     def num_tokens(self) -> int:
@@ -62,7 +85,23 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities (raw model distribution) around one token."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    """1 = the most likely token."""
+    top: list[tuple[int, float]]
+    """The top-N (token id, logprob), most likely first."""
+
+
+@dataclass(frozen=True)
 class StepResult:
     step_id: int
     sampled_token_ids: list[int]
     """One id per entry of plan.sampling_seqs, in that order."""
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    """Aligned with sampled_token_ids when any row asked for logprobs (else empty)."""
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
+    """Request id -> logprobs of its prompt tokens computed this step (chunk order)."""

@@ -45,6 +45,10 @@ class Request:
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    fork_parent: str | None = None
+    """For sample i > 0 of an n > 1 request: the id of sample 0, whose prompt KV blocks this
+    one shares (forked when sample 0 first samples); None otherwise."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -74,7 +78,8 @@ class Request:
     def reached_length_limit(self) -> bool:
         """Committed plus in-flight tokens already reach max_tokens or max_model_len."""
         pending = self.num_inflight_tokens
-        return (self.num_output_tokens + pending >= self.params.max_tokens
+        max_tokens = self.params.max_tokens
+        return ((max_tokens is not None and self.num_output_tokens + pending >= max_tokens)
                 or self.num_tokens + pending >= self.max_model_len)
 
     @property

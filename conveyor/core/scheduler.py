@@ -41,6 +41,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._requests: dict[str, Request] = {}
         self._next_step_id = 0
+        self._awaiting_fork: dict[str, list[Request]] = {}
         self.inflight_step: int | None = None
         """Id of the newest step submitted and not finished; blocks freed meanwhile are held until it is."""
 
@@ -49,7 +50,10 @@ class Scheduler:
         if request.request_id in self._requests:
             raise ValueError(f"request id {request.request_id!r} is already in use; ids must be unique")
         self._requests[request.request_id] = request
-        self.waiting.append(request)
+        if request.fork_parent is not None:
+            self._awaiting_fork.setdefault(request.fork_parent, []).append(request)
+        else:
+            self.waiting.append(request)
 
     def get(self, request_id: str) -> Request | None:
         return self._requests.get(request_id)
@@ -67,11 +71,16 @@ class Scheduler:
             return
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
+        elif request.fork_parent is not None and request in self._awaiting_fork.get(request.fork_parent, ()):
+            self._awaiting_fork[request.fork_parent].remove(request)
         else:
             self.waiting.remove(request)
         request.status = status
         self._free_blocks(request.request_id)
         del self._requests[request.request_id]
+        for orphan in self._awaiting_fork.pop(request.request_id, []):  # its samples never forked
+            orphan.status = status
+            del self._requests[orphan.request_id]
 
     def abort(self, request_ids: Iterable[str]) -> list[Request]:
         aborted = []
@@ -86,6 +95,7 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         budget = self.limits.max_num_batched_tokens
         planned: list[tuple[Request, int]] = []
+        copies: list[tuple[int, int]] = []
         num_preempted = 0
 
         i = 0
@@ -95,23 +105,29 @@ class Scheduler:
             if count <= 0 or (request.num_inflight_tokens and request.reached_length_limit):
                 i += 1
                 continue
-            while not self.blocks.can_allocate(request.request_id, request.num_computed_tokens + count):
+            start = request.num_computed_tokens
+            while not self.blocks.can_allocate(request.request_id, start + count, write_from=start):
                 victim = self.running[-1]
                 self._preempt(victim)
                 num_preempted += 1
                 if victim is request:
                     break
             else:
-                self.blocks.allocate(request.request_id, request.num_computed_tokens + count)
+                copy = self.blocks.copy_on_write(request.request_id, start)
+                if copy is not None:
+                    copies.append(copy)
+                self.blocks.allocate(request.request_id, start + count)
                 planned.append((request, count))
                 budget -= count
                 i += 1
 
-        while self.waiting and budget > 0 and num_preempted == 0 \
-                and len(self.running) < self.limits.max_num_seqs:
+        while self.waiting and budget > 0 and num_preempted == 0:
             request = self.waiting[0]
-            prefix = self.blocks.find_cached_prefix(request.token_ids) if request.num_computed_tokens == 0 \
-                else EMPTY_MATCH
+            group = 1 + len(self._awaiting_fork.get(request.request_id, ()))
+            if self.running and len(self.running) + group > self.limits.max_num_seqs:
+                break
+            reuse = request.num_computed_tokens == 0 and request.params.prompt_logprobs is None
+            prefix = self.blocks.find_cached_prefix(request.token_ids) if reuse else EMPTY_MATCH
             start = prefix.num_tokens
             count = min(request.num_tokens_to_compute - start, budget)
             if not self.blocks.can_allocate(request.request_id, start + count, prefix):
@@ -126,7 +142,12 @@ class Scheduler:
             planned.append((request, count))
             budget -= count
 
-        plan = StepPlan(self._next_step_id, [self._plan_seq(r, n) for r, n in planned], num_preempted)
+        seqs: list[ScheduledSeq] = []
+        for request, count in planned:
+            seqs.append(self._plan_seq(request, count))
+            if seqs[-1].sampling is not None and request.request_id in self._awaiting_fork:
+                seqs.extend(self._fork(request, seqs[-1]))
+        plan = StepPlan(self._next_step_id, seqs, num_preempted, copies)
         self._next_step_id += 1
         self.stats.num_steps += 1
         self.stats.num_preemptions += num_preempted
@@ -140,14 +161,51 @@ class Scheduler:
         self.blocks.register_full_blocks(request.request_id, request.token_ids, min(start + count, request.num_tokens))
         sampling = None
         if request.num_tokens_to_compute == 0:
-            p = request.params
-            sampling = SamplingSpec(temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=request.seed,
-                                    output_index=request.num_output_tokens + request.num_inflight_tokens)
+            sampling = self._sampling_spec(request)
             request.num_inflight_tokens += 1
         else:
             self.stats.num_partial_prefills += 1
+        targets, num_prompt_logprobs = None, 0
+        if request.params.prompt_logprobs is not None and start < request.num_prompt_tokens - 1:
+            prompt = request.prompt_token_ids
+            targets = [prompt[p + 1] if p + 1 < len(prompt) else -1 for p in range(start, start + count)]
+            num_prompt_logprobs = request.params.prompt_logprobs
         return ScheduledSeq(request.request_id, inputs, start, list(self.blocks.block_table(request.request_id)),
-                            sampling)
+                            sampling, prompt_logprob_targets=targets, num_prompt_logprobs=num_prompt_logprobs)
+
+    def _sampling_spec(self, request: Request) -> SamplingSpec:
+        p = request.params
+        produced = request.num_output_tokens + request.num_inflight_tokens
+        history = None
+        if p.has_penalties:
+            history = tuple(request.token_ids) + (PLACEHOLDER_TOKEN,) * request.num_inflight_tokens
+        suppress: tuple[int, ...] = ()
+        if produced < p.min_tokens:
+            suppress = tuple(sorted(set(request.eos_token_ids) | set(p.stop_token_ids)))
+        return SamplingSpec(
+            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=request.seed, output_index=produced,
+            min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+            repetition_penalty=p.repetition_penalty, logit_bias=tuple(sorted(p.logit_bias.items())),
+            suppress_token_ids=suppress, history=history, num_prompt_tokens=request.num_prompt_tokens,
+            logprobs=p.logprobs)
+
+    def _fork(self, parent: Request, parent_seq: ScheduledSeq) -> list[ScheduledSeq]:
+        """Samples 1..n-1 of an n > 1 request join now: they share the parent's prompt blocks and
+        draw their first token from the parent's logits row with their own random streams."""
+        seqs = []
+        for child in self._awaiting_fork.pop(parent.request_id):
+            self.blocks.fork(parent.request_id, child.request_id)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.num_cached_tokens = parent.num_cached_tokens
+            child.status = RequestStatus.RUNNING
+            child.fork_parent = None
+            self.running.append(child)
+            sampling = self._sampling_spec(child)
+            child.num_inflight_tokens += 1
+            seqs.append(ScheduledSeq(child.request_id, [], parent_seq.context_len,
+                                     list(self.blocks.block_table(child.request_id)), sampling,
+                                     sample_from=parent.request_id))
+        return seqs
 
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks and queue it first in line for recomputation."""

@@ -52,6 +52,11 @@ class EngineStats:
         return 0.0 if self.active_s <= 0 else max(0.0, 1.0 - self.device_busy_s / self.active_s)
 
 
+def sample_seed(seed: int, index: int) -> int:
+    """Seed of sample `index` of a request: sample 0 keeps the request's seed."""
+    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**63
+
+
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -89,6 +94,7 @@ class Engine:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
+        """Admit a request (n samples when params.n > 1); returns its id. Raises InvalidRequestError."""
         params = params or SamplingParams()
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_token_ids(prompt)
@@ -99,13 +105,31 @@ class Engine:
                 f"the prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}, which leaves no "
                 f"room for output; shorten the prompt to at most {self.max_model_len - 1} tokens or raise "
                 f"max_model_len")
-        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        self._check_vocab(params)
         request_id = request_id if request_id is not None else str(next(self._ids))
-        request = Request(request_id=request_id, prompt_token_ids=token_ids, params=params, seed=seed,
-                          arrival_index=next(self._ids), max_model_len=self.max_model_len)
-        self.scheduler.add(request)
-        self.outputs.track(request, text)
+        if request_id in self.outputs.groups:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use; ids must be unique")
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        samples = []
+        for i in range(params.n):
+            sample_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            samples.append(Request(
+                request_id=sample_id, prompt_token_ids=token_ids, params=params, seed=sample_seed(seed, i),
+                arrival_index=next(self._ids), max_model_len=self.max_model_len,
+                eos_token_ids=self.spec.eos_token_ids,
+                fork_parent=None if i == 0 else samples[0].request_id))
+        for request in samples:
+            self.scheduler.add(request)
+        self.outputs.track(request_id, text, samples)
         return request_id
+
+    def _check_vocab(self, params: SamplingParams) -> None:
+        vocab = self.spec.vocab_size
+        for name, ids in (("logit_bias", list(params.logit_bias)), ("stop_token_ids", list(params.stop_token_ids))):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise InvalidRequestError(f"SamplingParams.{name} has token id {bad[0]}, outside the model's "
+                                          f"vocabulary [0, {vocab})")
 
     def _check_token_ids(self, ids: Sequence[int]) -> list[int]:
         vocab = self.spec.vocab_size
@@ -117,9 +141,17 @@ class Engine:
             out.append(int(t))
         return out
 
-    def abort(self, request_ids: str | Sequence[str]) -> list[RequestOutput]:
+    def abort(self, request_ids: str | Sequence[str], error: str | None = None) -> list[RequestOutput]:
+        """End requests now (all their samples); one terminal output per request that was live."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        return [self.outputs.finish_aborted(r) for r in self.scheduler.abort(ids)]
+        outputs = []
+        for rid in ids:
+            out = None
+            for request in self.scheduler.abort(self.outputs.sample_ids(rid)):
+                out = self.outputs.abort(request, error) or out
+            if out is not None:
+                outputs.append(out)
+        return outputs
 
     # ---- the loop -------------------------------------------------------------------
     def has_work(self) -> bool:

@@ -1,4 +1,8 @@
-"""Commit a step's results: append tokens, check stops, detokenize, build RequestOutputs."""
+"""Commit a step's results: append tokens, check stops, detokenize, build RequestOutputs.
+
+A user request with n samples is a group of n scheduler requests; its RequestOutput
+carries all n completions and is finished once every sample is.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.core.plan import StepPlan, StepResult
+from conveyor.core.plan import StepPlan, StepResult, TokenLogprobs
 from conveyor.core.request import Request, RequestStatus
 from conveyor.core.scheduler import Scheduler
 from conveyor.engine.detokenizer import IncrementalDetokenizer
@@ -14,14 +18,29 @@ from conveyor.outputs import CompletionOutput, RequestOutput
 
 
 @dataclass
-class RequestState:
-    """Per-request things only the output side needs."""
-
+class SampleState:
+    index: int
     request: Request
-    prompt: str | None
     detokenizer: IncrementalDetokenizer
+    text: str = ""
+    """Text shown so far: the tail that could still begin a stop string is held back."""
+    logprobs: list[TokenLogprobs] | None = None
+
+
+@dataclass
+class GroupState:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    samples: list[SampleState]
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.request.is_finished for s in self.samples)
 
 
 class OutputProcessor:
@@ -29,61 +48,126 @@ class OutputProcessor:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.states: dict[str, RequestState] = {}
+        self.groups: dict[str, GroupState] = {}
+        self._sample_of: dict[str, SampleState] = {}
+        self._group_of: dict[str, GroupState] = {}
         self.num_generated_tokens = 0
 
-    def track(self, request: Request, prompt: str | None) -> None:
-        self.states[request.request_id] = RequestState(
-            request, prompt, IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids))
+    def track(self, request_id: str, prompt: str | None, samples: list[Request]) -> None:
+        p = samples[0].params
+        group = GroupState(request_id, prompt, samples[0].prompt_token_ids, [])
+        for i, request in enumerate(samples):
+            state = SampleState(i, request, IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                                                   p.skip_special_tokens),
+                                logprobs=[] if p.logprobs is not None else None)
+            group.samples.append(state)
+            self._sample_of[request.request_id] = state
+            self._group_of[request.request_id] = group
+        if p.prompt_logprobs is not None:
+            group.prompt_logprobs = [None]
+        self.groups[request_id] = group
+
+    def sample_ids(self, request_id: str) -> list[str]:
+        group = self.groups.get(request_id)
+        return [] if group is None else [s.request.request_id for s in group.samples]
 
     def commit(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Apply sampled tokens; finished requests leave the scheduler and free their blocks."""
-        outputs = []
+        touched: dict[str, GroupState] = {}
         now = time.perf_counter()
-        for seq, token_id in zip(plan.sampling_seqs, result.sampled_token_ids):
-            state = self.states.get(seq.request_id)
+        for rid, values in result.prompt_logprobs.items():
+            group = self._group_of.get(rid)
+            if group is not None and group.prompt_logprobs is not None \
+                    and len(group.prompt_logprobs) < len(group.prompt_token_ids):  # not again after a recompute
+                group.prompt_logprobs.extend(v for v in values if v is not None)
+        logprobs = result.logprobs or [None] * len(result.sampled_token_ids)
+        for seq, token_id, lp in zip(plan.sampling_seqs, result.sampled_token_ids, logprobs):
+            state = self._sample_of.get(seq.request_id)
             if state is None or state.request.is_finished:
-                continue  # aborted while its step was in flight: the token is dropped
+                continue  # finished or aborted while its step was in flight: the token is dropped
             request = state.request
             self.scheduler.commit_token(request, token_id)
             self.num_generated_tokens += 1
             state.detokenizer.add(token_id)
-            if state.first_token_time is None:
-                state.first_token_time = now
-            status = self._stop_status(request, token_id)
+            if state.logprobs is not None and lp is not None:
+                state.logprobs.append(lp)
+            group = self._group_of[request.request_id]
+            if group.first_token_time is None:
+                group.first_token_time = now
+            status = self._stop_status(state, token_id)
             if status is not None:
                 self.scheduler.finish(request, status)
-            outputs.append(self.output_of(state))
-        return outputs
+            self._update_text(state)
+            touched[group.request_id] = group
+        return [self.output_of(g) for g in touched.values()]
 
-    def _stop_status(self, request: Request, token_id: int) -> RequestStatus | None:
+    def _stop_status(self, state: SampleState, token_id: int) -> RequestStatus | None:
+        request = state.request
         p = request.params
         if token_id in self.eos_token_ids and not p.ignore_eos:
             return RequestStatus.FINISHED_STOPPED
         if token_id in p.stop_token_ids:
             request.stop_reason = token_id
             return RequestStatus.FINISHED_STOPPED
-        if request.num_output_tokens >= p.max_tokens or request.num_tokens >= request.max_model_len:
+        if p.stop and request.num_output_tokens >= p.min_tokens and self._find_stop_string(state):
+            return RequestStatus.FINISHED_STOPPED
+        if (p.max_tokens is not None and request.num_output_tokens >= p.max_tokens) \
+                or request.num_tokens >= request.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 
-    def finish_aborted(self, request: Request, error: str | None = None) -> RequestOutput:
-        state = self.states[request.request_id]
-        out = self.output_of(state)
-        out.error = error
-        return out
+    def _find_stop_string(self, state: SampleState) -> bool:
+        """Search the newly decoded text (and the tail it may complete) for a stop string."""
+        p = state.request.params
+        text = state.detokenizer.text
+        longest = max(len(s) for s in p.stop)
+        search_from = max(0, len(state.text) - longest)
+        hits = [(i, s) for s in p.stop if (i := text.find(s, search_from)) >= 0]
+        if not hits:
+            return False
+        index, stop = min(hits)
+        state.text = text[:index + (len(stop) if p.include_stop_str_in_output else 0)]
+        state.request.stop_reason = stop
+        return True
 
-    def output_of(self, state: RequestState) -> RequestOutput:
+    def _update_text(self, state: SampleState) -> None:
         request = state.request
-        finished = request.is_finished
-        if finished:
+        if request.stop_reason is not None and isinstance(request.stop_reason, str):
+            return  # cut at the stop string already
+        if request.is_finished:
             state.detokenizer.finish()
-            del self.states[request.request_id]
-        metrics = {}
-        if state.first_token_time is not None:
-            metrics["ttft_s"] = state.first_token_time - state.arrival_time
-        completion = CompletionOutput(index=0, text=state.detokenizer.text, token_ids=request.output_token_ids,
-                                      finish_reason=request.finish_reason, stop_reason=request.stop_reason)
-        return RequestOutput(request_id=request.request_id, prompt=state.prompt,
-                             prompt_token_ids=request.prompt_token_ids, outputs=[completion], finished=finished,
-                             num_cached_tokens=request.num_cached_tokens, metrics=metrics)
+            state.text = state.detokenizer.text
+            return
+        text = state.detokenizer.text
+        stops = request.params.stop
+        hold = max(len(s) for s in stops) - 1 if stops else 0
+        state.text = text[:len(text) - hold] if hold else text
+
+    def abort(self, request: Request, error: str | None = None) -> RequestOutput | None:
+        """Output for a sample ended outside commit (abort / error); one per group once all ended."""
+        group = self._group_of.get(request.request_id)
+        if group is None:
+            return None
+        if error is not None:
+            group.error = error
+        return self.output_of(group) if group.finished else None
+
+    def output_of(self, group: GroupState) -> RequestOutput:
+        finished = group.finished
+        if finished:
+            self.groups.pop(group.request_id, None)
+            for s in group.samples:
+                self._sample_of.pop(s.request.request_id, None)
+                self._group_of.pop(s.request.request_id, None)
+        metrics: dict[str, float] = {}
+        if group.first_token_time is not None:
+            metrics["ttft_s"] = group.first_token_time - group.arrival_time
+        completions = [CompletionOutput(index=s.index, text=s.text, token_ids=s.request.output_token_ids,
+                                        finish_reason=s.request.finish_reason, stop_reason=s.request.stop_reason,
+                                        logprobs=None if s.logprobs is None else list(s.logprobs))
+                       for s in group.samples]
+        first = group.samples[0].request
+        return RequestOutput(request_id=group.request_id, prompt=group.prompt,
+                             prompt_token_ids=group.prompt_token_ids, outputs=completions, finished=finished,
+                             num_cached_tokens=first.num_cached_tokens, error=group.error, metrics=metrics,
+                             prompt_logprobs=None if group.prompt_logprobs is None else list(group.prompt_logprobs))

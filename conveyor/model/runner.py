@@ -11,11 +11,12 @@ import torch
 
 from conveyor.config import EngineConfig
 from conveyor.core.kv_cache import CachePlan
-from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult
+from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
 from conveyor.model.attention import AttentionBatch, build_attention_batch
 from conveyor.model.llama import LlamaModel
 from conveyor.model.loader import LoadedModel
-from conveyor.model.sampler import SamplingTensors, sample
+from conveyor.model.sampler import SampleOutput, SamplingTensors, raw_logprobs, sample
+from conveyor.model.sampling_inputs import build_sampling_tensors
 from conveyor.runtime.device import DeviceInfo, available_memory
 
 logger = logging.getLogger(__name__)
@@ -51,14 +52,29 @@ class PreparedStep:
     step_id: int
     input_ids: torch.Tensor  # [num_tokens] int64, PLACEHOLDER_TOKEN where the previous step fills in
     positions: torch.Tensor  # [num_tokens] int64
-    batch: AttentionBatch
+    batch: AttentionBatch | None  # None when no sequence computes tokens
     sample_rows: torch.Tensor | None  # [num_sampled] int64 rows of the flattened batch
     sampling: SamplingTensors | None
     placeholder_positions: torch.Tensor | None  # [num_placeholders] rows of input_ids
     placeholder_sources: torch.Tensor | None  # [num_placeholders] rows of the previous step's sampled ids
+    history_holes: torch.Tensor | None  # [holes] positions in sampling.penalties.tokens
+    history_sources: torch.Tensor | None  # [holes] rows of the previous step's sampled ids
     source_step_id: int | None
+    copy_from: torch.Tensor | None  # [copies] blocks to copy (copy-on-write) ...
+    copy_to: torch.Tensor | None  # [copies] ... into these
+    prompt_rows: torch.Tensor | None  # [prompt_rows] rows whose next-token logprobs are asked
+    prompt_targets: torch.Tensor | None  # [prompt_rows] the next prompt token of each
+    prompt_top_n: int = 0
     ready: Any = None
     """CUDA event recorded after the host-to-device copies (None on CPU)."""
+
+
+@dataclass
+class StepOutput:
+    """Device tensors of one step, before they come back to the host."""
+
+    sample: SampleOutput | None
+    prompt: SampleOutput | None
 
 
 class ModelRunner:
@@ -83,6 +99,7 @@ class ModelRunner:
         self.compute_stream = torch.cuda.Stream(self.device) if info.is_cuda else None
         if info.is_cuda:
             torch.cuda.synchronize(self.device)  # weights and cache exist before other streams use them
+        self._moved: list[torch.Tensor] = []
         self._last_sampled: torch.Tensor | None = None  # [num_sampled] ids of the newest step run
         self._last_step_id: int | None = None
         self.num_placeholder_tokens = 0
@@ -101,40 +118,10 @@ class ModelRunner:
     def prepare(self, plan: StepPlan, previous: StepPlan | None = None) -> PreparedStep:
         """Build the step's tensors. `previous` is the plan still in flight, whose sampled ids
         fill this plan's placeholder tokens on the device."""
-        self._moved: list[torch.Tensor] = []
+        self._moved = []
         stream_ctx = torch.cuda.stream(self.copy_stream) if self.copy_stream is not None else nullcontext()
         with stream_ctx:
-            ids: list[int] = []
-            positions: list[int] = []
-            sample_rows: list[int] = []
-            holes: list[int] = []
-            sources: list[int] = []
-            source_row = {s.request_id: i for i, s in enumerate(previous.sampling_seqs)} if previous else {}
-            for s in plan.seqs:
-                for j, token in enumerate(s.input_token_ids):
-                    if token == PLACEHOLDER_TOKEN:
-                        if s.request_id not in source_row:
-                            raise RuntimeError(f"step {plan.step_id}: request {s.request_id!r} has a placeholder "
-                                               f"token but the in-flight step does not sample it")
-                        holes.append(len(ids) + j)
-                        sources.append(source_row[s.request_id])
-                ids.extend(s.input_token_ids)
-                positions.extend(range(s.start_position, s.context_len))
-                if s.sampling is not None:
-                    sample_rows.append(len(ids) - 1)
-            self.num_placeholder_tokens += len(holes)
-            t = self._to_device
-            prepared = PreparedStep(
-                step_id=plan.step_id,
-                input_ids=t(torch.tensor(ids, dtype=torch.int64)),
-                positions=t(torch.tensor(positions, dtype=torch.int64)),
-                batch=build_attention_batch([s.start_position for s in plan.seqs], [s.num_tokens for s in plan.seqs],
-                                            [s.block_table for s in plan.seqs], self.block_size, t),
-                sample_rows=t(torch.tensor(sample_rows, dtype=torch.int64)) if sample_rows else None,
-                sampling=self._sampling_tensors(plan) if sample_rows else None,
-                placeholder_positions=t(torch.tensor(holes, dtype=torch.int64)) if holes else None,
-                placeholder_sources=t(torch.tensor(sources, dtype=torch.int64)) if holes else None,
-                source_step_id=previous.step_id if holes and previous else None)
+            prepared = self._prepare(plan, previous)
             if self.copy_stream is not None:
                 prepared.ready = torch.cuda.Event()
                 prepared.ready.record(self.copy_stream)
@@ -144,49 +131,145 @@ class ModelRunner:
         self._moved = []
         return prepared
 
-    def _sampling_tensors(self, plan: StepPlan) -> SamplingTensors:
-        specs = [s.sampling for s in plan.seqs if s.sampling is not None]
-        temps = [sp.temperature for sp in specs]
-        top_k = [sp.top_k for sp in specs]
-        top_p = [sp.top_p for sp in specs]
+    def _prepare(self, plan: StepPlan, previous: StepPlan | None) -> PreparedStep:
+        ids: list[int] = []
+        positions: list[int] = []
+        sample_rows: list[int] = []
+        holes: list[int] = []
+        sources: list[int] = []
+        prompt_rows: list[int] = []
+        prompt_targets: list[int] = []
+        last_row: dict[str, int] = {}
+        source_row = {s.request_id: i for i, s in enumerate(previous.sampling_seqs)} if previous else {}
+        for s in plan.seqs:
+            for j, token in enumerate(s.input_token_ids):
+                if token == PLACEHOLDER_TOKEN:
+                    if s.request_id not in source_row:
+                        raise RuntimeError(f"step {plan.step_id}: request {s.request_id!r} has a placeholder "
+                                           f"token but the in-flight step does not sample it")
+                    holes.append(len(ids) + j)
+                    sources.append(source_row[s.request_id])
+            if s.prompt_logprob_targets is not None:
+                for j, target in enumerate(s.prompt_logprob_targets):
+                    if target >= 0:
+                        prompt_rows.append(len(ids) + j)
+                        prompt_targets.append(target)
+            ids.extend(s.input_token_ids)
+            positions.extend(range(s.start_position, s.context_len))
+            if s.num_tokens:
+                last_row[s.request_id] = len(ids) - 1
+            if s.sampling is not None:
+                sample_rows.append(last_row[s.sample_from or s.request_id])
+        self.num_placeholder_tokens += len(holes)
         t = self._to_device
-        return SamplingTensors(
-            temperature=t(torch.tensor(temps, dtype=torch.float32)),
-            top_k=t(torch.tensor(top_k, dtype=torch.int64)),
-            top_p=t(torch.tensor(top_p, dtype=torch.float32)),
-            seeds=t(torch.tensor([sp.seed for sp in specs], dtype=torch.int64)),
-            output_index=t(torch.tensor([sp.output_index for sp in specs], dtype=torch.int64)),
-            all_greedy=all(x == 0 for x in temps),
-            any_top_k_or_p=any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p))
+        computing = [s for s in plan.seqs if s.num_tokens]
+        sampling_seqs = plan.sampling_seqs
+        history_holes: list[int] = []
+        history_sources: list[int] = []
+        sampling = None
+        if sampling_seqs:
+            sampling = build_sampling_tensors([s.sampling for s in sampling_seqs if s.sampling is not None], t,
+                                              history_holes, history_sources, source_row,
+                                              [s.request_id for s in sampling_seqs])
+        uses_previous = bool(holes or history_holes)
+
+        def index(values: list[int]) -> torch.Tensor | None:
+            return t(torch.tensor(values, dtype=torch.int64)) if values else None
+
+        return PreparedStep(
+            step_id=plan.step_id,
+            input_ids=t(torch.tensor(ids, dtype=torch.int64)),
+            positions=t(torch.tensor(positions, dtype=torch.int64)),
+            batch=build_attention_batch([s.start_position for s in computing], [s.num_tokens for s in computing],
+                                        [s.block_table for s in computing], self.block_size, t) if computing else None,
+            sample_rows=index(sample_rows), sampling=sampling,
+            placeholder_positions=index(holes), placeholder_sources=index(sources),
+            history_holes=index(history_holes), history_sources=index(history_sources),
+            source_step_id=previous.step_id if uses_previous and previous else None,
+            copy_from=index([a for a, _ in plan.block_copies]), copy_to=index([b for _, b in plan.block_copies]),
+            prompt_rows=index(prompt_rows), prompt_targets=index(prompt_targets),
+            prompt_top_n=max((s.num_prompt_logprobs for s in plan.seqs), default=0))
 
     # ---- device side ------------------------------------------------------------------
-    def forward(self, step: PreparedStep) -> torch.Tensor | None:
-        """Run one prepared step; returns the sampled ids [num_sampled] on the device (no sync).
-        On CUDA it runs on the compute stream, after the step's host-to-device copies."""
+    def forward(self, step: PreparedStep) -> StepOutput:
+        """Run one prepared step; returns device tensors (no sync). On CUDA it runs on the
+        compute stream, after the step's host-to-device copies."""
         if self.compute_stream is None:
             return self._forward(step)
         with torch.cuda.stream(self.compute_stream):
             self.compute_stream.wait_event(step.ready)
             return self._forward(step)
 
+    def _previous_samples(self, step: PreparedStep) -> torch.Tensor:
+        if step.source_step_id != self._last_step_id or self._last_sampled is None:
+            raise RuntimeError(f"step {step.step_id} needs tokens of step {step.source_step_id}, but the last "
+                               f"step run was {self._last_step_id}")
+        return self._last_sampled
+
     @torch.inference_mode()
-    def _forward(self, step: PreparedStep) -> torch.Tensor | None:
+    def _forward(self, step: PreparedStep) -> StepOutput:
+        if step.copy_from is not None and step.copy_to is not None:
+            for k_cache, v_cache in self.kv_caches:  # copy-on-write of shared blocks
+                k_cache.index_copy_(0, step.copy_to, k_cache[step.copy_from])
+                v_cache.index_copy_(0, step.copy_to, v_cache[step.copy_from])
         input_ids = step.input_ids
-        if step.placeholder_positions is not None:
-            if step.source_step_id != self._last_step_id or self._last_sampled is None:
-                raise RuntimeError(f"step {step.step_id} needs tokens of step {step.source_step_id}, but the last "
-                                   f"step run was {self._last_step_id}")
-            input_ids = input_ids.index_put((step.placeholder_positions,),
-                                            self._last_sampled[step.placeholder_sources])  # [num_tokens]
-        hidden = self.model.forward(input_ids, step.positions, step.batch, self.kv_caches)  # [num_tokens, hidden]
-        tokens = None
-        if step.sample_rows is not None and step.sampling is not None:
+        if step.placeholder_positions is not None and step.placeholder_sources is not None:
+            filled = self._previous_samples(step)[step.placeholder_sources]  # [num_placeholders]
+            input_ids = input_ids.index_put((step.placeholder_positions,), filled)  # [num_tokens]
+        if step.history_holes is not None and step.history_sources is not None and step.sampling is not None \
+                and step.sampling.penalties is not None:
+            p = step.sampling.penalties
+            p.tokens = p.tokens.index_put((step.history_holes,), self._previous_samples(step)[step.history_sources])
+        hidden = None
+        if step.batch is not None:
+            hidden = self.model.forward(input_ids, step.positions, step.batch, self.kv_caches)  # [num_tokens, hidden]
+        sample_out = prompt_out = None
+        if hidden is not None and step.sample_rows is not None and step.sampling is not None:
             logits = self.model.logits(hidden[step.sample_rows])  # [num_sampled, vocab]
-            tokens = sample(logits, step.sampling)  # [num_sampled]
-        self._last_sampled, self._last_step_id = tokens, step.step_id
-        return tokens
+            sample_out = sample(logits, step.sampling)
+        if hidden is not None and step.prompt_rows is not None and step.prompt_targets is not None:
+            logits = self.model.logits(hidden[step.prompt_rows])  # [prompt_rows, vocab]
+            prompt_out = raw_logprobs(logits, step.prompt_targets, step.prompt_top_n)
+        self._last_sampled = None if sample_out is None else sample_out.tokens
+        self._last_step_id = step.step_id
+        return StepOutput(sample_out, prompt_out)
 
     def execute(self, plan: StepPlan) -> StepResult:
         """Prepare, run and fetch in one go (the synchronous path)."""
-        tokens = self.forward(self.prepare(plan))
-        return StepResult(plan.step_id, [] if tokens is None else tokens.tolist())
+        return to_result(plan, self.forward(self.prepare(plan)))
+
+
+def _logprob_rows(out: SampleOutput) -> list[TokenLogprobs]:
+    ids = out.tokens.tolist()
+    chosen = out.logprob.tolist() if out.logprob is not None else []
+    ranks = out.rank.tolist() if out.rank is not None else []
+    top_ids = out.top_ids.tolist() if out.top_ids is not None else [[] for _ in ids]
+    top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else [[] for _ in ids]
+    return [TokenLogprobs(t, lp, r, list(zip(ti, tl))) for t, lp, r, ti, tl in zip(ids, chosen, ranks, top_ids,
+                                                                                   top_lps)]
+
+
+def to_result(plan: StepPlan, out: StepOutput) -> StepResult:
+    """Device tensors -> plain lists (the one sync of a step), trimmed to what each request asked."""
+    sampled: list[int] = []
+    logprobs: list[TokenLogprobs | None] = []
+    if out.sample is not None:
+        sampled = out.sample.tokens.tolist()
+        if out.sample.logprob is not None:
+            rows = _logprob_rows(out.sample)
+            for seq, row in zip(plan.sampling_seqs, rows):
+                n = seq.sampling.logprobs if seq.sampling is not None else None
+                logprobs.append(None if n is None else TokenLogprobs(row.token_id, row.logprob, row.rank, row.top[:n]))
+    prompt: dict[str, list[TokenLogprobs | None]] = {}
+    if out.prompt is not None:
+        rows = iter(_logprob_rows(out.prompt))
+        for seq in plan.seqs:
+            if seq.prompt_logprob_targets is None:
+                continue
+            prompt[seq.request_id] = [None if target < 0 else _trim(next(rows), seq.num_prompt_logprobs)
+                                      for target in seq.prompt_logprob_targets]
+    return StepResult(plan.step_id, sampled, logprobs, prompt)
+
+
+def _trim(row: TokenLogprobs, n: int) -> TokenLogprobs:
+    return TokenLogprobs(row.token_id, row.logprob, row.rank, row.top[:n])

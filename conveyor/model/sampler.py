@@ -42,6 +42,18 @@ def uniform_noise(seeds: torch.Tensor, output_index: torch.Tensor, vocab_size: i
 
 
 @dataclass
+class PenaltyTensors:
+    """Token histories of the rows with penalties, flattened: entry i is token `tokens[i]` of row `rows[i]`."""
+
+    rows: torch.Tensor  # [entries] int64
+    tokens: torch.Tensor  # [entries] int64 (placeholders already filled)
+    is_output: torch.Tensor  # [entries] bool: generated (True) or prompt (False)
+    presence: torch.Tensor  # [rows] float32 (0 where off)
+    frequency: torch.Tensor  # [rows] float32 (0 where off)
+    repetition: torch.Tensor  # [rows] float32 (1 where off)
+
+
+@dataclass
 class SamplingTensors:
     temperature: torch.Tensor  # [rows] float32; 0 = greedy
     top_k: torch.Tensor  # [rows] int64; <= 0 = off
@@ -50,6 +62,64 @@ class SamplingTensors:
     output_index: torch.Tensor  # [rows] int64
     all_greedy: bool
     any_top_k_or_p: bool
+    min_p: torch.Tensor | None = None  # [rows] float32; 0.0 = off
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # rows, tokens, values [entries]
+    suppress: tuple[torch.Tensor, torch.Tensor] | None = None  # rows, tokens [entries]
+    penalties: PenaltyTensors | None = None
+    num_logprobs: int | None = None
+    """Largest top-N any row asked for; None when no row wants logprobs."""
+
+
+@dataclass
+class SampleOutput:
+    tokens: torch.Tensor  # [rows] int64
+    logprob: torch.Tensor | None = None  # [rows] float32: the sampled token's raw logprob
+    rank: torch.Tensor | None = None  # [rows] int64
+    top_ids: torch.Tensor | None = None  # [rows, N] int64
+    top_logprobs: torch.Tensor | None = None  # [rows, N] float32
+
+
+def apply_penalties(logits: torch.Tensor, p: PenaltyTensors) -> torch.Tensor:
+    """Repetition penalty over prompt + output tokens (transformers' rule: divide a positive
+    logit, multiply a negative one), then presence / frequency over output tokens (OpenAI:
+    logit -= frequency * count + presence * [count > 0])."""
+    seen = torch.zeros_like(logits, dtype=torch.bool)  # [rows, vocab]
+    seen[p.rows, p.tokens] = True
+    counts = torch.zeros_like(logits)  # [rows, vocab]
+    out_rows, out_tokens = p.rows[p.is_output], p.tokens[p.is_output]
+    counts.index_put_((out_rows, out_tokens), torch.ones_like(out_rows, dtype=logits.dtype), accumulate=True)
+    rep = p.repetition.unsqueeze(1)  # [rows, 1]
+    logits = torch.where(seen, torch.where(logits > 0, logits / rep, logits * rep), logits)
+    return logits - p.frequency.unsqueeze(1) * counts - p.presence.unsqueeze(1) * (counts > 0).to(logits.dtype)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the top token's (transformers' MinP)."""
+    probs = logits.softmax(dim=-1)  # [rows, vocab]
+    threshold = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)  # [rows, 1]
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def process_logits(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    """Everything before temperature: logit bias, min_tokens suppression, penalties."""
+    if t.bias is not None:
+        rows, tokens, values = t.bias
+        logits = logits.index_put((rows, tokens), values, accumulate=True)
+    if t.suppress is not None:
+        logits = logits.index_put(t.suppress, torch.tensor(float("-inf"), device=logits.device))
+    if t.penalties is not None:
+        logits = apply_penalties(logits, t.penalties)
+    return logits
+
+
+def raw_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int) -> SampleOutput:
+    """Log-probabilities of the model's own distribution (before any processing)."""
+    lp = logits.log_softmax(dim=-1)  # [rows, vocab]
+    chosen = lp.gather(1, tokens.unsqueeze(1))  # [rows, 1]
+    rank = (lp > chosen).sum(dim=-1) + 1  # [rows]
+    top = lp.topk(top_n, dim=-1) if top_n > 0 else None
+    return SampleOutput(tokens, chosen.squeeze(1), rank, None if top is None else top.indices,
+                        None if top is None else top.values)
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -71,17 +141,26 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(1, order, ascending)
 
 
-def sample(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    """logits: [rows, vocab] float32 -> sampled token ids [rows] int64. Greedy rows are exact argmax."""
-    greedy = logits.argmax(dim=-1)  # [rows]
-    if t.all_greedy:
-        return greedy
-    is_greedy = t.temperature == 0  # [rows]
-    temperature = torch.where(is_greedy, torch.ones_like(t.temperature), t.temperature)
-    scaled = logits / temperature.unsqueeze(1)  # [rows, vocab]
-    if t.any_top_k_or_p:
-        scaled = apply_top_k_top_p(scaled, t.top_k, t.top_p)
-    u = uniform_noise(t.seeds, t.output_index, logits.shape[-1])  # [rows, vocab]
-    gumbel = -torch.log(-torch.log(u))  # [rows, vocab]; argmax(logits + gumbel) ~ softmax(logits)
-    sampled = (scaled + gumbel).argmax(dim=-1)  # [rows]
-    return torch.where(is_greedy, greedy, sampled)
+def sample(logits: torch.Tensor, t: SamplingTensors) -> SampleOutput:
+    """logits: [rows, vocab] float32 raw model logits -> sampled ids [rows] (+ raw logprobs when asked).
+
+    Greedy rows take the argmax of the processed logits (exactly the raw argmax when they
+    have no bias, penalty or min_tokens); sampled rows use the Gumbel-max trick with
+    counter-based noise."""
+    processed = process_logits(logits, t)  # [rows, vocab]
+    tokens = processed.argmax(dim=-1)  # [rows]
+    if not t.all_greedy:
+        is_greedy = t.temperature == 0  # [rows]
+        temperature = torch.where(is_greedy, torch.ones_like(t.temperature), t.temperature)
+        scaled = processed / temperature.unsqueeze(1)  # [rows, vocab]
+        if t.any_top_k_or_p:
+            scaled = apply_top_k_top_p(scaled, t.top_k, t.top_p)
+        if t.min_p is not None:
+            scaled = apply_min_p(scaled, t.min_p)
+        u = uniform_noise(t.seeds, t.output_index, logits.shape[-1])  # [rows, vocab]
+        gumbel = -torch.log(-torch.log(u))  # [rows, vocab]; argmax(logits + gumbel) ~ softmax(logits)
+        sampled = (scaled + gumbel).argmax(dim=-1)  # [rows]
+        tokens = torch.where(is_greedy, tokens, sampled)
+    if t.num_logprobs is None:
+        return SampleOutput(tokens)
+    return raw_logprobs(logits, tokens, t.num_logprobs)

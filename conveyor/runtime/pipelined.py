@@ -17,20 +17,21 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from conveyor.core.plan import StepPlan, StepResult
-from conveyor.model.runner import ModelRunner
+from conveyor.model.runner import ModelRunner, StepOutput, to_result
+from conveyor.model.sampler import SampleOutput
 from conveyor.runtime.trace import DEVICE_LANE, Tracer
 
 
 @dataclass
 class InflightStep:
     plan: StepPlan
-    future: Future[list[int]] | None = None  # CPU worker
-    host_ids: torch.Tensor | None = None  # CUDA: pinned [num_sampled]
+    future: Future[StepResult] | None = None  # CPU worker
+    host_output: StepOutput | None = None  # CUDA: the step's output tensors, copied into pinned memory
     fetched: Any = None  # CUDA: event after the device-to-host copy
     started: Any = None
     finished: Any = None
@@ -61,42 +62,53 @@ class PipelinedExecutor:
             return InflightStep(plan, future=self._pool.submit(self._run_on_worker, prepared, plan))
         return self._launch_cuda(prepared, plan)
 
-    def _run_on_worker(self, prepared: Any, plan: StepPlan) -> list[int]:
+    def _run_on_worker(self, prepared: Any, plan: StepPlan) -> StepResult:
         start = time.perf_counter()
-        tokens = self.runner.forward(prepared)
-        ids = [] if tokens is None else tokens.tolist()
+        result = to_result(plan, self.runner.forward(prepared))
         end = time.perf_counter()
         with self._lock:
             self.device_busy_s += end - start
         self.tracer.add("forward+sample", DEVICE_LANE, start, end, step=plan.step_id, tokens=plan.num_tokens)
-        return ids
+        return result
 
     def _launch_cuda(self, prepared: Any, plan: StepPlan) -> InflightStep:
         step = InflightStep(plan, started=torch.cuda.Event(enable_timing=True),
                             finished=torch.cuda.Event(enable_timing=True), fetched=torch.cuda.Event())
         step.started.record(self.compute_stream)
-        tokens = self.runner.forward(prepared)  # enqueued on the compute stream; returns at once
+        output = self.runner.forward(prepared)  # enqueued on the compute stream; returns at once
         step.finished.record(self.compute_stream)
-        if tokens is not None:
-            with torch.cuda.stream(self.d2h_stream):
-                self.d2h_stream.wait_event(step.finished)
-                tokens.record_stream(self.d2h_stream)
-                step.host_ids = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-                step.host_ids.copy_(tokens, non_blocking=True)
+        with torch.cuda.stream(self.d2h_stream):
+            self.d2h_stream.wait_event(step.finished)
+            step.host_output = _map_output(output, self._to_pinned_host)
         step.fetched.record(self.d2h_stream)
         return step
 
+    def _to_pinned_host(self, t: torch.Tensor) -> torch.Tensor:
+        t.record_stream(self.d2h_stream)
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        return host
+
     def wait(self, step: InflightStep) -> StepResult:
         if step.future is not None:
-            return StepResult(step.plan.step_id, step.future.result())
+            return step.future.result()
         step.fetched.synchronize()
         busy = step.started.elapsed_time(step.finished) / 1000.0
         self.device_busy_s += busy
         end = time.perf_counter()
         self.tracer.add("forward+sample", DEVICE_LANE, end - busy, end, step=step.plan.step_id)
-        ids = [] if step.host_ids is None else step.host_ids.tolist()
-        return StepResult(step.plan.step_id, ids)
+        assert step.host_output is not None
+        return to_result(step.plan, step.host_output)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+def _map_output(output: StepOutput, fn: Callable[[torch.Tensor], torch.Tensor]) -> StepOutput:
+    def each(s: SampleOutput | None) -> SampleOutput | None:
+        if s is None:
+            return None
+        return SampleOutput(*(None if t is None else fn(t) for t in (s.tokens, s.logprob, s.rank, s.top_ids,
+                                                                      s.top_logprobs)))  # type: ignore[arg-type]
+    return StepOutput(each(output.sample), each(output.prompt))

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from conveyor.core.plan import StepPlan, StepResult
-from conveyor.model.runner import ModelRunner
+from conveyor.model.runner import ModelRunner, to_result
 from conveyor.runtime.trace import DEVICE_LANE, Tracer
 
 
@@ -28,12 +28,11 @@ class SyncExecutor:
         with self.tracer.span("prepare", step=plan.step_id):
             prepared = self.runner.prepare(plan)
         start = time.perf_counter()
-        tokens = self.runner.forward(prepared)
-        ids = [] if tokens is None else tokens.tolist()
+        result = to_result(plan, self.runner.forward(prepared))
         end = time.perf_counter()
         self.device_busy_s += end - start
         self.tracer.add("forward+sample", DEVICE_LANE, start, end, step=plan.step_id, tokens=plan.num_tokens)
-        return DoneHandle(plan, StepResult(plan.step_id, ids))
+        return DoneHandle(plan, result)
 
     def wait(self, handle: DoneHandle) -> StepResult:
         return handle.result
