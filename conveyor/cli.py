@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(chat, max_tokens=512)
     add_engine_flags(chat)
 
+    srv = commands.add_parser("serve", help="OpenAI-compatible HTTP server (the default model when none is given)")
+    from conveyor.server.main import add_serve_flags
+    add_serve_flags(srv)
+    add_engine_flags(srv)
+
     from conveyor.bench.cli import add_bench_parser
     add_bench_parser(commands, add_engine_flags)
     return parser
@@ -176,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return cmd_generate(args)
+        if args.command == "serve":
+            from conveyor.server.main import serve
+            return serve(args, engine_config_from(args))
         if args.command == "bench":
             from conveyor.bench.cli import cmd_bench
             return cmd_bench(args, engine_config_from(args))

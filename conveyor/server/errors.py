@@ -1,0 +1,91 @@
+"""One error shape for every failure: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from conveyor.errors import InvalidRequestError
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+          422: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
+          503: "service_unavailable_error", 504: "timeout_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
+                      "code": code}}
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+def sse_error(status: int, message: str, param: str | None = None, code: str | None = None) -> str:
+    return f"data: {json.dumps(error_body(status, message, param, code))}\n\n"
+
+
+def param_of(exc: InvalidRequestError) -> str | None:
+    match = re.search(r"SamplingParams\.(\w+)", str(exc))
+    return match.group(1) if match else None
+
+
+def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if err.get("type") == "json_invalid":
+        return "the request body is not valid JSON: " + str(err.get("msg", "")), None
+    if err.get("type") == "extra_forbidden":
+        return f"unrecognized request argument supplied: {param}", param
+    if err.get("type") == "missing":
+        return f"missing required field: {param}", param
+    message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    seen = err.get("input")
+    shown = repr(seen) if seen is not None and len(repr(seen)) <= 80 else "(value not shown)"
+    return f"{param}: {message} (got {shown})" if param else message, param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        message, param = _describe(errors[0]) if errors else ("invalid request", None)
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more problem(s))"
+        return error_response(400, message, param)
+
+    @app.exception_handler(APIError)
+    async def _api(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return error_response(400, str(exc), param_of(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error")
+        return error_response(500, "internal server error; the request was not completed (see the server log)")

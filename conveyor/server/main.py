@@ -1,0 +1,116 @@
+"""`conveyor serve`: start the engine, serve HTTP, drain on SIGTERM, exit 0."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from conveyor.config import EngineConfig
+from conveyor.engine.async_engine import AsyncEngine
+from conveyor.server.app import ServerOptions, ServerState, build_app
+
+logger = logging.getLogger("conveyor.serve")
+
+
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--api-key", action="append", default=[], help="accepted bearer key (repeatable); also "
+                                                                  "CONVEYOR_API_KEY")
+    g.add_argument("--served-model-name", default=None, help="model name clients use (default: from the file)")
+    g.add_argument("--max-queued-requests", type=int, default=256, help="waiting requests before 503")
+    g.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request is aborted")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
+    g.add_argument("--allowed-origins", nargs="*", default=[], help="CORS origins (off by default)")
+    g.add_argument("--max-body-bytes", type=int, default=4 * 2**20)
+
+
+def model_name(config: EngineConfig) -> str:
+    if config.model is None:
+        return "SmolLM2-135M-Instruct"
+    base = os.path.basename(os.path.normpath(config.model))
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM / SIGINT: refuse new work (503), let in-flight requests finish for up to
+    `shutdown_timeout`, abort the rest (each ends with an error event), then exit 0."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.shutdown_timeout = shutdown_timeout
+        self._draining_started = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining_started:
+            self.force_exit = sig == signal.SIGINT
+            self.should_exit = True
+            return
+        self._draining_started = True
+        self.state.draining = True
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+        else:
+            self.should_exit = True
+
+    async def _drain(self) -> None:
+        engine = self.state.engine
+        deadline = self._loop.time() + self.shutdown_timeout if self._loop else 0
+        logger.info("draining: %d request(s) in flight, up to %.0f s", engine.num_active, self.shutdown_timeout)
+        while engine.num_active and self._loop and self._loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if engine.num_active:
+            logger.info("shutdown timeout: aborting %d request(s)", engine.num_active)
+            engine.abort_all("the server is shutting down (--shutdown-timeout reached); the request was aborted")
+            for _ in range(100):
+                if not engine.num_active:
+                    break
+                await asyncio.sleep(0.05)
+        self.should_exit = True
+
+
+def serve(args: argparse.Namespace, config: EngineConfig) -> int:
+    keys = tuple(args.api_key) + ((os.environ["CONVEYOR_API_KEY"],) if os.environ.get("CONVEYOR_API_KEY") else ())
+    origins = tuple(args.allowed_origins)
+    engine = AsyncEngine(config, max_queued_requests=args.max_queued_requests)
+    state = ServerState(engine, ServerOptions(model_name=args.served_model_name or model_name(config), api_keys=keys,
+                                              max_body_bytes=args.max_body_bytes,
+                                              request_timeout=args.request_timeout, allowed_origins=origins))
+    engine._on_timings = state.metrics.observe
+    engine.start()  # loads the model in the background; /health says 503 until it is ready
+    app = build_app(state)
+    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                           timeout_graceful_shutdown=5), state, args.shutdown_timeout)
+    print(f"conveyor: serving {state.options.model_name} on http://{args.host}:{args.port} "
+          f"(OpenAI API under /v1; GET /health turns 200 once the model is loaded)", flush=True)
+    watcher = threading.Thread(target=_exit_if_engine_fails, args=(engine, server), daemon=True)
+    watcher.start()
+    server.run()
+    engine.stop()
+    if engine.error is not None and not engine.is_ready:
+        print(f"conveyor: error: {engine.error}", flush=True)
+        return 2
+    return 0
+
+
+def _exit_if_engine_fails(engine: AsyncEngine, server: uvicorn.Server) -> None:
+    """A model that cannot load ends the server with a clear message instead of serving 503 forever."""
+    while not engine.is_ready and engine.error is None:
+        threading.Event().wait(0.2)
+    if engine.error is not None and not engine._ready.is_set():
+        server.should_exit = True

@@ -1,0 +1,102 @@
+"""Request bodies of the OpenAI API (plus vLLM's extra sampling fields), validated by pydantic."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_N = 16
+MAX_STOP = 16
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Optional[str] = None
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[int] = Field(default=None, ge=0, lt=2**63)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: Optional[dict[str, float]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[str] = Field(default=None, max_length=256)
+    # vLLM's extra sampling fields
+    top_k: int = Field(default=0, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: Optional[list[int]] = Field(default=None, max_length=256)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: Union[str, list[str], None]) -> Union[str, list[str], None]:
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, value: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+        for key, bias in (value or {}).items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
+        return value
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: Optional[int] = Field(default=16, ge=1)
+    logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[int] = Field(default=None, ge=1)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Union[str, list[dict[str, Any]], None] = None
+    name: Optional[str] = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, value: Union[str, list[dict[str, Any]], None]) -> Union[str, list[dict[str, Any]], None]:
+        if isinstance(value, list):
+            for part in value:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
+        return value
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part["text"] for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    add_generation_prompt: bool = True

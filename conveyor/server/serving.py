@@ -1,0 +1,252 @@
+"""Turn OpenAI requests into engine requests, and engine outputs into OpenAI responses / SSE chunks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Sequence
+
+from conveyor.core.plan import TokenLogprobs
+from conveyor.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from conveyor.errors import InvalidRequestError
+from conveyor.outputs import RequestOutput
+from conveyor.params import SamplingParams
+from conveyor.server.errors import APIError, param_of, sse_error
+from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
+
+
+@dataclass
+class Prepared:
+    prompts: list[list[int]]
+    texts: list[str | None]
+    params: SamplingParams
+
+
+class Serving:
+    def __init__(self, engine: AsyncEngine, model_name: str, request_timeout: float | None) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.request_timeout = request_timeout
+
+    @property
+    def _core(self) -> Any:
+        assert self.engine.engine is not None
+        return self.engine.engine
+
+    # ---- request -> engine ------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r} "
+                                f"(see GET /v1/models)", "model", "model_not_found")
+
+    def _params(self, body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
+                logprobs: int | None) -> SamplingParams:
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        try:
+            return SamplingParams(
+                n=body.n, max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
+                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k, min_p=body.min_p,
+                presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                repetition_penalty=body.repetition_penalty, seed=body.seed, stop=stop,
+                stop_token_ids=body.stop_token_ids or [], include_stop_str_in_output=body.include_stop_str_in_output,
+                ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=logprobs,
+                logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
+                skip_special_tokens=body.skip_special_tokens)
+        except InvalidRequestError as exc:
+            raise APIError(400, str(exc), param_of(exc)) from None
+
+    async def _tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        tokenizer = self._core.tokenizer
+        if tokenizer is None:
+            raise APIError(400, "this model has no tokenizer; send token ids as the prompt", "prompt")
+        encoded = await asyncio.to_thread(tokenizer, text, add_special_tokens=add_special_tokens)
+        return list(encoded["input_ids"])
+
+    def _check_lengths(self, prompts: list[list[int]], max_tokens: int | None, param: str) -> None:
+        limit = self._core.max_model_len
+        vocab = self._core.spec.vocab_size
+        for ids in prompts:
+            if not ids:
+                raise APIError(400, "the prompt is empty (0 tokens)", "prompt")
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise APIError(400, f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
+            if len(ids) >= limit:
+                raise APIError(400, f"the prompt has {len(ids)} tokens, but this model's context is {limit} tokens "
+                                    f"(max_model_len) and at least one must be left for output; shorten the "
+                                    f"prompt", "prompt", "context_length_exceeded")
+            if max_tokens is not None and len(ids) + max_tokens > limit:
+                raise APIError(400, f"{param}={max_tokens} is too large: the prompt has {len(ids)} tokens and the "
+                                    f"context is {limit} tokens, so at most {limit - len(ids)} can be generated; "
+                                    f"lower {param} (or omit it)", param, "context_length_exceeded")
+
+    async def prepare_completion(self, body: CompletionRequest) -> Prepared:
+        self.check_model(body.model)
+        if body.suffix is not None:
+            raise APIError(400, "suffix is not supported", "suffix")
+        if body.best_of is not None and body.best_of != body.n:
+            raise APIError(400, "best_of other than n is not supported", "best_of")
+        raw = body.prompt
+        if isinstance(raw, str):
+            items: list[Any] = [raw]
+        elif raw and all(isinstance(x, int) for x in raw):
+            items = [raw]
+        else:
+            items = list(raw)
+        if not items:
+            raise APIError(400, "prompt is empty; give a string, a list of strings or token ids", "prompt")
+        if len(items) * body.n > 64:
+            raise APIError(400, f"{len(items)} prompts x n={body.n} is more than 64 completions per request",
+                           "prompt")
+        prompts = [await self._tokenize(x) if isinstance(x, str) else list(x) for x in items]
+        self._check_lengths(prompts, body.max_tokens, "max_tokens")
+        texts = [x if isinstance(x, str) else None for x in items]
+        return Prepared(prompts, texts, self._params(body, body.max_tokens, body.logprobs))
+
+    async def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
+        self.check_model(body.model)
+        tokenizer = self._core.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        try:
+            text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=body.add_generation_prompt)
+        except Exception as exc:
+            raise APIError(400, f"the chat template rejected these messages: {type(exc).__name__}", "messages") \
+                from None
+        ids = await self._tokenize(text, add_special_tokens=False)
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        self._check_lengths([ids], max_tokens, param)
+        top = body.top_logprobs if body.top_logprobs is not None else 0
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+        return Prepared([ids], [text], self._params(body, max_tokens, top if body.logprobs else None))
+
+    # ---- engine -> responses ----------------------------------------------------------
+    async def admit(self, prepared: Prepared, base_id: str) -> list[AsyncIterator[RequestOutput]]:
+        """Admit every prompt of the request, or none: refusal maps to an HTTP error."""
+        streams: list[AsyncIterator[RequestOutput]] = []
+        try:
+            for i, ids in enumerate(prepared.prompts):
+                streams.append(await self.engine.submit(ids, prepared.params, f"{base_id}-{i}", self.request_timeout))
+        except BaseException as exc:
+            for stream in streams:
+                await stream.aclose()  # type: ignore[attr-defined]
+            if isinstance(exc, QueueFullError):
+                raise APIError(503, str(exc), code="queue_full", headers={"Retry-After": "1"}) from None
+            if isinstance(exc, EngineDeadError):
+                raise APIError(503, "the engine has stopped; restart the server", code="engine_dead") from None
+            if isinstance(exc, InvalidRequestError):
+                raise APIError(400, str(exc), param_of(exc)) from None
+            raise
+        return streams
+
+    @staticmethod
+    async def collect(streams: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+        async def last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+            final = None
+            async for out in stream:
+                final = out
+            assert final is not None
+            return final
+        return list(await asyncio.gather(*(last(s) for s in streams)))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(outputs: Sequence[RequestOutput]) -> dict[str, int]:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def finish_reason(reason: str | None, error: str | None) -> str | None:
+    if reason == "abort":
+        return "error" if error else "abort"
+    return reason
+
+
+def completion_logprobs(tokenizer: Any, lps: list[TokenLogprobs] | None, start: int = 0) -> dict[str, Any] | None:
+    if lps is None:
+        return None
+    lps = lps[start:]
+    text = [tokenizer.decode([lp.token_id]) if tokenizer else str(lp.token_id) for lp in lps]
+    offsets, pos = [], 0
+    for t in text:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": text, "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{(tokenizer.decode([t]) if tokenizer else str(t)): v for t, v in lp.top}
+                             for lp in lps], "text_offset": offsets}
+
+
+def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs] | None, start: int = 0) -> dict[str, Any] | None:
+    if lps is None:
+        return None
+
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        text = tokenizer.decode([token_id]) if tokenizer else str(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    return {"content": [entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in lps[start:]]}
+
+
+async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several output streams as their items arrive; cancels the rest on exit."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in stream:
+                await queue.put((i, out))
+            await queue.put((i, None))
+        except BaseException as exc:  # includes cancellation
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except BaseException:
+                pass
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def stream_error(exc: BaseException) -> str:
+    if isinstance(exc, APIError):
+        return sse_error(exc.status, exc.message, exc.param, exc.code)
+    if isinstance(exc, InvalidRequestError):
+        return sse_error(400, str(exc), param_of(exc))
+    if isinstance(exc, QueueFullError):
+        return sse_error(503, str(exc))
+    if isinstance(exc, EngineDeadError):
+        return sse_error(503, "the engine has stopped; the request could not be completed")
+    return sse_error(500, "internal server error; the request was not completed")
+
+
+def now() -> int:
+    return int(time.time())
