@@ -249,3 +249,51 @@ def test_out_of_vocab_bias_is_refused(tiny: tuple[str, Any]) -> None:
     llm = LLM(model=folder, **_engine_options("none"))
     with pytest.raises(InvalidRequestError, match="outside the model's vocabulary"):
         llm.generate([[5, 6]], SamplingParams(logit_bias={10_000: 1.0}), use_tqdm=False)
+
+
+def test_prompt_logprobs_survive_preemption_mid_prefill(tiny: tuple[str, Any]) -> None:
+    folder, _ = tiny
+    prompts = _prompts(6, seed=21)
+    params = SamplingParams(max_tokens=12, temperature=0.0, prompt_logprobs=1, ignore_eos=True)
+    calm = LLM(model=folder, **_engine_options("none")).generate(prompts, params, use_tqdm=False)
+    options = _engine_options("preemption") | {"max_num_batched_tokens": 8}
+    pressed_llm = LLM(model=folder, **options)
+    pressed = pressed_llm.generate(prompts, params, use_tqdm=False)
+    assert pressed_llm.engine.stats().num_preemptions > 0
+    for prompt, a, b in zip(prompts, calm, pressed):
+        assert a.prompt_logprobs is not None and b.prompt_logprobs is not None
+        assert len(b.prompt_logprobs) == len(prompt) == len(a.prompt_logprobs)
+        for i, (x, y) in enumerate(zip(a.prompt_logprobs, b.prompt_logprobs)):
+            assert (x is None) == (y is None) == (i == 0)
+            if x is not None and y is not None:
+                assert x.token_id == y.token_id == prompt[i] and abs(x.logprob - y.logprob) < 1e-4
+
+
+def test_reused_request_id_never_gets_an_old_token(tiny: tuple[str, Any]) -> None:
+    folder, _ = tiny
+    first, second = _prompts(2, seed=31)
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    reference = LLM(model=folder, **_engine_options("none")).generate([second], greedy, use_tqdm=False)[0]
+    engine = LLM(model=folder, async_batching=True, **_engine_options("none")).engine
+    engine.add_request(first, greedy.clone(max_tokens=50), "r")
+    engine.step()
+    engine.step()
+    engine.abort("r")
+    engine.add_request(second, greedy, "r")
+    final = None
+    while engine.has_work():
+        for out in engine.step():
+            final = out
+    assert final is not None and final.outputs[0].token_ids == reference.outputs[0].token_ids
+    engine.check_idle()
+
+
+def test_colliding_sample_id_is_refused_cleanly(tiny: tuple[str, Any]) -> None:
+    folder, _ = tiny
+    engine = LLM(model=folder, **_engine_options("none")).engine
+    engine.add_request([5, 6, 7], SamplingParams(max_tokens=3), "y#1")
+    with pytest.raises(InvalidRequestError, match="already in use"):
+        engine.add_request([5, 6, 7], SamplingParams(n=2, max_tokens=3), "y")
+    while engine.has_work():
+        engine.step()
+    engine.check_idle()

@@ -54,6 +54,7 @@ CASES = {
     "across a token boundary": ["o w"],
     "inside one token": ["world"],
     "at the very first token": ["Hello"],
+    "long, from the start (held-back text must never shrink)": ["Hello world, this is"],
     "first character only": ["H"],
     "overlapping, earlier start wins": ["s a t", "is a"],
     "overlapping, same start": ["stop strings", "stop"],

@@ -37,6 +37,18 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     tp.add_argument("--out", default=None, help="write the result as JSON here")
     add_engine_flags(tp)
 
+    sv = kinds.add_parser("serve", help="load a running OpenAI-compatible server (ours or any other)")
+    sv.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    sv.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64], help="clients (a sweep)")
+    sv.add_argument("--duration", type=float, default=None, help="seconds per concurrency level")
+    sv.add_argument("--num-requests", type=int, default=None, help="requests per level (default 4 x concurrency)")
+    sv.add_argument("--input-len", type=_range, default=(32, 128))
+    sv.add_argument("--output-len", type=int, default=64)
+    sv.add_argument("--api-key", default=None)
+    sv.add_argument("--model", default=None)
+    sv.add_argument("--server-pid", type=int, default=None, help="sample this process's resident memory")
+    sv.add_argument("--out", default=None, help="write results as JSON here")
+
     cmp_ = kinds.add_parser("async-vs-sync", help="async against sync batching, alternating runs, medians")
     cmp_.add_argument("--runs", type=int, default=5, help="runs per mode per workload (alternating)")
     cmp_.add_argument("--trace", default=None, help="also trace one async run per workload to FILE-<w>-async.json")
@@ -45,6 +57,8 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
 
 
 def cmd_bench(args: argparse.Namespace, config: Any) -> int:
+    if args.bench_command == "serve":
+        return _serve(args)
     if args.bench_command == "async-vs-sync":
         from conveyor.bench.async_compare import compare, markdown_table, save
 
@@ -96,3 +110,25 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from conveyor.bench.async_compare import machine_facts
+    from conveyor.bench.serve import markdown, run_load
+
+    results = []
+    for concurrency in args.concurrency:
+        count = args.num_requests if args.num_requests is not None else (None if args.duration else 4 * concurrency)
+        result = asyncio.run(run_load(args.url, concurrency, args.duration, count, args.input_len, args.output_len,
+                                      args.api_key, args.model, server_pid=args.server_pid))
+        results.append(result)
+        print(json.dumps({k: v for k, v in result.items() if k != "errors"}), file=sys.stderr)
+    print(markdown(results))
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"machine": machine_facts(), "command": "conveyor " + " ".join(sys.argv[1:]),
+                       "results": results}, f, indent=2)
+    return 0 if all(r["failed"] == 0 for r in results) else 1

@@ -53,6 +53,8 @@ class ScheduledSeq:
     prompt_logprob_targets: list[int] | None = None
     """For prompt_logprobs: the next prompt token of each input position (-1 past the prompt)."""
     num_prompt_logprobs: int = 0
+    arrival_index: int = -1
+    """Identifies the request object, so a result never lands on a later request reusing the id."""
 
     @property
     def num_tokens(self) -> int:

@@ -171,7 +171,8 @@ class Scheduler:
             targets = [prompt[p + 1] if p + 1 < len(prompt) else -1 for p in range(start, start + count)]
             num_prompt_logprobs = request.params.prompt_logprobs
         return ScheduledSeq(request.request_id, inputs, start, list(self.blocks.block_table(request.request_id)),
-                            sampling, prompt_logprob_targets=targets, num_prompt_logprobs=num_prompt_logprobs)
+                            sampling, prompt_logprob_targets=targets, num_prompt_logprobs=num_prompt_logprobs,
+                            arrival_index=request.arrival_index)
 
     def _sampling_spec(self, request: Request) -> SamplingSpec:
         p = request.params
@@ -204,7 +205,7 @@ class Scheduler:
             child.num_inflight_tokens += 1
             seqs.append(ScheduledSeq(child.request_id, [], parent_seq.context_len,
                                      list(self.blocks.block_table(child.request_id)), sampling,
-                                     sample_from=parent.request_id))
+                                     sample_from=parent.request_id, arrival_index=child.arrival_index))
         return seqs
 
     def _preempt(self, request: Request) -> None:

@@ -40,10 +40,14 @@ class IncrementalDetokenizer:
         return delta
 
     def finish(self) -> str:
-        """Settle on the exact full decode of the output; return what it adds to the text so far."""
-        if self.tokenizer is None:
+        """Flush the held-back tail (decoded with its context window, like every other piece),
+        so the final text is the streamed text plus that tail; returns the tail."""
+        if self.tokenizer is None or self.read_offset >= len(self.ids):
             return ""
-        full = self._decode(self.ids[self.num_context:])
-        delta = full[len(self.text):] if full.startswith(self.text) else ""
-        self.text = full
+        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset:])
+        delta = new_text[len(prefix_text):] if new_text.startswith(prefix_text) else ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+        self.text += delta
         return delta

@@ -107,14 +107,15 @@ class Engine:
                 f"max_model_len")
         self._check_vocab(params)
         request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self.outputs.groups:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use; ids must be unique")
+        sample_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
+        taken = [i for i in (request_id, *sample_ids) if i in self.outputs.groups or self.scheduler.get(i)]
+        if taken:
+            raise InvalidRequestError(f"request id {taken[0]!r} is already in use; ids must be unique")
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         samples = []
         for i in range(params.n):
-            sample_id = request_id if params.n == 1 else f"{request_id}#{i}"
             samples.append(Request(
-                request_id=sample_id, prompt_token_ids=token_ids, params=params, seed=sample_seed(seed, i),
+                request_id=sample_ids[i], prompt_token_ids=token_ids, params=params, seed=sample_seed(seed, i),
                 arrival_index=next(self._ids), max_model_len=self.max_model_len,
                 eos_token_ids=self.spec.eos_token_ids,
                 fork_parent=None if i == 0 else samples[0].request_id))

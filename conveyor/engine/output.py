@@ -75,16 +75,19 @@ class OutputProcessor:
         """Apply sampled tokens; finished requests leave the scheduler and free their blocks."""
         touched: dict[str, GroupState] = {}
         now = time.perf_counter()
-        for rid, values in result.prompt_logprobs.items():
-            group = self._group_of.get(rid)
-            if group is not None and group.prompt_logprobs is not None \
-                    and len(group.prompt_logprobs) < len(group.prompt_token_ids):  # not again after a recompute
-                group.prompt_logprobs.extend(v for v in values if v is not None)
+        for seq in plan.seqs:
+            values = result.prompt_logprobs.get(seq.request_id)
+            group = self._group_of.get(seq.request_id)
+            if values is None or group is None or group.prompt_logprobs is None:
+                continue
+            for j, value in enumerate(values):  # value j is about prompt token start + j + 1
+                if value is not None and seq.start_position + j + 1 == len(group.prompt_logprobs):
+                    group.prompt_logprobs.append(value)  # a recompute after preemption adds nothing twice
         logprobs = result.logprobs or [None] * len(result.sampled_token_ids)
         for seq, token_id, lp in zip(plan.sampling_seqs, result.sampled_token_ids, logprobs):
             state = self._sample_of.get(seq.request_id)
-            if state is None or state.request.is_finished:
-                continue  # finished or aborted while its step was in flight: the token is dropped
+            if state is None or state.request.is_finished or state.request.arrival_index != seq.arrival_index:
+                continue  # finished or aborted while its step was in flight (maybe its id reused): dropped
             request = state.request
             self.scheduler.commit_token(request, token_id)
             self.num_generated_tokens += 1
@@ -141,13 +144,14 @@ class OutputProcessor:
         text = state.detokenizer.text
         stops = request.params.stop
         hold = max(len(s) for s in stops) - 1 if stops else 0
-        state.text = text[:len(text) - hold] if hold else text
+        state.text = text[:max(0, len(text) - hold)] if hold else text
 
     def abort(self, request: Request, error: str | None = None) -> RequestOutput | None:
         """Output for a sample ended outside commit (abort / error); one per group once all ended."""
         group = self._group_of.get(request.request_id)
         if group is None:
             return None
+        self._update_text(self._sample_of[request.request_id])  # flush the held-back tail
         if error is not None:
             group.error = error
         return self.output_of(group) if group.finished else None

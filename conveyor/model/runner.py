@@ -234,9 +234,15 @@ class ModelRunner:
         self._last_step_id = step.step_id
         return StepOutput(sample_out, prompt_out)
 
+    def fetch(self, plan: StepPlan, out: StepOutput) -> StepResult:
+        """Bring a step's output to the host (the synchronous path's one sync)."""
+        if self.compute_stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.compute_stream)
+        return to_result(plan, out)
+
     def execute(self, plan: StepPlan) -> StepResult:
         """Prepare, run and fetch in one go (the synchronous path)."""
-        return to_result(plan, self.forward(self.prepare(plan)))
+        return self.fetch(plan, self.forward(self.prepare(plan)))
 
 
 def _logprob_rows(out: SampleOutput) -> list[TokenLogprobs]:

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 
 from conveyor.core.plan import StepPlan, StepResult
-from conveyor.model.runner import ModelRunner, to_result
+from conveyor.model.runner import ModelRunner
 from conveyor.runtime.trace import DEVICE_LANE, Tracer
 
 
@@ -28,7 +28,7 @@ class SyncExecutor:
         with self.tracer.span("prepare", step=plan.step_id):
             prepared = self.runner.prepare(plan)
         start = time.perf_counter()
-        result = to_result(plan, self.runner.forward(prepared))
+        result = self.runner.fetch(plan, self.runner.forward(prepared))
         end = time.perf_counter()
         self.device_busy_s += end - start
         self.tracer.add("forward+sample", DEVICE_LANE, start, end, step=plan.step_id, tokens=plan.num_tokens)
