@@ -1,15 +1,16 @@
-"""`conveyor bench throughput | async-vs-sync`."""
+"""`conveyor bench throughput | latency | serve | async-vs-sync`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from typing import Any
 
-from conveyor.bench.workloads import random_workload
+from conveyor.bench.workloads import Workload, random_workload, shared_prefix_workload
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -25,17 +26,30 @@ def _range(text: str) -> tuple[int, int]:
 
 
 def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
-    bench = commands.add_parser("bench", help="benchmarks (results as JSON)")
+    bench = commands.add_parser("bench", help="benchmarks (results as JSON, baselines, plots)")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
 
-    tp = kinds.add_parser("throughput", help="offline throughput on a random-token workload")
+    tp = kinds.add_parser("throughput", help="offline throughput; --peer runs the same workload on a peer")
+    tp.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
     tp.add_argument("--num-prompts", type=int, default=64)
     tp.add_argument("--input-len", type=_range, default=(32, 256), help="prompt length or range LOW:HIGH")
     tp.add_argument("--output-len", type=_range, default=(128, 128), help="output length or range LOW:HIGH")
+    tp.add_argument("--prefix-len", type=int, default=512, help="shared-prefix workload: shared system prompt")
     tp.add_argument("--workload-seed", type=int, default=0)
+    tp.add_argument("--runs", type=int, default=1, help="timed runs (the median is reported)")
+    tp.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "hf-continuous", "llama-cpp"])
+    tp.add_argument("--peer-batch-size", type=int, default=32, help="hf-generate static batch size")
     tp.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the run (Perfetto)")
-    tp.add_argument("--out", default=None, help="write the result as JSON here")
+    _add_result_flags(tp)
     add_engine_flags(tp)
+
+    lat = kinds.add_parser("latency", help="one request: time to first token and time per output token")
+    lat.add_argument("--input-len", type=int, default=128)
+    lat.add_argument("--output-len", type=int, default=128)
+    lat.add_argument("--runs", type=int, default=3)
+    lat.add_argument("--peer", nargs="*", default=[], choices=["hf-generate"])
+    _add_result_flags(lat)
+    add_engine_flags(lat)
 
     sv = kinds.add_parser("serve", help="load a running OpenAI-compatible server (ours or any other)")
     sv.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
@@ -48,12 +62,20 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     sv.add_argument("--model", default=None)
     sv.add_argument("--server-pid", type=int, default=None, help="sample this process's resident memory")
     sv.add_argument("--out", default=None, help="write results as JSON here")
+    sv.add_argument("--plot", default=None, help="PNG prefix: throughput-vs-concurrency and latency CDF")
 
     cmp_ = kinds.add_parser("async-vs-sync", help="async against sync batching, alternating runs, medians")
     cmp_.add_argument("--runs", type=int, default=5, help="runs per mode per workload (alternating)")
     cmp_.add_argument("--trace", default=None, help="also trace one async run per workload to FILE-<w>-async.json")
     cmp_.add_argument("--out", default="benchmarks/async_vs_sync.json")
     add_engine_flags(cmp_)
+
+
+def _add_result_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results-dir", default="results", help="every result is saved here as JSON")
+    parser.add_argument("--save-baseline", default=None, metavar="NAME", help="also save as benchmarks/baselines/NAME")
+    parser.add_argument("--compare-to", default=None, metavar="NAME", help="compare with a saved baseline")
+    parser.add_argument("--plot", default=None, help="write a PNG bar chart against the peers here")
 
 
 def cmd_bench(args: argparse.Namespace, config: Any) -> int:
@@ -69,47 +91,164 @@ def cmd_bench(args: argparse.Namespace, config: Any) -> int:
         print(markdown_table(report))
         print(f"[saved {args.out}]", file=sys.stderr)
         return 0
+    if args.compare_to:  # fail before minutes of benchmarking, not after
+        from conveyor.bench.results import load_baseline
+        load_baseline(args.compare_to)
+    if args.bench_command == "latency":
+        return _latency(args, config)
     return _throughput(args, config)
 
 
-def _throughput(args: argparse.Namespace, config: Any) -> int:
+def _finish(args: argparse.Namespace, result: dict[str, Any], kind: str) -> None:
     from conveyor.bench.async_compare import machine_facts
-    from conveyor.engine.engine import Engine
+    from conveyor.bench.results import compare_line, load_baseline, save_baseline, save_result
 
-    engine = Engine(config)
-    workload = random_workload(args.num_prompts, args.input_len, args.output_len, engine.spec.vocab_size,
-                               seed=args.workload_seed)
-    engine.add_request(workload.prompts[0][:8], workload.params[0].clone(max_tokens=2))  # warm-up
-    while engine.has_work():
-        engine.step()
-    if args.trace:
-        engine.start_trace()
+    result["machine"] = machine_facts()
+    result["command"] = "conveyor " + " ".join(sys.argv[1:])
+    path = save_result(result, args.results_dir, kind)
+    print(f"[saved {path}]", file=sys.stderr)
+    if args.save_baseline:
+        print(f"[baseline saved: {save_baseline(result, args.save_baseline)}]", file=sys.stderr)
+    if args.compare_to and "output_tokens_per_s" in result:
+        print(compare_line(result, load_baseline(args.compare_to), args.compare_to))
+
+
+def _run_ours(engine: Any, workload: Workload) -> tuple[float, Any, Any]:
     before = engine.stats()
     start = time.perf_counter()
     for prompt, params in zip(workload.prompts, workload.params):
         engine.add_request(prompt, params)
     while engine.has_work():
         engine.step()
-    seconds = time.perf_counter() - start
-    after = engine.stats()
-    engine.close()
+    return time.perf_counter() - start, before, engine.stats()
+
+
+def _throughput(args: argparse.Namespace, config: Any) -> int:
+    import resource
+
+    from conveyor.bench.peers import check_peer, run_hf_continuous, run_hf_generate, run_llama_cpp
+    from conveyor.engine.engine import Engine
+
+    engine = Engine(config)
+    vocab = engine.spec.vocab_size
+    if args.workload == "shared-prefix":
+        workload = shared_prefix_workload(args.num_prompts, args.prefix_len, args.input_len, args.output_len, vocab,
+                                          seed=args.workload_seed)
+    else:
+        workload = random_workload(args.num_prompts, args.input_len, args.output_len, vocab, seed=args.workload_seed)
+    engine.add_request(workload.prompts[0][:8], workload.params[0].clone(max_tokens=2))  # warm-up
+    while engine.has_work():
+        engine.step()
+    runs = []
+    for i in range(args.runs):
+        engine.blocks.reset_prefix_cache()
+        if args.trace and i == args.runs - 1:
+            engine.start_trace()
+        runs.append(_run_ours(engine, workload))
     if args.trace:
         engine.save_trace(args.trace)
+    engine.close()
+    seconds = statistics.median(r[0] for r in runs)
+    _, before, after = runs[-1]
     busy, active = after.device_busy_s - before.device_busy_s, after.active_s - before.active_s
-    result = {"workload": {"num_prompts": args.num_prompts, "input_len": args.input_len,
-                           "output_len": args.output_len, "seed": args.workload_seed},
-              "async_batching": engine.async_batching, "seconds": seconds,
-              "requests_per_s": args.num_prompts / seconds,
-              "output_tokens_per_s": workload.num_output_tokens / seconds,
-              "total_tokens_per_s": (workload.num_output_tokens + workload.num_prompt_tokens) / seconds,
-              "device_idle_fraction": max(0.0, 1 - busy / active) if active else 0.0,
-              "preemptions": after.num_preemptions - before.num_preemptions,
-              "machine": machine_facts(), "command": "conveyor " + " ".join(sys.argv[1:])}
-    print(json.dumps({k: v for k, v in result.items() if k not in ("machine",)}, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    ours = workload.num_output_tokens / seconds
+    result: dict[str, Any] = {
+        "workload": {"name": args.workload, "num_prompts": args.num_prompts, "input_len": args.input_len,
+                     "output_len": args.output_len, "seed": args.workload_seed,
+                     "prompt_tokens": workload.num_prompt_tokens, "output_tokens": workload.num_output_tokens},
+        "engine": {"dtype": config.dtype, "async_batching": engine.async_batching,
+                   "prefix_caching": config.enable_prefix_caching},
+        "runs_seconds": [r[0] for r in runs], "seconds": seconds, "requests_per_s": args.num_prompts / seconds,
+        "output_tokens_per_s": ours,
+        "total_tokens_per_s": (workload.num_output_tokens + workload.num_prompt_tokens) / seconds,
+        "device_idle_fraction": max(0.0, 1 - busy / active) if active else 0.0,
+        "preemptions": after.num_preemptions - before.num_preemptions,
+        "prefix_hit_tokens": after.prefix_hit_tokens - before.prefix_hit_tokens,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peers": {}}
+    model_path = engine.model_source
+    for peer in args.peer:
+        reason = check_peer(peer, model_path)
+        if reason is not None:
+            print(f"[peer {peer} skipped: {reason}]", file=sys.stderr)
+            result["peers"][peer] = {"skipped": reason}
+            continue
+        if peer == "hf-generate":
+            pr = run_hf_generate(model_path, workload, args.peer_batch_size)
+        elif peer == "hf-continuous":
+            pr = run_hf_continuous(model_path, workload)
+        else:
+            pr = run_llama_cpp(model_path, workload, config.num_threads or os.cpu_count() or 2)
+        result["peers"][peer] = {"seconds": pr.seconds, "output_tokens": pr.output_tokens,
+                                 "output_tokens_per_s": pr.output_tokens_per_s, "note": pr.note,
+                                 "conveyor_over_peer": ours / pr.output_tokens_per_s if pr.output_tokens_per_s else None}
+    print(json.dumps({k: v for k, v in result.items()}, indent=2))
+    if args.plot:
+        from conveyor.bench.results import plot_throughput
+        bars = {"conveyor": ours} | {p: v["output_tokens_per_s"] for p, v in result["peers"].items()
+                                     if "output_tokens_per_s" in v}
+        print(f"[plot {plot_throughput(bars, args.plot, f'{args.workload}: {args.num_prompts} requests')}]",
+              file=sys.stderr)
+    _finish(args, result, "throughput")
     return 0
+
+
+def _latency(args: argparse.Namespace, config: Any) -> int:
+    from conveyor.bench.peers import check_peer
+    from conveyor.engine.engine import Engine
+    from conveyor.params import SamplingParams
+
+    engine = Engine(config)
+    prompt = random_workload(1, (args.input_len, args.input_len), (1, 1), engine.spec.vocab_size).prompts[0]
+    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    ttfts, tpots = [], []
+    for i in range(args.runs + 1):  # the first run warms up
+        engine.blocks.reset_prefix_cache()
+        start = time.perf_counter()
+        engine.add_request(prompt, params)
+        first = None
+        while engine.has_work():
+            for out in engine.step():
+                if first is None and out.outputs[0].token_ids:
+                    first = time.perf_counter()
+        end = time.perf_counter()
+        if i and first is not None:
+            ttfts.append(first - start)
+            tpots.append((end - first) / (args.output_len - 1))
+    engine.close()
+    result: dict[str, Any] = {"input_len": args.input_len, "output_len": args.output_len, "dtype": config.dtype,
+                              "ttft_s": statistics.median(ttfts), "tpot_s": statistics.median(tpots), "peers": {}}
+    for peer in args.peer:
+        reason = check_peer(peer, engine.model_source)
+        if reason is not None:
+            result["peers"][peer] = {"skipped": reason}
+            continue
+        result["peers"][peer] = _hf_latency(engine.model_source, prompt, args.output_len, args.runs)
+    print(json.dumps(result, indent=2))
+    _finish(args, result, "latency")
+    return 0
+
+
+def _hf_latency(model_path: str, prompt: list[int], output_len: int, runs: int) -> dict[str, float]:
+    import torch
+
+    from conveyor.bench.peers import _hf_model
+
+    model = _hf_model(model_path)
+    ids = torch.tensor([prompt])
+    ttfts, totals = [], []
+    with torch.inference_mode():
+        for i in range(runs + 1):
+            start = time.perf_counter()
+            model.generate(ids, max_new_tokens=1, do_sample=False, eos_token_id=-1, pad_token_id=0)
+            ttft = time.perf_counter() - start
+            start = time.perf_counter()
+            model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False,
+                           eos_token_id=-1, pad_token_id=0)
+            if i:
+                ttfts.append(ttft)
+                totals.append(time.perf_counter() - start)
+    ttft = statistics.median(ttfts)
+    return {"ttft_s": ttft, "tpot_s": (statistics.median(totals) - ttft) / (output_len - 1)}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -124,8 +263,12 @@ def _serve(args: argparse.Namespace) -> int:
         result = asyncio.run(run_load(args.url, concurrency, args.duration, count, args.input_len, args.output_len,
                                       args.api_key, args.model, server_pid=args.server_pid))
         results.append(result)
-        print(json.dumps({k: v for k, v in result.items() if k != "errors"}), file=sys.stderr)
+        print(json.dumps({k: v for k, v in result.items() if k not in ("errors", "e2e_values")}), file=sys.stderr)
     print(markdown(results))
+    if args.plot:
+        from conveyor.bench.results import plot_serve
+        paths = plot_serve(results, {r["concurrency"]: r.get("e2e_values", []) for r in results}, args.plot)
+        print(f"[plots {', '.join(paths)}]", file=sys.stderr)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:

@@ -118,7 +118,7 @@ async def run_load(url: str, concurrency: int, duration_s: float | None, num_req
         "output_tokens_per_s": tokens / elapsed, "requests_per_s": len(ok) / elapsed,
         "ttft_s": percentiles([r.ttft for r in ok]), "tpot_s": percentiles(tpot),
         "itl_s": percentiles([x for r in ok for x in r.itl]), "e2e_s": percentiles([r.e2e for r in ok]),
-        "input_len": list(input_len), "output_len": output_len,
+        "input_len": list(input_len), "output_len": output_len, "e2e_values": [r.e2e for r in ok],
     }
     if rss:
         mib = [v / 2**20 for _, v in rss]

@@ -34,3 +34,12 @@ def random_workload(num_requests: int, input_len: tuple[int, int], output_len: t
         params.append(SamplingParams(max_tokens=rng.randint(*output_len), temperature=temperature,
                                      seed=seed * 100_003 + i, ignore_eos=True))
     return Workload(name, prompts, params)
+
+
+def shared_prefix_workload(num_requests: int, prefix_len: int, suffix_len: tuple[int, int],
+                           output_len: tuple[int, int], vocab_size: int, seed: int = 0) -> Workload:
+    """Many requests behind one long shared system prompt (prefix caching's best case)."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(100, vocab_size - 100) for _ in range(prefix_len)]
+    inner = random_workload(num_requests, suffix_len, output_len, vocab_size, seed=seed + 1, name="shared-prefix")
+    return Workload("shared-prefix", [prefix + p for p in inner.prompts], inner.params)

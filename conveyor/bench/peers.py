@@ -1,0 +1,114 @@
+"""The same workload on a peer engine, in the same process, for side-by-side numbers.
+
+- hf-generate:   transformers `generate` in static batches (left padding), the model loaded by
+                 transformers from the same GGUF file (float32)
+- hf-continuous: transformers' continuous batching (`generate_batch`), same model
+- llama-cpp:     llama-cpp-python on the same GGUF file, when installed (optional)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from conveyor.bench.workloads import Workload
+from conveyor.errors import ConfigError
+
+PEERS = ("hf-generate", "hf-continuous", "llama-cpp")
+
+
+@dataclass
+class PeerResult:
+    peer: str
+    seconds: float
+    output_tokens: int
+    note: str = ""
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def check_peer(peer: str, model_path: str) -> str | None:
+    """None when the peer can run here, else a sentence saying why not."""
+    if peer not in PEERS:
+        raise ConfigError(f"unknown peer {peer!r}; choose among {', '.join(PEERS)}")
+    if peer == "llama-cpp":
+        if importlib.util.find_spec("llama_cpp") is None:
+            return ("llama-cpp-python is not installed; `pip install llama-cpp-python` (it compiles llama.cpp) "
+                    "to compare against it")
+        return None
+    if not model_path.endswith(".gguf"):
+        return None
+    if importlib.util.find_spec("accelerate") is None:
+        return "transformers needs `accelerate` to load a GGUF file; `pip install accelerate`"
+    return None
+
+
+def _hf_model(model_path: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if model_path.endswith(".gguf"):
+        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(model_path),
+                                                     gguf_file=os.path.basename(model_path), dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    return model.eval()
+
+
+def run_hf_generate(model_path: str, workload: Workload, batch_size: int) -> PeerResult:
+    import torch
+
+    model = _hf_model(model_path)
+    order = sorted(range(len(workload.prompts)), key=lambda i: len(workload.prompts[i]))  # less padding
+    start = time.perf_counter()
+    produced = 0
+    with torch.inference_mode():
+        for b in range(0, len(order), batch_size):
+            idx = order[b:b + batch_size]
+            longest = max(len(workload.prompts[i]) for i in idx)
+            ids = torch.zeros(len(idx), longest, dtype=torch.long)
+            mask = torch.zeros(len(idx), longest, dtype=torch.long)
+            for row, i in enumerate(idx):  # left padding
+                p = workload.prompts[i]
+                ids[row, longest - len(p):] = torch.tensor(p)
+                mask[row, longest - len(p):] = 1
+            new = max(workload.params[i].max_tokens or 16 for i in idx)
+            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                           eos_token_id=-1, pad_token_id=0)
+            produced += sum(workload.params[i].max_tokens or 16 for i in idx)
+    return PeerResult("hf-generate", time.perf_counter() - start, produced, f"static batches of {batch_size}")
+
+
+def run_hf_continuous(model_path: str, workload: Workload) -> PeerResult:
+    from transformers import GenerationConfig
+
+    model = _hf_model(model_path)
+    new = max(p.max_tokens or 16 for p in workload.params)
+    config = GenerationConfig(max_new_tokens=new, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    start = time.perf_counter()
+    outputs = model.generate_batch(workload.prompts, generation_config=config, progress_bar=False)
+    seconds = time.perf_counter() - start
+    produced = sum(len(getattr(o, "generated_tokens", []) or []) for o in outputs.values())
+    return PeerResult("hf-continuous", seconds, produced, "transformers generate_batch, defaults")
+
+
+def run_llama_cpp(model_path: str, workload: Workload, threads: int) -> PeerResult:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=model_path, n_ctx=4096, n_threads=threads, verbose=False)
+    start = time.perf_counter()
+    produced = 0
+    for prompt, params in zip(workload.prompts, workload.params):  # one sequence at a time
+        llm.reset()
+        count = 0
+        for _ in llm.generate(prompt, temp=0.0):
+            count += 1
+            if count >= (params.max_tokens or 16):
+                break
+        produced += count
+    return PeerResult("llama-cpp", time.perf_counter() - start, produced, "llama-cpp-python, one sequence at a time")
