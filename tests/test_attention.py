@@ -77,10 +77,42 @@ def test_decode_only_batch_matches_sdpa() -> None:
     k_new = torch.randn(3, KV_HEADS, HEAD_DIM)
     v_new = torch.randn(3, KV_HEADS, HEAD_DIM)
     batch = build_attention_batch([c - 1 for c in contexts], [1, 1, 1], tables, BLOCK)
-    assert batch.all_decodes
+    assert not batch.prefills and len(batch.decode_groups) == 1
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5)
     for i, (table, ctx) in enumerate(zip(tables, contexts)):
         k_all = torch.cat([k_cache[b] for b in table])[:ctx]  # [ctx, kv_heads, d] (new token already written)
         v_all = torch.cat([v_cache[b] for b in table])[:ctx]
         torch.testing.assert_close(k_all[-1], k_new[i])
         torch.testing.assert_close(out[i:i + 1], _reference(q[i:i + 1], k_all, v_all, ctx - 1), atol=1e-5, rtol=1e-5)
+
+
+def test_many_decodes_in_length_groups_with_a_prefill_match_sdpa() -> None:
+    """More decodes than one group holds, unsorted lengths, plus a prefill in the middle of the batch."""
+    torch.manual_seed(11)
+    rng = random.Random(11)
+    num_blocks = 400
+    k_cache = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    v_cache = torch.randn(num_blocks, BLOCK, KV_HEADS, HEAD_DIM)
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    seqs = [(rng.randrange(1, 60), 1) for _ in range(45)]
+    seqs.insert(20, (0, 9))
+    starts, lengths, tables = [], [], []
+    for cached, new in seqs:
+        starts.append(cached)
+        lengths.append(new)
+        tables.append([free.pop() for _ in range(-(-(cached + new) // BLOCK))])
+    n_tokens = sum(lengths)
+    q = torch.randn(n_tokens, HEADS, HEAD_DIM)
+    k_new = torch.randn(n_tokens, KV_HEADS, HEAD_DIM)
+    v_new = torch.randn(n_tokens, KV_HEADS, HEAD_DIM)
+    batch = build_attention_batch(starts, lengths, tables, BLOCK)
+    assert len(batch.decode_groups) >= 2
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5)
+    row = 0
+    for start, n, table in zip(starts, lengths, tables):
+        k_all = torch.cat([k_cache[b] for b in table])[:start + n]  # after the step's writes
+        v_all = torch.cat([v_cache[b] for b in table])[:start + n]
+        expected = _reference(q[row:row + n], k_all, v_all, start)
+        torch.testing.assert_close(out[row:row + n], expected, atol=1e-5, rtol=1e-5)
+        row += n

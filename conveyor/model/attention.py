@@ -8,8 +8,9 @@ Token t of a request lives in slot  block_table[t // block_size] * block_size + 
     slots      28..31   | 8 9
 
 Every layer first writes this step's K/V through the slot mapping, then attends:
-  - decodes (one query token each) are batched: their blocks are gathered into
-    [num_decodes, max_context, kv_heads, head_dim] and masked by context length;
+  - decodes (one query token each) are batched, in groups of similar context length
+    (less padding): a group's blocks are gathered into
+    [group, max_context, kv_heads, head_dim] and masked by context length;
   - prefill chunks attend one by one: a chunk with no cached context uses its own K/V
     with a causal mask; a chunk behind cached tokens gathers its blocks and uses an
     offset-causal mask. Each request attends only over its own blocks.
@@ -38,14 +39,24 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeGroup:
+    rows: torch.Tensor  # [group] int64 rows of the flattened batch
+    block_tables: torch.Tensor  # [group, max_blocks] int64
+    mask: torch.Tensor  # [group, 1, 1, max_blocks * block_size] bool
+    in_order: bool
+    """rows are exactly 0..group-1 (then no gather / scatter of rows is needed)."""
+
+
+DECODE_GROUP_SIZE = 32
+"""Decodes sorted by context length are attended in groups of this many: each group is padded
+only to its own longest context (fewer bytes gathered than one group padded to the longest)."""
+
+
+@dataclass
 class AttentionBatch:
     slot_mapping: torch.Tensor  # [num_tokens] int64
-    decode_token_index: torch.Tensor | None  # [num_decodes] int64 rows of the flattened batch
-    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] int64
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
-    all_decodes: bool
-    """True when every token is a decode (then decode rows are 0..n-1 in order)."""
 
 
 def build_attention_batch(starts: list[int], lengths: list[int], tables: list[list[int]], block_size: int,
@@ -78,19 +89,23 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
             prefills.append(PrefillChunk(row, n, context, to_device(torch.tensor(used, dtype=torch.int64)),
                                          to_device(mask)))
         row += n
-    decode_index = decode_tables_t = decode_mask = None
-    if decode_rows:
-        width = max(len(t) for t in decode_tables)
-        padded = [t + [0] * (width - len(t)) for t in decode_tables]
-        decode_index = to_device(torch.tensor(decode_rows, dtype=torch.int64))
-        decode_tables_t = to_device(torch.tensor(padded, dtype=torch.int64))
-        lens = torch.tensor(decode_lens, dtype=torch.int64)  # [num_decodes]
+    groups = []
+    order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
+    single = len(order) <= DECODE_GROUP_SIZE
+    for start in range(0, len(order), DECODE_GROUP_SIZE):
+        members = sorted(order[start:start + DECODE_GROUP_SIZE]) if single else order[start:start + DECODE_GROUP_SIZE]
+        rows = [decode_rows[i] for i in members]
+        width = max(len(decode_tables[i]) for i in members)
+        padded = [decode_tables[i] + [0] * (width - len(decode_tables[i])) for i in members]
+        lens = torch.tensor([decode_lens[i] for i in members], dtype=torch.int64)  # [group]
         k_pos = torch.arange(width * block_size)  # [max_context]
-        decode_mask = to_device((k_pos[None, :] < lens[:, None])[:, None, None, :])  # [num_decodes, 1, 1, max_ctx]
-    return AttentionBatch(
-        slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)),
-        decode_token_index=decode_index, decode_block_tables=decode_tables_t, decode_mask=decode_mask,
-        prefills=prefills, all_decodes=not prefills)
+        groups.append(DecodeGroup(
+            rows=to_device(torch.tensor(rows, dtype=torch.int64)),
+            block_tables=to_device(torch.tensor(padded, dtype=torch.int64)),
+            mask=to_device((k_pos[None, :] < lens[:, None])[:, None, None, :]),  # [group, 1, 1, max_context]
+            in_order=rows == list(range(len(rows)))))
+    return AttentionBatch(slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)), decode_groups=groups,
+                          prefills=prefills)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -99,6 +114,14 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     kv_heads, head_dim = k.shape[1], k.shape[2]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, block_size, kv_heads, d], blocks [k] -> [k, block_size * kv_heads * d].
+
+    index_select over a 2-D view copies whole rows and runs about 2x faster on CPU than
+    advanced indexing (cache[blocks]), which goes through the generic gather path."""
+    return cache.view(cache.shape[0], -1).index_select(0, blocks)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -112,20 +135,20 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
     out = q.new_empty(num_tokens, heads, head_dim)  # [num_tokens, heads, head_dim]
 
-    if batch.decode_token_index is not None:
-        tables = batch.decode_block_tables  # [num_decodes, max_blocks]
-        n = tables.shape[0]
-        keys = k_cache[tables].view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, head_dim]
-        values = v_cache[tables].view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, head_dim]
-        q_dec = q if batch.all_decodes else q[batch.decode_token_index]  # [n, heads, head_dim]
+    for group in batch.decode_groups:
+        n = group.block_tables.shape[0]
+        flat = group.block_tables.view(-1)  # [n * max_blocks]
+        keys = gather_blocks(k_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
+        values = gather_blocks(v_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
+        q_dec = q[:n] if group.in_order else q.index_select(0, group.rows)  # [n, heads, head_dim]
         # Fold the query heads of one KV group into the query-length axis: [n, kv_heads, group, head_dim]
-        q_dec = q_dec.view(n, kv_heads, heads // kv_heads, head_dim)
-        o = F.scaled_dot_product_attention(q_dec, keys, values, attn_mask=batch.decode_mask, scale=scale)
+        q_dec = q_dec.reshape(n, kv_heads, heads // kv_heads, head_dim)
+        o = F.scaled_dot_product_attention(q_dec, keys, values, attn_mask=group.mask, scale=scale)
         o = o.reshape(n, heads, head_dim)  # [n, heads, head_dim]
-        if batch.all_decodes:
+        if group.in_order and n == num_tokens:
             out = o
         else:
-            out[batch.decode_token_index] = o
+            out.index_copy_(0, group.rows, o)
 
     for chunk in batch.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
@@ -136,8 +159,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             o = F.scaled_dot_product_attention(q_c, k_c, v_c, is_causal=True, scale=scale, enable_gqa=True)
         else:
             ctx = chunk.context_len
-            k_c = k_cache[chunk.block_table].view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)  # [kv_heads, ctx, d]
-            v_c = v_cache[chunk.block_table].view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)  # [kv_heads, ctx, d]
+            k_c = gather_blocks(k_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
+            v_c = gather_blocks(v_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
             o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=chunk.mask, scale=scale, enable_gqa=True)
         out[rows] = o.transpose(0, 1)  # [chunk, heads, head_dim]
     return out.reshape(num_tokens, heads * head_dim)
