@@ -22,6 +22,9 @@ from conveyor.model.runner import ModelRunner
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.runtime.device import detect_device, resolve_async_batching
+from conveyor.core.plan import StepPlan, StepResult
+from conveyor.model.runner import PreparedStep
+from conveyor.runtime.overlap import HostOverlapExecutor
 from conveyor.runtime.pipelined import InflightStep, PipelinedExecutor
 from conveyor.runtime.sync import SyncExecutor
 from conveyor.runtime.trace import Tracer
@@ -76,9 +79,16 @@ class Engine:
             SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.blocks)
         self.outputs = OutputProcessor(self.scheduler, self.tokenizer, loaded.spec.eos_token_ids)
         self.tracer = Tracer(enabled=False)
-        self.executor: SyncExecutor | PipelinedExecutor = (
-            PipelinedExecutor(self.runner, self.tracer) if self.async_batching else SyncExecutor(self.runner, self.tracer))
-        self._inflight: InflightStep | None = None
+        self.executor: SyncExecutor | PipelinedExecutor | HostOverlapExecutor
+        if not self.async_batching:
+            self.executor = SyncExecutor(self.runner, self.tracer)
+        elif self.device_info.is_cuda:
+            self.executor = PipelinedExecutor(self.runner, self.tracer)
+        else:
+            self.executor = HostOverlapExecutor(self.runner, self.tracer)
+        self._inflight: InflightStep | None = None  # CUDA pipeline: the launched step
+        self._ready: tuple[StepPlan, PreparedStep] | None = None  # CPU overlap: the next step, prepared
+        self._pending: tuple[StepPlan, StepResult] | None = None  # CPU overlap: run, not yet committed
         self._active_s = 0.0
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
@@ -156,12 +166,15 @@ class Engine:
 
     # ---- the loop -------------------------------------------------------------------
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or self._inflight is not None
+        return (self.scheduler.has_work() or self._inflight is not None or self._ready is not None
+                or self._pending is not None)
 
     def step(self) -> list[RequestOutput]:
         """One engine iteration; returns outputs of requests that got a token (or finished)."""
         start = time.perf_counter()
         try:
+            if isinstance(self.executor, HostOverlapExecutor):
+                return self._step_overlap(self.executor)
             if self.async_batching:
                 return self._step_pipelined()
             return self._step_sync()
@@ -200,8 +213,57 @@ class Engine:
         with self.tracer.span("commit", step=current.plan.step_id):
             return self.outputs.commit(current.plan, result)
 
+    def _commit_pending(self) -> list[RequestOutput]:
+        if self._pending is None:
+            return []
+        plan, result = self._pending
+        self._pending = None
+        with self.tracer.span("commit", step=plan.step_id):
+            return self.outputs.commit(plan, result)
+
+    def _schedule_and_prepare(self, executor: HostOverlapExecutor,
+                              previous: StepPlan | None) -> tuple[StepPlan, PreparedStep] | None:
+        with self.tracer.span("schedule"):
+            plan = self.scheduler.schedule()
+        return None if plan.is_empty else (plan, executor.prepare(plan, previous))
+
+    def _step_overlap(self, executor: HostOverlapExecutor) -> list[RequestOutput]:
+        """CPU async batching: run step N here while the host thread commits N-1 and schedules
+        and prepares N+1 (placeholders for N's tokens). Blocks freed meanwhile are held until
+        the step that may read them has run."""
+        outputs: list[RequestOutput] = []
+        if self._ready is None:  # nothing prepared: catch up on the host side first
+            outputs = self._commit_pending()
+            self._ready = self._schedule_and_prepare(executor, None)
+            if self._ready is None:
+                self.scheduler.inflight_step = None
+                return outputs
+        plan, prepared = self._ready
+        self.scheduler.inflight_step = plan.step_id
+
+        def host_work() -> tuple[list[RequestOutput], tuple[StepPlan, PreparedStep] | None]:
+            committed = self._commit_pending()
+            return committed, self._schedule_and_prepare(executor, plan)
+
+        result, (committed, following) = executor.run_with_host(plan, prepared, host_work)
+        self.blocks.release_held(plan.step_id)
+        self._pending = (plan, result)
+        self._ready = following
+        self.scheduler.inflight_step = following[0].step_id if following else None
+        return outputs + committed
+
     def drain(self) -> list[RequestOutput]:
         """Finish the step in flight, if any, without launching another."""
+        if isinstance(self.executor, HostOverlapExecutor):
+            outputs = []
+            if self._ready is not None:
+                plan, prepared = self._ready
+                self._ready = None
+                result, outputs = self.executor.run_with_host(plan, prepared, self._commit_pending)
+                self.blocks.release_held(plan.step_id)
+                self._pending = (plan, result)
+            self.scheduler.inflight_step = None
+            return outputs + self._commit_pending()
         if self._inflight is None:
             return []
         current, self._inflight = self._inflight, None

@@ -34,17 +34,20 @@ class PrefillChunk:
     """Tokens of the request whose K/V exist after this step (cached + this chunk)."""
     block_table: torch.Tensor | None
     """[blocks covering context_len] int64; None when the chunk has no cached context."""
-    mask: torch.Tensor | None
-    """[num_tokens, context_len] bool, True = attend; None when plain causal applies."""
+    mask: torch.Tensor | None = None
+    """[num_tokens, context_len] bool, True = attend: built on the device by the first layer
+    that needs it (not on the host, whose thread must stay out of torch's thread pool)."""
 
 
 @dataclass
 class DecodeGroup:
     rows: torch.Tensor  # [group] int64 rows of the flattened batch
     block_tables: torch.Tensor  # [group, max_blocks] int64
-    mask: torch.Tensor  # [group, 1, 1, max_blocks * block_size] bool
+    context_lens: torch.Tensor  # [group] int64
     in_order: bool
     """rows are exactly 0..group-1 (then no gather / scatter of rows is needed)."""
+    mask: torch.Tensor | None = None
+    """[group, 1, 1, max_blocks * block_size] bool, built on the device by the first layer."""
 
 
 DECODE_GROUP_SIZE = 32
@@ -80,14 +83,10 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
             decode_tables.append(table[:-(-context // block_size)])
             decode_lens.append(context)
         elif start == 0:
-            prefills.append(PrefillChunk(row, n, context, None, None))
+            prefills.append(PrefillChunk(row, n, context, None))
         else:
             used = table[:-(-context // block_size)]
-            q_pos = torch.arange(start, context)  # [n]
-            k_pos = torch.arange(context)  # [context]
-            mask = k_pos[None, :] <= q_pos[:, None]  # [n, context]
-            prefills.append(PrefillChunk(row, n, context, to_device(torch.tensor(used, dtype=torch.int64)),
-                                         to_device(mask)))
+            prefills.append(PrefillChunk(row, n, context, to_device(torch.tensor(used, dtype=torch.int64))))
         row += n
     groups = []
     order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
@@ -97,12 +96,10 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
         rows = [decode_rows[i] for i in members]
         width = max(len(decode_tables[i]) for i in members)
         padded = [decode_tables[i] + [0] * (width - len(decode_tables[i])) for i in members]
-        lens = torch.tensor([decode_lens[i] for i in members], dtype=torch.int64)  # [group]
-        k_pos = torch.arange(width * block_size)  # [max_context]
         groups.append(DecodeGroup(
             rows=to_device(torch.tensor(rows, dtype=torch.int64)),
             block_tables=to_device(torch.tensor(padded, dtype=torch.int64)),
-            mask=to_device((k_pos[None, :] < lens[:, None])[:, None, None, :]),  # [group, 1, 1, max_context]
+            context_lens=to_device(torch.tensor([decode_lens[i] for i in members], dtype=torch.int64)),
             in_order=rows == list(range(len(rows)))))
     return AttentionBatch(slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)), decode_groups=groups,
                           prefills=prefills)
@@ -138,6 +135,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     for group in batch.decode_groups:
         n = group.block_tables.shape[0]
         flat = group.block_tables.view(-1)  # [n * max_blocks]
+        if group.mask is None:
+            k_pos = torch.arange(flat.shape[0] // n * k_cache.shape[1], device=q.device)  # [max_context]
+            group.mask = (k_pos[None, :] < group.context_lens[:, None])[:, None, None, :]  # [n, 1, 1, max_context]
         keys = gather_blocks(k_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
         values = gather_blocks(v_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
         q_dec = q[:n] if group.in_order else q.index_select(0, group.rows)  # [n, heads, head_dim]
@@ -159,6 +159,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             o = F.scaled_dot_product_attention(q_c, k_c, v_c, is_causal=True, scale=scale, enable_gqa=True)
         else:
             ctx = chunk.context_len
+            if chunk.mask is None:
+                q_pos = torch.arange(ctx - chunk.num_tokens, ctx, device=q.device)  # [chunk]
+                chunk.mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]  # [chunk, ctx]
             k_c = gather_blocks(k_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
             v_c = gather_blocks(v_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
             o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=chunk.mask, scale=scale, enable_gqa=True)

@@ -136,14 +136,10 @@ def build_app(state: ServerState) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         await _require_ready(state)
         prepared = await serving.prepare_completion(body)
-        rid = new_id("cmpl")
-        streams = await serving.admit(prepared, rid)
-        state.metrics.prompt_tokens.inc(sum(len(p) for p in prepared.prompts))
-        tokenizer = state.engine.engine.tokenizer if state.engine.engine else None
+        rid, streams, tokenizer = await _admit(state, serving, prepared, "cmpl")
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return _sse(_stream_completion(streams, prepared, rid, state.options.model_name, tokenizer,
-                                           include_usage, state))
+                                           _include_usage(body), state))
         outputs = await _until_disconnect(request, serving.collect(streams))
         _raise_if_failed(outputs)
         choices = []
@@ -161,14 +157,10 @@ def build_app(state: ServerState) -> FastAPI:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         await _require_ready(state)
         prepared = await serving.prepare_chat(body)
-        rid = new_id("chatcmpl")
-        streams = await serving.admit(prepared, rid)
-        state.metrics.prompt_tokens.inc(sum(len(p) for p in prepared.prompts))
-        tokenizer = state.engine.engine.tokenizer if state.engine.engine else None
+        rid, streams, tokenizer = await _admit(state, serving, prepared, "chatcmpl")
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _sse(_stream_chat(streams, prepared, rid, state.options.model_name, tokenizer, include_usage,
-                                     state))
+            return _sse(_stream_chat(streams, prepared, rid, state.options.model_name, tokenizer,
+                                     _include_usage(body), state))
         outputs = await _until_disconnect(request, serving.collect(streams))
         _raise_if_failed(outputs)
         out = outputs[0]
@@ -181,6 +173,19 @@ def build_app(state: ServerState) -> FastAPI:
                              "model": state.options.model_name, "choices": choices, "usage": usage(outputs)})
 
     return app
+
+
+async def _admit(state: ServerState, serving: Serving, prepared: Prepared,
+                 prefix: str) -> tuple[str, list[AsyncIterator[RequestOutput]], Any]:
+    """Admit a prepared request: its id, its output streams, and the tokenizer for logprob text."""
+    rid = new_id(prefix)
+    streams = await serving.admit(prepared, rid)
+    state.metrics.prompt_tokens.inc(sum(len(p) for p in prepared.prompts))
+    return rid, streams, state.engine.engine.tokenizer if state.engine.engine else None
+
+
+def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
 
 
 async def _require_ready(state: ServerState) -> None:
