@@ -1,21 +1,18 @@
-"""PipelinedExecutor: depth-2 pipeline; the device runs step N while the host works on N±1.
+"""PipelinedExecutor (CUDA): depth-2 pipeline; the device runs step N while the host works on N±1.
 
     host   | schedule N+1 | prepare N+1 | wait N | commit N | schedule N+2 | ...
     device | ------- forward N ------- | --- forward N+1 --- | ...
 
-CPU: one worker thread runs forward + sample (torch releases the GIL inside ops), so the
-host thread's Python work overlaps it. CUDA: the host launches on a compute stream after
-the copy stream's host-to-device event; sampled ids come back on a third stream into
-pinned memory, and the host blocks only on the previous step's event.
-A continuing request's next input is a placeholder filled on the device from the
-previous step's sampled ids (see ModelRunner.prepare / forward).
+The host launches on a compute stream after the copy stream's host-to-device event;
+sampled ids come back on a third stream into pinned memory, and the host blocks only on
+the previous step's event. A continuing request's next input is a placeholder filled on
+the device from the previous step's sampled ids (see ModelRunner.prepare / forward).
+CPU overlap lives in runtime/overlap.py (there the host work moves to a thread instead).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -30,7 +27,6 @@ from conveyor.runtime.trace import DEVICE_LANE, Tracer
 @dataclass
 class InflightStep:
     plan: StepPlan
-    future: Future[StepResult] | None = None  # CPU worker
     host_output: StepOutput | None = None  # CUDA: the step's output tensors, copied into pinned memory
     fetched: Any = None  # CUDA: event after the device-to-host copy
     started: Any = None
@@ -45,31 +41,16 @@ class PipelinedExecutor:
         self.tracer = tracer
         self.device_busy_s = 0.0
         self._last_plan: StepPlan | None = None
-        self._lock = threading.Lock()
-        self.is_cuda = runner.info.is_cuda
-        if self.is_cuda:
-            self.compute_stream = runner.compute_stream
-            self.d2h_stream = torch.cuda.Stream(runner.device)
-            self._pool = None
-        else:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-device")
+        if not runner.info.is_cuda:
+            raise ValueError("PipelinedExecutor drives CUDA streams; on CPU use HostOverlapExecutor")
+        self.compute_stream = runner.compute_stream
+        self.d2h_stream = torch.cuda.Stream(runner.device)
 
     def submit(self, plan: StepPlan) -> InflightStep:
         with self.tracer.span("prepare", step=plan.step_id):
             prepared = self.runner.prepare(plan, self._last_plan)
         self._last_plan = plan
-        if self._pool is not None:
-            return InflightStep(plan, future=self._pool.submit(self._run_on_worker, prepared, plan))
         return self._launch_cuda(prepared, plan)
-
-    def _run_on_worker(self, prepared: Any, plan: StepPlan) -> StepResult:
-        start = time.perf_counter()
-        result = to_result(plan, self.runner.forward(prepared))
-        end = time.perf_counter()
-        with self._lock:
-            self.device_busy_s += end - start
-        self.tracer.add("forward+sample", DEVICE_LANE, start, end, step=plan.step_id, tokens=plan.num_tokens)
-        return result
 
     def _launch_cuda(self, prepared: Any, plan: StepPlan) -> InflightStep:
         step = InflightStep(plan, started=torch.cuda.Event(enable_timing=True),
@@ -90,8 +71,6 @@ class PipelinedExecutor:
         return host
 
     def wait(self, step: InflightStep) -> StepResult:
-        if step.future is not None:
-            return step.future.result()
         step.fetched.synchronize()
         busy = step.started.elapsed_time(step.finished) / 1000.0
         self.device_busy_s += busy
@@ -101,8 +80,7 @@ class PipelinedExecutor:
         return to_result(step.plan, step.host_output)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        pass
 
 
 def _map_output(output: StepOutput, fn: Callable[[torch.Tensor], torch.Tensor]) -> StepOutput:
