@@ -196,3 +196,16 @@ def test_curl_like_raw_sse(server: ServerProcess) -> None:
     assert all(line.startswith("data: ") for line in lines)
     payloads = [json.loads(line[6:]) for line in lines[:-1]]
     assert payloads[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_omitted_sampling_fields_use_the_models_recommended_defaults(client: openai.OpenAI,
+                                                                     default_llm: Any) -> None:
+    from conveyor.model.loader import DEFAULT_MODEL_SAMPLING
+
+    question = "Name a fruit."
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}],
+                                           max_tokens=20, seed=9)
+    offline = default_llm.generate([_chat_prompt(default_llm, question)],
+                                   SamplingParams(max_tokens=20, seed=9, **DEFAULT_MODEL_SAMPLING),
+                                   use_tqdm=False)[0]
+    assert reply.choices[0].message.content == offline.outputs[0].text

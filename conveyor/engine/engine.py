@@ -71,6 +71,7 @@ class Engine:
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
+        self.sampling_defaults = dict(loaded.sampling_defaults)
         self.max_model_len = resolve_max_model_len(loaded.spec, config.max_model_len)
         self.runner = ModelRunner(config, loaded, self.max_model_len, self.device_info)
         plan = self.runner.cache_plan

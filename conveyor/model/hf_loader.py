@@ -93,7 +93,19 @@ def load_hf_folder(path: str, dtype: torch.dtype) -> LoadedModel:
     if spec.qkv_bias and "model.layers.0.self_attn.q_proj.bias" not in tensors:
         spec = _replace(spec, qkv_bias=False)
     weights = fuse_weights(spec, tensors.get, dtype, path)
-    return LoadedModel(spec=spec, weights=weights, tokenizer=load_hf_tokenizer(path), source=path)
+    return LoadedModel(spec=spec, weights=weights, tokenizer=load_hf_tokenizer(path), source=path,
+                       sampling_defaults=_sampling_defaults(path))
+
+
+def _sampling_defaults(path: str) -> dict[str, float]:
+    gen_path = os.path.join(path, "generation_config.json")
+    if not os.path.isfile(gen_path):
+        return {}
+    with open(gen_path) as f:
+        gen = json.load(f)
+    if gen.get("do_sample") is False:
+        return {"temperature": 0.0}
+    return {k: float(gen[k]) for k in ("temperature", "top_p", "top_k") if isinstance(gen.get(k), (int, float))}
 
 
 def _replace(spec: ModelSpec, **changes: Any) -> ModelSpec:

