@@ -7,29 +7,29 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
 from conveyor.config import EngineConfig
 from conveyor.core.kv_cache import BlockManager
+from conveyor.core.plan import StepPlan, StepResult
 from conveyor.core.request import Request
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
 from conveyor.engine.output import OutputProcessor
 from conveyor.errors import InvalidRequestError
 from conveyor.model.loader import load_model, resolve_max_model_len
-from conveyor.model.runner import ModelRunner
+from conveyor.model.runner import ModelRunner, PreparedStep
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.runtime.device import detect_device, resolve_async_batching
-from conveyor.core.plan import StepPlan, StepResult
-from conveyor.model.runner import PreparedStep
 from conveyor.runtime.overlap import HostOverlapExecutor
 from conveyor.runtime.pipelined import InflightStep, PipelinedExecutor
 from conveyor.runtime.sync import SyncExecutor
 from conveyor.runtime.trace import Tracer
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -239,30 +239,33 @@ class Engine:
             if self._ready is None:
                 self.scheduler.inflight_step = None
                 return outputs
-        plan, prepared = self._ready
-        self.scheduler.inflight_step = plan.step_id
+        plan = self._ready[0]
 
         def host_work() -> tuple[list[RequestOutput], tuple[StepPlan, PreparedStep] | None]:
             committed = self._commit_pending()
             return committed, self._schedule_and_prepare(executor, plan)
 
-        result, (committed, following) = executor.run_with_host(plan, prepared, host_work)
-        self.blocks.release_held(plan.step_id)
-        self._pending = (plan, result)
+        committed, following = self._run_ready(executor, host_work)
         self._ready = following
         self.scheduler.inflight_step = following[0].step_id if following else None
         return outputs + committed
 
+    def _run_ready(self, executor: HostOverlapExecutor, host_work: Callable[[], T]) -> T:
+        """Run the prepared step while `host_work` runs on the host thread; the step's result
+        waits in `_pending` for the next commit. Returns what host_work returned."""
+        assert self._ready is not None
+        plan, prepared = self._ready
+        self._ready = None
+        self.scheduler.inflight_step = plan.step_id
+        result, host_result = executor.run_with_host(plan, prepared, host_work)
+        self.blocks.release_held(plan.step_id)
+        self._pending = (plan, result)
+        return host_result
+
     def drain(self) -> list[RequestOutput]:
         """Finish the step in flight, if any, without launching another."""
         if isinstance(self.executor, HostOverlapExecutor):
-            outputs = []
-            if self._ready is not None:
-                plan, prepared = self._ready
-                self._ready = None
-                result, outputs = self.executor.run_with_host(plan, prepared, self._commit_pending)
-                self.blocks.release_held(plan.step_id)
-                self._pending = (plan, result)
+            outputs = [] if self._ready is None else self._run_ready(self.executor, self._commit_pending)
             self.scheduler.inflight_step = None
             return outputs + self._commit_pending()
         if self._inflight is None:

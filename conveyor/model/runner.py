@@ -240,10 +240,6 @@ class ModelRunner:
             torch.cuda.current_stream(self.device).wait_stream(self.compute_stream)
         return to_result(plan, out)
 
-    def execute(self, plan: StepPlan) -> StepResult:
-        """Prepare, run and fetch in one go (the synchronous path)."""
-        return self.fetch(plan, self.forward(self.prepare(plan)))
-
 
 def _logprob_rows(out: SampleOutput) -> list[TokenLogprobs]:
     ids = out.tokens.tolist()

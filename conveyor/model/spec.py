@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -53,8 +51,3 @@ class ModelSpec:
     def kv_bytes_per_token(self, element_size: int) -> int:
         """Bytes of K and V, all layers, for one token."""
         return 2 * self.num_layers * self.kv_size * element_size
-
-    def describe(self) -> dict[str, Any]:
-        return {"architecture": self.architecture, "layers": self.num_layers, "hidden": self.hidden_size,
-                "heads": self.num_heads, "kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
-                "vocab": self.vocab_size}

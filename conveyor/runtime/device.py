@@ -30,7 +30,7 @@ class DeviceInfo:
         if self.is_cuda and self.has_streams:
             return "cuda streams and events"
         if self.device.type == "cpu":
-            return "a worker thread running the forward pass (torch releases the GIL inside ops)"
+            return "a host thread doing commit / schedule / prepare while the forward runs (torch releases the GIL)"
         return None
 
 
@@ -39,12 +39,12 @@ def resolve_async_batching(requested: bool | str, info: DeviceInfo) -> bool:
     kind = info.pipeline_kind
     if requested is True and kind is None:
         raise ConfigError(f"async_batching=True was requested, but device {info.device.type!r} ({info.name}) offers "
-                          f"no way to overlap host work with device compute (no CUDA streams, and the CPU worker-thread "
-                          f"pipeline only drives CPU tensors); use async_batching='auto' (falls back to the "
+                          f"no way to overlap host work with device compute (no CUDA streams, and the CPU host-thread "
+                          f"overlap only drives CPU tensors); use async_batching='auto' (falls back to the "
                           f"synchronous path) or async_batching=False")
     if requested == "auto":
         if kind is None:
-            logger.info("async batching: off on %s (no stream or worker-thread pipeline for this device); "
+            logger.info("async batching: off on %s (no stream or host-thread overlap for this device); "
                         "running the synchronous path", info.name)
             return False
         logger.info("async batching: on, via %s", kind)
