@@ -31,7 +31,7 @@ def hf_greedy(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list
     return refs
 
 
-def compare(refs: list[Reference], got: list[list[int]], allow_ties: bool) -> int:
+def compare(refs: list[Reference], got: list[list[int]], allow_ties: bool, tie_gap: float = TIE_GAP) -> int:
     """Assert equality; returns how many sequences diverged exactly at a reference near-tie
     (only when allow_ties). Any other difference fails with the first mismatch shown."""
     ties = 0
@@ -41,7 +41,7 @@ def compare(refs: list[Reference], got: list[list[int]], allow_ties: bool) -> in
         mismatch = next((j for j in range(n) if ref.token_ids[j] != ours[j]), None)
         if mismatch is None:
             continue
-        if allow_ties and ref.top2_gap[mismatch] < TIE_GAP:
+        if allow_ties and ref.top2_gap[mismatch] < tie_gap:
             ties += 1
             continue
         raise AssertionError(f"prompt {i} diverges at generated token {mismatch}: ours {ours[mismatch]}, "

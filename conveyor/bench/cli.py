@@ -64,6 +64,13 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     sv.add_argument("--out", default=None, help="write results as JSON here")
     sv.add_argument("--plot", default=None, help="PNG prefix: throughput-vs-concurrency and latency CDF")
 
+    ds = kinds.add_parser("decode-step", help="one decode step: time, achieved FLOP/s and its share of the "
+                                              "measured matmul peak")
+    ds.add_argument("--num-seqs", type=int, default=64, help="running sequences, all decoding")
+    ds.add_argument("--prompt-len", type=int, default=128)
+    ds.add_argument("--steps", type=int, default=16, help="timed decode steps (the median is reported)")
+    _add_result_flags(ds)
+
     cmp_ = kinds.add_parser("async-vs-sync", help="async against sync batching, alternating runs, medians")
     cmp_.add_argument("--runs", type=int, default=5, help="runs per mode per workload (alternating)")
     cmp_.add_argument("--trace", default=None, help="also trace one async run per workload to FILE-<w>-async.json")
@@ -96,6 +103,8 @@ def cmd_bench(args: argparse.Namespace, config: Any) -> int:
         load_baseline(args.compare_to)
     if args.bench_command == "latency":
         return _latency(args, config)
+    if args.bench_command == "decode-step":
+        return _decode_step(args, config)
     return _throughput(args, config)
 
 
@@ -189,6 +198,18 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         print(f"[plot {plot_throughput(bars, args.plot, f'{args.workload}: {args.num_prompts} requests')}]",
               file=sys.stderr)
     _finish(args, result, "throughput")
+    return 0
+
+
+def _decode_step(args: argparse.Namespace, config: Any) -> int:
+    from conveyor.bench.decode_step import measure_decode_step
+
+    for name in ("num_seqs", "prompt_len", "steps"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    result = measure_decode_step(config, args.num_seqs, args.prompt_len, args.steps)
+    print(json.dumps({k: v for k, v in result.items() if k != "step_ms_all"}, indent=2))
+    _finish(args, result, "decode-step")
     return 0
 
 

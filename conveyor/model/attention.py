@@ -35,8 +35,9 @@ class PrefillChunk:
     block_table: torch.Tensor | None
     """[blocks covering context_len] int64; None when the chunk has no cached context."""
     mask: torch.Tensor | None = None
-    """[num_tokens, context_len] bool, True = attend: built on the device by the first layer
-    that needs it (not on the host, whose thread must stay out of torch's thread pool)."""
+    """[num_tokens, context_len] additive mask in the query dtype (0 = attend, -inf = not): built
+    on the device by the first layer that needs it (not on the host, whose thread must stay out
+    of torch's thread pool)."""
 
 
 @dataclass
@@ -47,7 +48,8 @@ class DecodeGroup:
     in_order: bool
     """rows are exactly 0..group-1 (then no gather / scatter of rows is needed)."""
     mask: torch.Tensor | None = None
-    """[group, 1, 1, max_blocks * block_size] bool, built on the device by the first layer."""
+    """[group, 1, 1, max_blocks * block_size] additive mask in the query dtype, built on the device
+    by the first layer."""
 
 
 DECODE_GROUP_SIZE = 32
@@ -121,6 +123,12 @@ def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     return cache.view(cache.shape[0], -1).index_select(0, blocks)
 
 
+def additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (True = attend) -> 0 / -inf in dtype. SDPA adds a float mask as is; a bool one it
+    converts on every call (a `where` per layer)."""
+    return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill_(~valid, float("-inf"))
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
     """q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (this step's).
@@ -137,7 +145,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         flat = group.block_tables.view(-1)  # [n * max_blocks]
         if group.mask is None:
             k_pos = torch.arange(flat.shape[0] // n * k_cache.shape[1], device=q.device)  # [max_context]
-            group.mask = (k_pos[None, :] < group.context_lens[:, None])[:, None, None, :]  # [n, 1, 1, max_context]
+            valid = k_pos[None, :] < group.context_lens[:, None]  # [n, max_context]
+            group.mask = additive_mask(valid, q.dtype)[:, None, None, :]  # [n, 1, 1, max_context]
         keys = gather_blocks(k_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
         values = gather_blocks(v_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
         q_dec = q[:n] if group.in_order else q.index_select(0, group.rows)  # [n, heads, head_dim]
@@ -161,7 +170,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             ctx = chunk.context_len
             if chunk.mask is None:
                 q_pos = torch.arange(ctx - chunk.num_tokens, ctx, device=q.device)  # [chunk]
-                chunk.mask = torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None]  # [chunk, ctx]
+                chunk.mask = additive_mask(torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None], q.dtype)
             k_c = gather_blocks(k_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
             v_c = gather_blocks(v_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
             o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=chunk.mask, scale=scale, enable_gqa=True)

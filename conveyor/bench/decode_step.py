@@ -1,0 +1,82 @@
+"""Decode-step efficiency: the FLOP/s a decode step achieves, as a share of the measured matmul peak.
+
+FLOPs are counted from the model's shape (what the step must compute, not what the kernels do):
+every linear layer costs 2 x rows x in x out, the LM head runs once per sequence, and attention
+costs 4 x heads x head_dim x context per sequence and layer (QK^T and PV).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from conveyor.bench.workloads import random_workload
+from conveyor.config import EngineConfig
+from conveyor.model.spec import ModelSpec
+from conveyor.params import SamplingParams
+
+
+def linear_flops_per_token(spec: ModelSpec) -> int:
+    """2 x (multiply-adds of every decoder linear layer + the LM head) for one token."""
+    layer = spec.hidden_size * (spec.q_size + 2 * spec.kv_size) + spec.q_size * spec.hidden_size \
+        + 3 * spec.hidden_size * spec.intermediate_size
+    return 2 * (spec.num_layers * layer + spec.hidden_size * spec.vocab_size)
+
+
+def attention_flops(spec: ModelSpec, context_len: int) -> int:
+    """QK^T and PV of one decode token over context_len keys, all layers."""
+    return 4 * spec.num_layers * spec.num_heads * spec.head_dim * context_len
+
+
+def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
+    """Best of `repeats` square matmuls on the CPU: the ceiling a decode step is measured against."""
+    a = torch.randn(size, size).to(dtype)  # [size, size]
+    b = torch.randn(size, size).to(dtype)  # [size, size]
+    a @ b  # warm-up (oneDNN primitive creation)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best / 1e9
+
+
+def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, steps: int) -> dict[str, Any]:
+    """Admit num_seqs requests, run until every one is decoding, then time `steps` engine steps."""
+    from conveyor.engine.engine import Engine
+
+    engine = Engine(config)
+    spec = engine.spec
+    prompts = random_workload(num_seqs, (prompt_len, prompt_len), (1, 1), spec.vocab_size).prompts
+    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    decoding: set[str] = set()
+    for prompt in prompts:
+        engine.add_request(prompt, params)
+    while len(decoding) < num_seqs:  # prefill (and the first sampled token) of every request
+        decoding.update(out.request_id for out in engine.step() if out.outputs[0].token_ids)
+    step_seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        step_seconds.append(time.perf_counter() - start)
+    engine.abort(list(decoding))
+    engine.drain()
+    async_batching = engine.async_batching
+    engine.close()
+    step = statistics.median(step_seconds)
+    context = prompt_len + 1 + steps // 2  # median context over the timed steps
+    linear = linear_flops_per_token(spec) * num_seqs
+    total = linear + attention_flops(spec, context) * num_seqs
+    dtype = getattr(torch, config.dtype)
+    peak = matmul_peak_gflops(dtype)
+    return {
+        "num_seqs": num_seqs, "prompt_len": prompt_len, "steps": steps, "dtype": config.dtype,
+        "async_batching": async_batching, "step_ms_median": step * 1e3,
+        "step_ms_all": [s * 1e3 for s in step_seconds], "output_tokens_per_s": num_seqs / step,
+        "gflop_per_step": total / 1e9, "achieved_gflops": total / step / 1e9,
+        "achieved_linear_gflops": linear / step / 1e9, "matmul_peak_gflops": peak,
+        "share_of_peak": total / step / 1e9 / peak,
+    }
