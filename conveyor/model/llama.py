@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.layers import Projection, RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
+from conveyor.model.quant import make_projection
 from conveyor.model.spec import ModelSpec
 
 
@@ -14,7 +15,7 @@ class LlamaModel:
     """Weights (fused QKV and gate/up) plus the forward pass; holds no per-request state."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_positions: int,
-                 device: torch.device) -> None:
+                 device: torch.device, quantization: str | None = None) -> None:
         self.spec = spec
         self.device = device
         w = {name: t.to(device) for name, t in weights.items()}
@@ -24,7 +25,7 @@ class LlamaModel:
         self.embed = w["embed"]  # [vocab, hidden]
         self.final_norm = w["final_norm"]
         self.lm_head = Projection(w.get("lm_head", w["embed"]))  # tied to the embedding when absent
-        self.layers = [_Layer(w, f"layers.{i}.") for i in range(spec.num_layers)]
+        self.layers = [_Layer(w, f"layers.{i}.", quantization) for i in range(spec.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -60,12 +61,12 @@ class LlamaModel:
 class _Layer:
     """One decoder layer's weights."""
 
-    def __init__(self, w: dict[str, torch.Tensor], prefix: str) -> None:
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str, quantization: str | None) -> None:
         self.input_norm = w[prefix + "input_norm"]
         self.post_norm = w[prefix + "post_norm"]
-        self.qkv = Projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"))
-        self.o_proj = Projection(w[prefix + "o_proj"])
-        self.gate_up = Projection(w[prefix + "gate_up"])
-        self.down = Projection(w[prefix + "down"])
+        self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization)
+        self.o_proj = make_projection(w[prefix + "o_proj"], None, quantization)
+        self.gate_up = make_projection(w[prefix + "gate_up"], None, quantization)
+        self.down = make_projection(w[prefix + "down"], None, quantization)
         self.q_norm = w.get(prefix + "q_norm")
         self.k_norm = w.get(prefix + "k_norm")

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from conveyor.config import EngineConfig
+from conveyor.errors import ConfigError
 from conveyor.core.kv_cache import CachePlan
 from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
 from conveyor.model.attention import AttentionBatch, build_attention_batch
@@ -86,7 +87,10 @@ class ModelRunner:
         self.info = info
         self.device = info.device
         self.block_size = config.block_size
-        self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device)
+        if config.quantization == "int4" and info.device.type != "cpu":
+            raise ConfigError(f"quantization='int4' uses torch's CPU int4 kernel and cannot run on {info.name}; "
+                              f"use device='cpu', or leave quantization unset (dtype='bfloat16' is fast on GPUs)")
+        self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device, config.quantization)
         loaded.weights.clear()  # the model holds its own (device) copies now
         element = torch.empty((), dtype=self.model.dtype).element_size()
         self.cache_plan = plan_kv_cache(config, info, self.spec.kv_bytes_per_token(element), max_model_len)

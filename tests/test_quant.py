@@ -1,0 +1,131 @@
+"""int4 weight-only: the format round trip, both kernel paths, config errors, and the default model
+against its own reference (float32 over the same dequantized weights)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from parity import Reference, compare
+
+from conveyor import LLM, SamplingParams
+from conveyor.errors import ConfigError
+from conveyor.model.layers import Projection
+from conveyor.model.quant import (GROUP_SIZE, SMALL_BATCH_ROWS, Int4Projection, dequantize_int4, make_projection,
+                                  quantize_int4)
+
+NEW_TOKENS = 32
+BF16_TIE_GAP = 0.5  # as in test_parity_bf16: int4 runs with bfloat16 activations
+
+
+def test_round_trip_error_is_within_half_a_step() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(48, 4 * GROUP_SIZE)  # [out, in]
+    codes, scale, zero = quantize_int4(w)
+    assert codes.min() >= 0 and codes.max() <= 15
+    err = (dequantize_int4(codes, scale, zero) - w).abs().reshape(48, 4, GROUP_SIZE).amax(-1)  # [out, groups]
+    assert (err <= scale.float() * 0.5 + scale.float().abs() * 2 ** -7 * 8 + 1e-6).all()
+
+
+def test_q4_1_style_grid_is_recovered_exactly() -> None:
+    """Weights on a min + q * step grid (as GGUF Q4_1 dequantizes them, both ends used) come back unchanged."""
+    gen = torch.Generator().manual_seed(1)
+    groups = 32 * 3
+    step = torch.tensor([2.0 ** -e for e in torch.randint(4, 9, (groups,), generator=gen).tolist()])  # bf16-exact
+    low = -8 * step  # a bf16-exact minimum
+    q = torch.randint(0, 16, (groups, GROUP_SIZE), generator=gen)
+    q[:, 0], q[:, 1] = 0, 15
+    w = (low[:, None] + q * step[:, None]).reshape(32, 3 * GROUP_SIZE)  # [out, in]
+    assert torch.equal(dequantize_int4(*quantize_int4(w)), w)
+
+
+@pytest.mark.parametrize("rows", [1, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 200])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int4_projection_multiplies_by_the_dequantized_weights(rows: int, bias: bool) -> None:
+    torch.manual_seed(rows)
+    w = torch.randn(64, 3 * GROUP_SIZE) / 10  # [out, in]
+    b = torch.randn(64) if bias else None  # [out]
+    proj = make_projection(w, b, "int4")
+    assert isinstance(proj, Int4Projection)
+    deq = dequantize_int4(*quantize_int4(w))  # [out, in] float32
+    x = torch.randn(rows, 3 * GROUP_SIZE).to(torch.bfloat16)  # [rows, in]
+    got = proj(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 64)
+    exact = x.float() @ deq.t() + (0 if b is None else b.to(torch.bfloat16).float())  # [rows, out]
+    if rows > SMALL_BATCH_ROWS:  # the bfloat16 copy: F.linear over the bf16-rounded dequantized weights
+        assert torch.equal(got, F.linear(x, deq.to(torch.bfloat16), None if b is None else b.to(torch.bfloat16)))
+    assert (got.float() - exact).abs().max() <= 0.02 * exact.abs().max()
+
+
+def test_shapes_the_kernel_cannot_take_stay_unquantized() -> None:
+    assert isinstance(make_projection(torch.randn(40, 64), None, "int4"), Projection)  # out not a multiple of 16
+    assert isinstance(make_projection(torch.randn(64, 48), None, "int4"), Projection)  # in not whole groups
+    assert isinstance(make_projection(torch.randn(64, 64), None, None), Projection)
+
+
+def test_config_errors_name_the_fix() -> None:
+    with pytest.raises(ConfigError, match="dtype='bfloat16'"):
+        LLM(quantization="int4")
+    with pytest.raises(ConfigError, match="'int8' is not supported; choose one of"):
+        LLM(quantization="int8", dtype="bfloat16")
+
+
+@pytest.fixture(scope="module")
+def int4_case(default_llm: Any) -> tuple[list[list[int]], Any, Any]:
+    tok = default_llm.get_tokenizer()
+    questions = ["What is the capital of France?", "Write a haiku about the sea.", "Why is the sky blue?"]
+    raw = ["1, 2, 3, 4,", "The quick brown fox", "def fibonacci(n):\n"]
+    chat = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+            for q in questions]
+    prompts = [tok(p).input_ids for p in chat + raw]
+    ours = LLM(dtype="bfloat16", quantization="int4", kv_cache_memory="64MiB", max_model_len=512)
+    reference = LLM(dtype="float32", kv_cache_memory="64MiB", max_model_len=512)
+    for layer in reference.engine.runner.model.layers:  # float32 over exactly the weights int4 multiplies by
+        for name in ("qkv", "o_proj", "gate_up", "down"):
+            proj = getattr(layer, name)
+            deq = dequantize_int4(*quantize_int4(proj.weight.t()))  # stored transposed in float32
+            setattr(layer, name, Projection(deq.to(torch.bfloat16).float(), proj.bias))
+    return prompts, ours, reference
+
+
+def _greedy(llm: Any, prompts: list[list[int]]) -> list[list[int]]:
+    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+                        use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_default_model_int4_greedy_matches_its_reference(int4_case: tuple[list[list[int]], Any, Any]) -> None:
+    prompts, ours, reference = int4_case
+    # batch of 1 (int4 kernel) and a batch of 6 with prefill chunks (bf16 copy for >8 rows)
+    got = [_greedy(ours, [p])[0] for p in prompts[:2]] + _greedy(ours, prompts)[2:]
+    ref_outs = reference.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
+                                                          logprobs=2), use_tqdm=False)
+    refs = [Reference(o.outputs[0].token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.outputs[0].logprobs or []])
+            for o in ref_outs]
+    ties = compare(refs, got, allow_ties=True, tie_gap=BF16_TIE_GAP)
+    print(f"int4: {ties} of {len(prompts)} sequences diverged at a reference near-tie")
+    ours.engine.check_idle()
+
+
+def test_default_model_int4_adds_no_error_beyond_bf16(int4_case: tuple[list[list[int]], Any, Any]) -> None:
+    """Teacher-forced: |int4 logprob - reference logprob| no larger than plain bfloat16's distance from float32."""
+    prompts, ours, reference = int4_case
+    sequences = [p + c for p, c in zip(prompts, _greedy(reference, prompts))]
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    bf16 = LLM(dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=512)
+    plain32 = LLM(dtype="float32", kv_cache_memory="64MiB", max_model_len=512)
+    runs = {name: llm.generate(sequences, params, use_tqdm=False)
+            for name, llm in (("int4", ours), ("ref", reference), ("bf16", bf16), ("fp32", plain32))}
+    int4_err, bf16_err = [], []
+    for i, (seq, prompt) in enumerate(zip(sequences, prompts)):
+        for pos in range(len(prompt), len(seq)):
+            lp = {name: outs[i].prompt_logprobs[pos].logprob for name, outs in runs.items()}  # type: ignore[index]
+            int4_err.append(abs(lp["int4"] - lp["ref"]))
+            bf16_err.append(abs(lp["bf16"] - lp["fp32"]))
+    int4_mean, bf16_mean = sum(int4_err) / len(int4_err), sum(bf16_err) / len(bf16_err)
+    print(f"mean |logprob error| over {len(int4_err)} tokens: int4 vs its float32 reference {int4_mean:.4f}, "
+          f"bfloat16 vs float32 {bf16_mean:.4f}")
+    assert int4_mean <= 1.5 * bf16_mean + 1e-3, (int4_mean, bf16_mean)
