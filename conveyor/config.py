@@ -14,7 +14,7 @@ from typing import Literal, Union
 
 from conveyor.errors import ConfigError
 
-SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SUPPORTED_QUANTIZATIONS = (None, "int4")
 SUPPORTED_DEVICES = ("auto", "cpu", "cuda")
 
@@ -51,8 +51,9 @@ class EngineConfig:
 
     model: str | None = None
     """Path to a .gguf file or a Hugging Face checkpoint folder; None = the embedded SmolLM2-135M-Instruct."""
-    dtype: str = "float32"
-    """Compute and KV-cache dtype: float32 (default on CPU), bfloat16 or float16."""
+    dtype: str = "auto"
+    """Compute and KV-cache dtype: 'auto' (float32 for float32 checkpoints; otherwise bfloat16 where
+    the CPU/GPU computes it natively, else float32), float32, bfloat16 or float16."""
     quantization: str | None = None
     """Weight-only quantization: None, or 'int4' (CPU, with dtype bfloat16: 4-bit decoder weights in
     groups of 32, like GGUF Q4_1; fastest single-request decoding, 25% more weight memory than bfloat16)."""
@@ -80,13 +81,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; choose one of "
-                              f"{', '.join(SUPPORTED_DTYPES)} (float32 is the default on CPU)")
+                              f"{', '.join(SUPPORTED_DTYPES)} ('auto' is the default)")
         if self.quantization not in SUPPORTED_QUANTIZATIONS:
             raise ConfigError(f"quantization={self.quantization!r} is not supported; choose one of "
                               f"{', '.join(str(q) for q in SUPPORTED_QUANTIZATIONS)}")
-        if self.quantization == "int4" and self.dtype != "bfloat16":
+        if self.quantization == "int4" and self.dtype not in ("auto", "bfloat16"):
             raise ConfigError(f"quantization='int4' computes with bfloat16 activations, but dtype={self.dtype!r}; "
-                              f"pass dtype='bfloat16' (--dtype bfloat16) with it")
+                              f"leave dtype at 'auto' or pass dtype='bfloat16'")
         if self.device not in SUPPORTED_DEVICES:
             raise ConfigError(f"device={self.device!r} is not supported; choose one of {', '.join(SUPPORTED_DEVICES)}")
         for name, lowest in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1)):

@@ -30,9 +30,10 @@ def hf_default_model(default_gguf: str) -> Any:
 
 @pytest.fixture(scope="session")
 def default_llm() -> Any:
+    """The embedded model in float32 (transformers' own GGUF loading, the reference, is float32)."""
     from conveyor import LLM
 
-    return LLM(kv_cache_memory="256MiB", max_model_len=1024)
+    return LLM(dtype="float32", kv_cache_memory="256MiB", max_model_len=1024)  # the transformers reference is float32
 
 
 def build_tiny_model(arch: str, folder: str, **overrides: Any) -> Any:

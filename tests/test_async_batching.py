@@ -99,7 +99,7 @@ def test_default_model_async_matches_sync_under_preemption() -> None:
               for i in range(8)]
     results = []
     for async_batching in (False, True):
-        llm = LLM(async_batching=async_batching, max_model_len=160, kv_cache_memory=11 * 16 * 46080,
+        llm = LLM(async_batching=async_batching, dtype="float32", max_model_len=160, kv_cache_memory=11 * 16 * 46080,
                   max_num_batched_tokens=48)
         outs = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.engine.stats()

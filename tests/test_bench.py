@@ -65,3 +65,37 @@ def test_throughput_cli_with_peer_baseline_and_compare(tmp_path: Any) -> None:
     missing = subprocess.run(cmd + ["--compare-to", "nope"], capture_output=True, text=True, timeout=300, env=env,
                              cwd=tmp_path)
     assert missing.returncode == 2 and "tiny-test" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_decode_step_counts_flops_from_the_model_shape(tmp_path: Any) -> None:
+    from conveyor.bench.decode_step import attention_flops, linear_flops_per_token, measure_decode_step
+    from conveyor.config import EngineConfig
+    from conveyor.model.loader import load_model
+
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder)  # hidden 64, intermediate 128, 2 layers, 4 heads / 2 KV heads of 16, vocab 512
+    config = EngineConfig(model=folder, kv_cache_memory="1MiB", max_model_len=64)
+    result = measure_decode_step(config, num_seqs=3, prompt_len=10, steps=4)
+    spec = load_model(folder, "float32").spec
+    per_layer = 64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128
+    assert linear_flops_per_token(spec) == 2 * (2 * per_layer + 64 * 512)
+    assert attention_flops(spec, 12) == 4 * 2 * 4 * 16 * 12
+    expected = 3 * (linear_flops_per_token(spec) + attention_flops(spec, 10 + 1 + 4 // 2))
+    assert result["gflop_per_step"] == pytest.approx(expected / 1e9)
+    assert len(result["step_ms_all"]) == 4
+    assert result["share_of_peak"] == pytest.approx(result["achieved_gflops"] / result["matmul_peak_gflops"])
+
+
+def test_llama_cpp_peer_reads_gguf_only_and_batches_when_installed(tmp_path: Any, default_gguf: str) -> None:
+    from conveyor.bench.peers import check_peer
+
+    assert "GGUF" in (check_peer("llama-cpp", str(tmp_path / "hf-folder")) or "")
+    reason = check_peer("llama-cpp", default_gguf)
+    if reason is not None:
+        assert "pip install llama-cpp-python" in reason
+        pytest.skip(reason)
+    from conveyor.bench.llama_cpp_peer import run_workload
+
+    workload = random_workload(5, (3, 40), (2, 9), 49152, seed=3)
+    seconds, produced = run_workload(default_gguf, workload, threads=2, max_seqs=2)  # slots are reused
+    assert seconds > 0 and produced == workload.num_output_tokens

@@ -71,9 +71,9 @@ def test_default_model_under_pressure_matches_transformers(prompts: list[list[in
                                                            case: str) -> None:
     n, new = 8, 32
     if case == "preemption":  # 13 blocks of 16 tokens: room for one 200-token request, not for eight
-        llm = LLM(max_model_len=200, kv_cache_memory=13 * 16 * 46080, max_num_seqs=8)
+        llm = LLM(dtype="float32", max_model_len=200, kv_cache_memory=13 * 16 * 46080, max_num_seqs=8)
     else:
-        llm = LLM(max_model_len=512, kv_cache_memory="64MiB", max_num_batched_tokens=24)
+        llm = LLM(dtype="float32", max_model_len=512, kv_cache_memory="64MiB", max_num_batched_tokens=24)
     chosen = prompts[::2][:n]
     outs = llm.generate(chosen, GREEDY.clone(max_tokens=new), use_tqdm=False)
     refs = [Reference(r.token_ids[:new], r.top2_gap[:new]) for r in references[::2][:n]]

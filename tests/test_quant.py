@@ -68,7 +68,7 @@ def test_shapes_the_kernel_cannot_take_stay_unquantized() -> None:
 
 def test_config_errors_name_the_fix() -> None:
     with pytest.raises(ConfigError, match="dtype='bfloat16'"):
-        LLM(quantization="int4")
+        LLM(quantization="int4", dtype="float32")
     with pytest.raises(ConfigError, match="'int8' is not supported; choose one of"):
         LLM(quantization="int8", dtype="bfloat16")
 

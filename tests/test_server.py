@@ -22,7 +22,7 @@ MODEL = "SmolLM2-135M-Instruct"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("--api-key", KEY, "--allowed-origins", "http://allowed.example",
+    proc = ServerProcess("--api-key", KEY, "--allowed-origins", "http://allowed.example", "--dtype", "float32",
                          "--max-queued-requests", "64", "--request-timeout", "120")
     try:
         proc.wait_ready()

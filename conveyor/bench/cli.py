@@ -47,7 +47,7 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     lat.add_argument("--input-len", type=int, default=128)
     lat.add_argument("--output-len", type=int, default=128)
     lat.add_argument("--runs", type=int, default=3)
-    lat.add_argument("--peer", nargs="*", default=[], choices=["hf-generate"])
+    lat.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "llama-cpp"])
     _add_result_flags(lat)
     add_engine_flags(lat)
 
@@ -165,7 +165,7 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         "workload": {"name": args.workload, "num_prompts": args.num_prompts, "input_len": args.input_len,
                      "output_len": args.output_len, "seed": args.workload_seed,
                      "prompt_tokens": workload.num_prompt_tokens, "output_tokens": workload.num_output_tokens},
-        "engine": {"dtype": config.dtype, "async_batching": engine.async_batching,
+        "engine": {"dtype": engine.dtype, "quantization": config.quantization, "async_batching": engine.async_batching,
                    "prefix_caching": config.enable_prefix_caching},
         "runs_seconds": [r[0] for r in runs], "seconds": seconds, "requests_per_s": args.num_prompts / seconds,
         "output_tokens_per_s": ours,
@@ -236,14 +236,20 @@ def _latency(args: argparse.Namespace, config: Any) -> int:
             ttfts.append(first - start)
             tpots.append((end - first) / (args.output_len - 1))
     engine.close()
-    result: dict[str, Any] = {"input_len": args.input_len, "output_len": args.output_len, "dtype": config.dtype,
+    result: dict[str, Any] = {"input_len": args.input_len, "output_len": args.output_len, "dtype": engine.dtype,
+                              "quantization": config.quantization,
                               "ttft_s": statistics.median(ttfts), "tpot_s": statistics.median(tpots), "peers": {}}
     for peer in args.peer:
         reason = check_peer(peer, engine.model_source)
         if reason is not None:
             result["peers"][peer] = {"skipped": reason}
             continue
-        result["peers"][peer] = _hf_latency(engine.model_source, prompt, args.output_len, args.runs)
+        if peer == "llama-cpp":
+            from conveyor.bench.llama_cpp_peer import latency
+            threads = config.num_threads or os.cpu_count() or 2
+            result["peers"][peer] = latency(engine.model_source, prompt, args.output_len, args.runs, threads)
+        else:
+            result["peers"][peer] = _hf_latency(engine.model_source, prompt, args.output_len, args.runs)
     print(json.dumps(result, indent=2))
     _finish(args, result, "latency")
     return 0

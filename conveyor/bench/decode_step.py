@@ -64,16 +64,16 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
         step_seconds.append(time.perf_counter() - start)
     engine.abort(list(decoding))
     engine.drain()
-    async_batching = engine.async_batching
+    async_batching, dtype_name = engine.async_batching, engine.dtype
     engine.close()
     step = statistics.median(step_seconds)
     context = prompt_len + 1 + steps // 2  # median context over the timed steps
     linear = linear_flops_per_token(spec) * num_seqs
     total = linear + attention_flops(spec, context) * num_seqs
-    dtype = getattr(torch, config.dtype)
-    peak = matmul_peak_gflops(dtype)
+    peak = matmul_peak_gflops(getattr(torch, dtype_name))
     return {
-        "num_seqs": num_seqs, "prompt_len": prompt_len, "steps": steps, "dtype": config.dtype,
+        "num_seqs": num_seqs, "prompt_len": prompt_len, "steps": steps, "dtype": dtype_name,
+        "quantization": config.quantization,
         "async_batching": async_batching, "step_ms_median": step * 1e3,
         "step_ms_all": [s * 1e3 for s in step_seconds], "output_tokens_per_s": num_seqs / step,
         "gflop_per_step": total / 1e9, "achieved_gflops": total / step / 1e9,

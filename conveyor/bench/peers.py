@@ -3,7 +3,8 @@
 - hf-generate:   transformers `generate` in static batches (left padding), the model loaded by
                  transformers from the same GGUF file (float32)
 - hf-continuous: transformers' continuous batching (`generate_batch`), same model
-- llama-cpp:     llama-cpp-python on the same GGUF file, when installed (optional)
+- llama-cpp:     llama.cpp (llama-cpp-python's C API) on the same GGUF file, batched, when installed
+                 (optional)
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def check_peer(peer: str, model_path: str) -> str | None:
     if peer not in PEERS:
         raise ConfigError(f"unknown peer {peer!r}; choose among {', '.join(PEERS)}")
     if peer == "llama-cpp":
+        if not model_path.endswith(".gguf"):
+            return f"llama.cpp reads GGUF files only, and the model is {model_path}"
         if importlib.util.find_spec("llama_cpp") is None:
             return ("llama-cpp-python is not installed; `pip install llama-cpp-python` (it compiles llama.cpp) "
                     "to compare against it")
@@ -98,17 +101,8 @@ def run_hf_continuous(model_path: str, workload: Workload) -> PeerResult:
 
 
 def run_llama_cpp(model_path: str, workload: Workload, threads: int) -> PeerResult:
-    import llama_cpp
+    from conveyor.bench.llama_cpp_peer import run_workload
 
-    llm = llama_cpp.Llama(model_path=model_path, n_ctx=4096, n_threads=threads, verbose=False)
-    start = time.perf_counter()
-    produced = 0
-    for prompt, params in zip(workload.prompts, workload.params):  # one sequence at a time
-        llm.reset()
-        count = 0
-        for _ in llm.generate(prompt, temp=0.0):
-            count += 1
-            if count >= (params.max_tokens or 16):
-                break
-        produced += count
-    return PeerResult("llama-cpp", time.perf_counter() - start, produced, "llama-cpp-python, one sequence at a time")
+    seconds, produced = run_workload(model_path, workload, threads)
+    return PeerResult("llama-cpp", seconds, produced,
+                      "llama-cpp-python C API: up to 64 sequences per llama_decode, one KV stream each")

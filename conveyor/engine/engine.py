@@ -18,7 +18,7 @@ from conveyor.core.request import Request
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
 from conveyor.engine.output import OutputProcessor
 from conveyor.errors import InvalidRequestError
-from conveyor.model.loader import load_model, resolve_max_model_len
+from conveyor.model.loader import load_model, model_path, resolve_dtype, resolve_max_model_len
 from conveyor.model.runner import ModelRunner, PreparedStep
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
@@ -67,7 +67,10 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         self.device_info = detect_device(config.device)
         self.async_batching = resolve_async_batching(config.async_batching, self.device_info)
-        loaded = load_model(config.model, config.dtype)
+        self.dtype = resolve_dtype(config.dtype, model_path(config.model), self.device_info.device.type,
+                                   config.quantization)
+        """The compute dtype in use ('auto' resolved)."""
+        loaded = load_model(config.model, self.dtype)
         self.spec = loaded.spec
         self.tokenizer = loaded.tokenizer
         self.model_source = loaded.source
@@ -94,7 +97,7 @@ class Engine:
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
         logger.info("engine ready: %s on %s, dtype %s, max_model_len %d, %d KV blocks", self.model_source,
-                    self.device_info.name, config.dtype, self.max_model_len, plan.num_blocks)
+                    self.device_info.name, self.dtype, self.max_model_len, plan.num_blocks)
 
     # ---- requests -------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:

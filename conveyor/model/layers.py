@@ -52,6 +52,11 @@ def _pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
 
 
+def native_bf16_cpu() -> bool:
+    """This CPU computes bfloat16 natively (AVX-512 BF16 / AMX) and oneDNN can use it."""
+    return _onednn_bf16_available()
+
+
 @functools.cache
 def _onednn_bf16_available() -> bool:
     """oneDNN is built in, the CPU has native bf16, and the private packing ops exist and agree with F.linear."""

@@ -54,8 +54,44 @@ def default_model_path() -> str:
     return path
 
 
+def resolve_dtype(requested: str, path: str, device_type: str, quantization: str | None = None) -> str:
+    """'auto' -> the compute dtype for this checkpoint on this device; any other value is kept.
+
+    float32 checkpoints stay float32. Others (bfloat16/float16 checkpoints, quantized GGUF files)
+    run in bfloat16 where the hardware computes it natively (a CUDA GPU with bf16, a CPU with
+    AVX-512 BF16 / AMX), else float32 on CPU and float16 on older GPUs. int4 always uses bfloat16.
+    """
+    if requested != "auto":
+        return requested
+    if quantization == "int4":
+        return "bfloat16"
+    if checkpoint_dtype(path) == "float32":
+        return "float32"
+    if device_type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    from conveyor.model.layers import native_bf16_cpu
+    return "bfloat16" if native_bf16_cpu() else "float32"
+
+
+def checkpoint_dtype(path: str) -> str | None:
+    """The dtype a Hugging Face folder's config.json names (None for GGUF files and when absent)."""
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return None
+    import json
+    with open(config) as f:
+        data = json.load(f)
+    value = data.get("dtype") or data.get("torch_dtype")
+    return value if isinstance(value, str) else None
+
+
+def model_path(model: str | None) -> str:
+    return default_model_path() if model is None else os.path.expanduser(model)
+
+
 def load_model(model: str | None, dtype: str) -> LoadedModel:
-    path = default_model_path() if model is None else os.path.expanduser(model)
+    """dtype: a concrete dtype name (resolve 'auto' first with `resolve_dtype`)."""
+    path = model_path(model)
     torch_dtype = DTYPES[dtype]
     if os.path.isfile(path) and path.endswith(".gguf"):
         from conveyor.model.gguf_loader import load_gguf

@@ -69,7 +69,8 @@ class Int4Projection:
         return y if self.bias is None else y + self.bias
 
 
-def make_projection(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None) -> Projection | Int4Projection:
+def make_projection(weight: torch.Tensor, bias: torch.Tensor | None,
+                    quantization: str | None) -> Projection | Int4Projection:
     """The decoder's linear layers: int4 where asked and the shape allows it, else the dtype's fastest layout."""
     if quantization == "int4" and can_quantize(weight):
         return Int4Projection(weight, bias)
