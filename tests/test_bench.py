@@ -84,6 +84,13 @@ def test_decode_step_counts_flops_from_the_model_shape(tmp_path: Any) -> None:
     assert result["gflop_per_step"] == pytest.approx(expected / 1e9)
     assert len(result["step_ms_all"]) == 4
     assert result["share_of_peak"] == pytest.approx(result["achieved_gflops"] / result["matmul_peak_gflops"])
+    cli = subprocess.run([sys.executable, "-m", "conveyor.cli", "bench", "decode-step", "--model", folder,
+                          "--num-seqs", "2", "--prompt-len", "5", "--steps", "3", "--kv-cache-memory", "1MiB",
+                          "--max-model-len", "64", "--dtype", "float32", "--results-dir", str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert cli.returncode == 0, cli.stderr
+    printed = json.loads(cli.stdout[:cli.stdout.rindex("}") + 1])
+    assert printed["num_seqs"] == 2 and printed["dtype"] == "float32" and printed["steps"] == 3
 
 
 def test_llama_cpp_peer_reads_gguf_only_and_batches_when_installed(tmp_path: Any, default_gguf: str) -> None:

@@ -297,3 +297,13 @@ def test_colliding_sample_id_is_refused_cleanly(tiny: tuple[str, Any]) -> None:
     while engine.has_work():
         engine.step()
     engine.check_idle()
+
+
+def test_n_above_max_num_seqs_is_rejected_with_both_numbers(tiny: tuple[str, Any]) -> None:
+    folder, _ = tiny
+    llm = LLM(model=folder, max_num_seqs=3, **_engine_options("none"))
+    with pytest.raises(InvalidRequestError, match=r"n=4 samples .* max_num_seqs is 3"):
+        llm.generate([[5, 6, 7]], SamplingParams(n=4, max_tokens=2))
+    out = llm.generate([[5, 6, 7]], SamplingParams(n=3, max_tokens=2, temperature=1.0, seed=1), use_tqdm=False)[0]
+    assert len(out.outputs) == 3
+    llm.engine.check_idle()

@@ -70,6 +70,7 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     ds.add_argument("--prompt-len", type=int, default=128)
     ds.add_argument("--steps", type=int, default=16, help="timed decode steps (the median is reported)")
     _add_result_flags(ds)
+    add_engine_flags(ds)
 
     cmp_ = kinds.add_parser("async-vs-sync", help="async against sync batching, alternating runs, medians")
     cmp_.add_argument("--runs", type=int, default=5, help="runs per mode per workload (alternating)")

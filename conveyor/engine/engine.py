@@ -119,6 +119,9 @@ class Engine:
                 f"the prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}, which leaves no "
                 f"room for output; shorten the prompt to at most {self.max_model_len - 1} tokens or raise "
                 f"max_model_len")
+        if params.n > self.config.max_num_seqs:
+            raise InvalidRequestError(f"n={params.n} samples cannot run together: max_num_seqs is "
+                                      f"{self.config.max_num_seqs}; lower n or raise max_num_seqs")
         self._check_vocab(params)
         request_id = request_id if request_id is not None else str(next(self._ids))
         sample_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
