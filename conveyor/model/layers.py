@@ -73,10 +73,11 @@ def _onednn_bf16_available() -> bool:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [..., dim]; normalised in float32, scaled by weight, back in x's dtype."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """x: [..., dim]; normalised in float32, scaled by weight, back in x's dtype (transformers' order:
+    a low-precision x is rounded back before the weight multiplies it). One fused kernel in float32."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

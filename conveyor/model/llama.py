@@ -37,15 +37,16 @@ class LlamaModel:
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x = rms_norm(h, layer.input_norm, spec.rms_norm_eps)
             qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
-            q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-            q = q.view(n, spec.num_heads, spec.head_dim)  # [num_tokens, heads, head_dim]
-            k = k.view(n, spec.num_kv_heads, spec.head_dim)  # [num_tokens, kv_heads, head_dim]
-            v = v.view(n, spec.num_kv_heads, spec.head_dim)  # [num_tokens, kv_heads, head_dim]
+            v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.num_kv_heads, spec.head_dim)  # [tokens, kv_heads, d]
             if layer.q_norm is not None and layer.k_norm is not None:
-                q = rms_norm(q, layer.q_norm, spec.rms_norm_eps)
-                k = rms_norm(k, layer.k_norm, spec.rms_norm_eps)
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
+                q, k, _ = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+                q = rms_norm(q.view(n, spec.num_heads, spec.head_dim), layer.q_norm, spec.rms_norm_eps)
+                k = rms_norm(k.view(n, spec.num_kv_heads, spec.head_dim), layer.k_norm, spec.rms_norm_eps)
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            else:  # Q and K heads side by side in qkv: rotated in one pass
+                qk = qkv[:, :spec.q_size + spec.kv_size].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
+                qk = apply_rotary(qk, cos, sin)  # [num_tokens, heads + kv_heads, head_dim]
+                q, k = qk[:, :spec.num_heads], qk[:, spec.num_heads:]
             attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale)  # [num_tokens, heads * head_dim]
             h = h + layer.o_proj(attn)
             x = rms_norm(h, layer.post_norm, spec.rms_norm_eps)
