@@ -128,6 +128,29 @@ def test_explicit_true_on_a_device_without_a_pipeline_is_a_clear_error() -> None
     assert resolve_async_batching("auto", no_pipeline) is False
 
 
+@pytest.mark.parametrize("max_tokens", [1, 6])
+def test_first_token_comes_out_of_the_step_that_sampled_it(tiny_llama: str, max_tokens: int) -> None:
+    """Overlap must not delay time to first token: the step() that runs a request's prefill returns
+    its first token, in async mode as in sync mode (later tokens may trail by one step). With
+    max_tokens=1 the request also finishes there, while a next step is already prepared for it."""
+    calls_until_first = {}
+    for async_batching in (False, True):
+        llm = LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=128, async_batching=async_batching)
+        engine = llm.engine
+        engine.add_request([3, 4, 5, 6, 7], SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+        calls, first = 0, None
+        while engine.has_work():
+            calls += 1
+            outs = engine.step()
+            if first is None and any(o.outputs[0].token_ids for o in outs):
+                first = calls
+                assert len(outs[0].outputs[0].token_ids) == 1
+                assert outs[0].finished == (max_tokens == 1)
+        calls_until_first[async_batching] = first
+        engine.check_idle()
+    assert calls_until_first[True] == calls_until_first[False] == 1
+
+
 def test_stop_found_one_step_late_is_discarded(tiny_llama: str) -> None:
     """With async on, a request whose token ends it has already been planned one step further;
     that extra token must never reach the output."""

@@ -254,7 +254,19 @@ class Engine:
         committed, following = self._run_ready(executor, host_work)
         self._ready = following
         self.scheduler.inflight_step = following[0].step_id if following else None
+        if self._samples_first_token(plan):
+            # A request's first token goes out now, not one step later: TTFT is not charged a decode
+            # step for the overlap (measured +35 ms on a single float32 request). N+1 is prepared
+            # already, with placeholders; blocks this commit frees are held until N+1 has run.
+            committed += self._commit_pending()
         return outputs + committed
+
+    def _samples_first_token(self, plan: StepPlan) -> bool:
+        for seq in plan.seqs:
+            request = self.scheduler.get(seq.request_id) if seq.sampling is not None else None
+            if request is not None and request.num_output_tokens == 0:
+                return True
+        return False
 
     def _run_ready(self, executor: HostOverlapExecutor, host_work: Callable[[], T]) -> T:
         """Run the prepared step while `host_work` runs on the host thread; the step's result
