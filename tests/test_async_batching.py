@@ -151,6 +151,35 @@ def test_first_token_comes_out_of_the_step_that_sampled_it(tiny_llama: str, max_
     assert calls_until_first[True] == calls_until_first[False] == 1
 
 
+def test_output_sink_gets_host_thread_commits_during_the_forward(tiny_llama: str) -> None:
+    """With a sink, outputs the host thread commits leave at once, from that thread; together with
+    what step() returns they are the same stream as the synchronous path, one terminal each."""
+    import threading
+
+    prompts = _prompts(4, seed=11)
+    params = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)
+    ref = LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=128, async_batching=False)
+    expected = {str(i): o.outputs[0].token_ids for i, o in enumerate(ref.generate(prompts, params, use_tqdm=False))}
+    engine = LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=128, async_batching=True).engine
+    delivered: list[tuple[str, Any]] = []
+    engine.output_sink = lambda outs: delivered.extend((threading.current_thread().name, o) for o in outs)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(prompt, params, str(i))
+    while engine.has_work():
+        delivered.extend((threading.current_thread().name, o) for o in engine.step())
+    assert any(name.startswith("conveyor-host") for name, _ in delivered)
+    last: dict[str, list[int]] = {}
+    finished = []
+    for _, out in delivered:
+        tokens = out.outputs[0].token_ids
+        assert tokens[:len(last.get(out.request_id, []))] == last.get(out.request_id, [])  # in order
+        last[out.request_id] = tokens
+        if out.finished:
+            finished.append(out.request_id)
+    assert sorted(finished) == sorted(expected) and last == expected
+    engine.check_idle()
+
+
 def test_stop_found_one_step_late_is_discarded(tiny_llama: str) -> None:
     """With async on, a request whose token ends it has already been planned one step further;
     that extra token must never reach the output."""

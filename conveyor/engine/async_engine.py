@@ -159,6 +159,7 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             self.engine = Engine(self.config)
+            self.engine.output_sink = self._dispatch  # thread-safe: streams lock + call_soon_threadsafe
             self._stats = self.engine.stats()
         except BaseException as exc:  # start-up failure: the server reports it and exits
             self.error = f"the engine failed to start: {exc}"

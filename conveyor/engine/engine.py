@@ -93,6 +93,11 @@ class Engine:
         self._inflight: InflightStep | None = None  # CUDA pipeline: the launched step
         self._ready: tuple[StepPlan, PreparedStep] | None = None  # CPU overlap: the next step, prepared
         self._pending: tuple[StepPlan, StepResult] | None = None  # CPU overlap: run, not yet committed
+        self.output_sink: Callable[[list[RequestOutput]], None] | None = None
+        """Optional: CPU async batching hands the outputs its host thread commits to this callable,
+        from that thread, while the forward pass is still running, instead of returning them from
+        the `step()` that ends after the forward (one step earlier for streaming clients). It must
+        be thread-safe; outputs of one request still arrive in order, before step() returns."""
         self._active_s = 0.0
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
@@ -249,6 +254,9 @@ class Engine:
 
         def host_work() -> tuple[list[RequestOutput], tuple[StepPlan, PreparedStep] | None]:
             committed = self._commit_pending()
+            if self.output_sink is not None and committed:  # out now, not when this forward ends
+                self.output_sink(committed)
+                committed = []
             return committed, self._schedule_and_prepare(executor, plan)
 
         committed, following = self._run_ready(executor, host_work)
