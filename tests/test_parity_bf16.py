@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from parity import Reference, compare, hf_greedy
 
 from conveyor import LLM, SamplingParams
-from conveyor.model.layers import Projection, _onednn_bf16_available
+from conveyor.model.layers import Projection, native_bf16_cpu
 
 BF16_TIE_GAP = 0.5
 """bfloat16 logits of magnitude 32-64 (this model's top logits) are spaced 0.25 apart, and
@@ -31,7 +31,7 @@ def test_projection_bf16_equals_f_linear(rows: int, bias: bool) -> None:
     b = torch.randn(96).to(torch.bfloat16) if bias else None  # [out]
     x = torch.randn(rows, 48).to(torch.bfloat16)  # [rows, in]
     proj = Projection(weight, b)
-    assert (proj.packed is not None) == _onednn_bf16_available()
+    assert (proj.packed is not None) == native_bf16_cpu()
     assert torch.equal(proj(x), F.linear(x, weight, b))
 
 
@@ -39,7 +39,7 @@ def test_projection_packs_on_a_bf16_cpu() -> None:
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     if "avx512_bf16" not in flags and "amx_bf16" not in flags:
         pytest.skip("this CPU has no native bfloat16; packing is off by design")
-    assert _onednn_bf16_available()
+    assert native_bf16_cpu()
 
 
 @pytest.fixture(scope="module")

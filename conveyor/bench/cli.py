@@ -187,11 +187,11 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         elif peer == "hf-continuous":
             pr = run_hf_continuous(model_path, workload)
         else:
-            pr = run_llama_cpp(model_path, workload, config.num_threads or os.cpu_count() or 2)
+            pr = run_llama_cpp(model_path, workload, _threads(config))
         result["peers"][peer] = {"seconds": pr.seconds, "output_tokens": pr.output_tokens,
                                  "output_tokens_per_s": pr.output_tokens_per_s, "note": pr.note,
                                  "conveyor_over_peer": ours / pr.output_tokens_per_s if pr.output_tokens_per_s else None}
-    print(json.dumps({k: v for k, v in result.items()}, indent=2))
+    print(json.dumps(result, indent=2))
     if args.plot:
         from conveyor.bench.results import plot_throughput
         bars = {"conveyor": ours} | {p: v["output_tokens_per_s"] for p, v in result["peers"].items()
@@ -200,6 +200,11 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
               file=sys.stderr)
     _finish(args, result, "throughput")
     return 0
+
+
+def _threads(config: Any) -> int:
+    """CPU threads a peer gets: the engine's own setting, else every core."""
+    return config.num_threads or os.cpu_count() or 2
 
 
 def _decode_step(args: argparse.Namespace, config: Any) -> int:
@@ -247,8 +252,7 @@ def _latency(args: argparse.Namespace, config: Any) -> int:
             continue
         if peer == "llama-cpp":
             from conveyor.bench.llama_cpp_peer import latency
-            threads = config.num_threads or os.cpu_count() or 2
-            result["peers"][peer] = latency(engine.model_source, prompt, args.output_len, args.runs, threads)
+            result["peers"][peer] = latency(engine.model_source, prompt, args.output_len, args.runs, _threads(config))
         else:
             result["peers"][peer] = _hf_latency(engine.model_source, prompt, args.output_len, args.runs)
     print(json.dumps(result, indent=2))

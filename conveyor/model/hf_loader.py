@@ -37,6 +37,17 @@ def _rope_spec(config: dict[str, Any], path: str) -> RopeSpec:
                          f"llama3")
 
 
+def checkpoint_dtype(path: str) -> str | None:
+    """The dtype a Hugging Face folder's config.json names (None for GGUF files and when absent)."""
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        return None
+    with open(config_path) as f:
+        config = json.load(f)
+    value = config.get("dtype") or config.get("torch_dtype")
+    return value if isinstance(value, str) else None
+
+
 def read_hf_config(path: str) -> ModelSpec:
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):

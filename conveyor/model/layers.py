@@ -47,19 +47,15 @@ _PACK_BATCH_HINT = 64
 
 def _pack_for_onednn(weight: torch.Tensor) -> torch.Tensor | None:
     """W [out, in] bfloat16 on a CPU with native bf16 -> oneDNN-packed W; None where that does not apply."""
-    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not _onednn_bf16_available():
+    if weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or not native_bf16_cpu():
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
 
 
-def native_bf16_cpu() -> bool:
-    """This CPU computes bfloat16 natively (AVX-512 BF16 / AMX) and oneDNN can use it."""
-    return _onednn_bf16_available()
-
-
 @functools.cache
-def _onednn_bf16_available() -> bool:
-    """oneDNN is built in, the CPU has native bf16, and the private packing ops exist and agree with F.linear."""
+def native_bf16_cpu() -> bool:
+    """This CPU computes bfloat16 natively (AVX-512 BF16 / AMX): oneDNN is built in, sees native bf16,
+    and its private packing ops exist and agree with F.linear."""
     try:
         if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
             return False

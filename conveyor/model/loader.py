@@ -65,24 +65,13 @@ def resolve_dtype(requested: str, path: str, device_type: str, quantization: str
         return requested
     if quantization == "int4":
         return "bfloat16"
+    from conveyor.model.hf_loader import checkpoint_dtype
     if checkpoint_dtype(path) == "float32":
         return "float32"
     if device_type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     from conveyor.model.layers import native_bf16_cpu
     return "bfloat16" if native_bf16_cpu() else "float32"
-
-
-def checkpoint_dtype(path: str) -> str | None:
-    """The dtype a Hugging Face folder's config.json names (None for GGUF files and when absent)."""
-    config = os.path.join(path, "config.json")
-    if not os.path.isfile(config):
-        return None
-    import json
-    with open(config) as f:
-        data = json.load(f)
-    value = data.get("dtype") or data.get("torch_dtype")
-    return value if isinstance(value, str) else None
 
 
 def model_path(model: str | None) -> str:

@@ -14,24 +14,22 @@ and the host thread only runs Python and builds small tensors from lists.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, TypeVar
 
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.model.runner import ModelRunner, PreparedStep
-from conveyor.runtime.trace import DEVICE_LANE, Tracer
+from conveyor.runtime.base import Executor
+from conveyor.runtime.trace import Tracer
 
 T = TypeVar("T")
 
 
-class HostOverlapExecutor:
+class HostOverlapExecutor(Executor):
     pipelined = True
 
     def __init__(self, runner: ModelRunner, tracer: Tracer) -> None:
-        self.runner = runner
-        self.tracer = tracer
-        self.device_busy_s = 0.0
+        super().__init__(runner, tracer)
         self._host = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-host")
 
     def prepare(self, plan: StepPlan, previous: StepPlan | None) -> PreparedStep:
@@ -42,13 +40,9 @@ class HostOverlapExecutor:
                       host_work: Callable[[], T]) -> tuple[StepResult, T]:
         """Run the step here while `host_work` runs on the host thread; return both results."""
         pending = self._host.submit(host_work)
-        start = time.perf_counter()
         try:
-            result = self.runner.fetch(plan, self.runner.forward(prepared))
+            result = self.run_here(plan, prepared)
         finally:
-            end = time.perf_counter()
-            self.device_busy_s += end - start
-            self.tracer.add("forward+sample", DEVICE_LANE, start, end, step=plan.step_id, tokens=plan.num_tokens)
             host_result = pending.result()  # never leave host work running past this call
         return result, host_result
 

@@ -21,6 +21,7 @@ import torch
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.model.runner import ModelRunner, StepOutput, to_result
 from conveyor.model.sampler import SampleOutput
+from conveyor.runtime.base import Executor
 from conveyor.runtime.trace import DEVICE_LANE, Tracer
 
 
@@ -33,13 +34,11 @@ class InflightStep:
     finished: Any = None
 
 
-class PipelinedExecutor:
+class PipelinedExecutor(Executor):
     pipelined = True
 
     def __init__(self, runner: ModelRunner, tracer: Tracer) -> None:
-        self.runner = runner
-        self.tracer = tracer
-        self.device_busy_s = 0.0
+        super().__init__(runner, tracer)
         self._last_plan: StepPlan | None = None
         if not runner.info.is_cuda:
             raise ValueError("PipelinedExecutor drives CUDA streams; on CPU use HostOverlapExecutor")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from conveyor.core.plan import StepPlan, StepResult
-from conveyor.model.runner import ModelRunner
-from conveyor.runtime.trace import DEVICE_LANE, Tracer
+from conveyor.runtime.base import Executor
 
 
 @dataclass
@@ -16,23 +14,13 @@ class DoneHandle:
     result: StepResult
 
 
-class SyncExecutor:
+class SyncExecutor(Executor):
     pipelined = False
-
-    def __init__(self, runner: ModelRunner, tracer: Tracer) -> None:
-        self.runner = runner
-        self.tracer = tracer
-        self.device_busy_s = 0.0
 
     def submit(self, plan: StepPlan) -> DoneHandle:
         with self.tracer.span("prepare", step=plan.step_id):
             prepared = self.runner.prepare(plan)
-        start = time.perf_counter()
-        result = self.runner.fetch(plan, self.runner.forward(prepared))
-        end = time.perf_counter()
-        self.device_busy_s += end - start
-        self.tracer.add("forward+sample", DEVICE_LANE, start, end, step=plan.step_id, tokens=plan.num_tokens)
-        return DoneHandle(plan, result)
+        return DoneHandle(plan, self.run_here(plan, prepared))
 
     def wait(self, handle: DoneHandle) -> StepResult:
         return handle.result

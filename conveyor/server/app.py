@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -136,43 +136,48 @@ def build_app(state: ServerState) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         await _require_ready(state)
         prepared = await serving.prepare_completion(body)
-        rid, streams, tokenizer = await _admit(state, serving, prepared, "cmpl")
-        if body.stream:
-            return _sse(_stream_completion(streams, prepared, rid, state.options.model_name, tokenizer,
-                                           _include_usage(body), state))
-        outputs = await _until_disconnect(request, serving.collect(streams))
-        _raise_if_failed(outputs)
-        choices = []
-        for i, out in enumerate(outputs):
-            for c in out.outputs:
-                choices.append({"index": i * prepared.params.n + c.index, "text": c.text,
-                                "logprobs": completion_logprobs(tokenizer, c.logprobs),
-                                "finish_reason": finish_reason(c.finish_reason, out.error),
-                                "stop_reason": c.stop_reason})
-        state.metrics.requests.labels("ok").inc()
-        return JSONResponse({"id": rid, "object": "text_completion", "created": now(),
-                             "model": state.options.model_name, "choices": choices, "usage": usage(outputs)})
+
+        def choices(outputs: list[RequestOutput], tokenizer: Any) -> list[dict[str, Any]]:
+            return [{"index": i * prepared.params.n + c.index, "text": c.text,
+                     "logprobs": completion_logprobs(tokenizer, c.logprobs),
+                     "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason}
+                    for i, out in enumerate(outputs) for c in out.outputs]
+
+        return await _respond(state, serving, request, body, prepared, "cmpl", "text_completion",
+                              _stream_completion, choices)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         await _require_ready(state)
         prepared = await serving.prepare_chat(body)
-        rid, streams, tokenizer = await _admit(state, serving, prepared, "chatcmpl")
-        if body.stream:
-            return _sse(_stream_chat(streams, prepared, rid, state.options.model_name, tokenizer,
-                                     _include_usage(body), state))
-        outputs = await _until_disconnect(request, serving.collect(streams))
-        _raise_if_failed(outputs)
-        out = outputs[0]
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": chat_logprobs(tokenizer, c.logprobs),
-                    "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason}
-                   for c in out.outputs]
-        state.metrics.requests.labels("ok").inc()
-        return JSONResponse({"id": rid, "object": "chat.completion", "created": now(),
-                             "model": state.options.model_name, "choices": choices, "usage": usage(outputs)})
+
+        def choices(outputs: list[RequestOutput], tokenizer: Any) -> list[dict[str, Any]]:
+            out = outputs[0]
+            return [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                     "logprobs": chat_logprobs(tokenizer, c.logprobs),
+                     "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason}
+                    for c in out.outputs]
+
+        return await _respond(state, serving, request, body, prepared, "chatcmpl", "chat.completion",
+                              _stream_chat, choices)
 
     return app
+
+
+async def _respond(state: ServerState, serving: Serving, request: Request,
+                   body: CompletionRequest | ChatCompletionRequest, prepared: Prepared, id_prefix: str,
+                   object_name: str, stream: Callable[..., AsyncIterator[str]],
+                   choices: Callable[[list[RequestOutput], Any], list[dict[str, Any]]]) -> Response:
+    """Admit a prepared request, then stream it as SSE or collect it into one response body."""
+    rid, streams, tokenizer = await _admit(state, serving, prepared, id_prefix)
+    if body.stream:
+        return _sse(stream(streams, prepared, rid, state.options.model_name, tokenizer, _include_usage(body), state))
+    outputs = await _until_disconnect(request, serving.collect(streams))
+    _raise_if_failed(outputs)
+    body_choices = choices(outputs, tokenizer)
+    state.metrics.requests.labels("ok").inc()
+    return JSONResponse({"id": rid, "object": object_name, "created": now(), "model": state.options.model_name,
+                         "choices": body_choices, "usage": usage(outputs)})
 
 
 async def _admit(state: ServerState, serving: Serving, prepared: Prepared,
