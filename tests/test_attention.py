@@ -9,8 +9,22 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.model.attention import build_attention_batch, paged_attention
+from conveyor.model.native import DecodeAttention, NativeUnavailable, load_decode_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 8, 4
+
+
+@pytest.fixture(params=["torch", "native"])
+def decode_op(request: pytest.FixtureRequest) -> DecodeAttention | None:
+    """Each test runs on the torch reference path and on the native decode kernel."""
+    if request.param == "torch":
+        return None
+    try:
+        return load_decode_attention()
+    except NativeUnavailable as exc:
+        if "needs" in str(exc) or "Linux only" in str(exc):  # no compiler here: nothing to test
+            pytest.skip(str(exc))
+        raise
 
 
 def _reference(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, start: int) -> torch.Tensor:
@@ -25,7 +39,7 @@ def _reference(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, start:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_mixed_ragged_batch_matches_sdpa(seed: int) -> None:
+def test_mixed_ragged_batch_matches_sdpa(seed: int, decode_op: DecodeAttention | None) -> None:
     """Decodes, fresh prefills and chunks behind a cached prefix in one flattened batch."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -54,7 +68,7 @@ def test_mixed_ragged_batch_matches_sdpa(seed: int) -> None:
     k_new = torch.cat([h[0][s:] for h, s in zip(history, starts)])  # [n_tokens, kv_heads, d]
     v_new = torch.cat([h[1][s:] for h, s in zip(history, starts)])
     batch = build_attention_batch(starts, lengths, tables, BLOCK)
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5)  # [n_tokens, heads * d]
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5, decode_op)  # [n_tokens, heads * d]
 
     row = 0
     for (k_hist, v_hist), start, n in zip(history, starts, lengths):
@@ -67,7 +81,7 @@ def test_mixed_ragged_batch_matches_sdpa(seed: int) -> None:
             torch.testing.assert_close(k_cache[table[pos // BLOCK], pos % BLOCK], k_hist[pos])
 
 
-def test_decode_only_batch_matches_sdpa() -> None:
+def test_decode_only_batch_matches_sdpa(decode_op: DecodeAttention | None) -> None:
     torch.manual_seed(7)
     k_cache = torch.randn(16, BLOCK, KV_HEADS, HEAD_DIM)
     v_cache = torch.randn(16, BLOCK, KV_HEADS, HEAD_DIM)
@@ -78,7 +92,7 @@ def test_decode_only_batch_matches_sdpa() -> None:
     v_new = torch.randn(3, KV_HEADS, HEAD_DIM)
     batch = build_attention_batch([c - 1 for c in contexts], [1, 1, 1], tables, BLOCK)
     assert not batch.prefills and len(batch.decode_groups) == 1
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5)
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5, decode_op)
     for i, (table, ctx) in enumerate(zip(tables, contexts)):
         k_all = torch.cat([k_cache[b] for b in table])[:ctx]  # [ctx, kv_heads, d] (new token already written)
         v_all = torch.cat([v_cache[b] for b in table])[:ctx]
@@ -86,7 +100,7 @@ def test_decode_only_batch_matches_sdpa() -> None:
         torch.testing.assert_close(out[i:i + 1], _reference(q[i:i + 1], k_all, v_all, ctx - 1), atol=1e-5, rtol=1e-5)
 
 
-def test_many_decodes_in_length_groups_with_a_prefill_match_sdpa() -> None:
+def test_many_decodes_in_length_groups_with_a_prefill_match_sdpa(decode_op: DecodeAttention | None) -> None:
     """More decodes than one group holds, unsorted lengths, plus a prefill in the middle of the batch."""
     torch.manual_seed(11)
     rng = random.Random(11)
@@ -108,7 +122,7 @@ def test_many_decodes_in_length_groups_with_a_prefill_match_sdpa() -> None:
     v_new = torch.randn(n_tokens, KV_HEADS, HEAD_DIM)
     batch = build_attention_batch(starts, lengths, tables, BLOCK)
     assert len(batch.decode_groups) >= 2
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5)
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5, decode_op)
     row = 0
     for start, n, table in zip(starts, lengths, tables):
         k_all = torch.cat([k_cache[b] for b in table])[:start + n]  # after the step's writes

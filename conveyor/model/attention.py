@@ -8,9 +8,11 @@ Token t of a request lives in slot  block_table[t // block_size] * block_size + 
     slots      28..31   | 8 9
 
 Every layer first writes this step's K/V through the slot mapping, then attends:
-  - decodes (one query token each) are batched, in groups of similar context length
-    (less padding): a group's blocks are gathered into
-    [group, max_context, kv_heads, head_dim] and masked by context length;
+  - decodes (one query token each) are batched. With the native CPU kernel (model/native.py)
+    they attend in place through their block tables, all in one call. Otherwise (torch
+    reference, any device) they go in groups of similar context length (less padding): a
+    group's blocks are gathered into [group, max_context, kv_heads, head_dim] and masked by
+    context length;
   - prefill chunks attend one by one: a chunk with no cached context uses its own K/V
     with a causal mask; a chunk behind cached tokens gathers its blocks and uses an
     offset-causal mask. Each request attends only over its own blocks.
@@ -23,6 +25,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from conveyor.model.native import DecodeAttention
 
 
 @dataclass
@@ -65,10 +69,13 @@ class AttentionBatch:
 
 
 def build_attention_batch(starts: list[int], lengths: list[int], tables: list[list[int]], block_size: int,
-                          to_device: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> AttentionBatch:
+                          to_device: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+                          decode_group_size: int = DECODE_GROUP_SIZE) -> AttentionBatch:
     """Metadata shared by all layers of one step, from plain per-sequence lists.
 
     Tensors are built on the host, then moved by `to_device` (a pinned, non-blocking copy on CUDA).
+    The native decode kernel pads nothing, so it takes all decodes as one group
+    (decode_group_size >= their number; they then stay in batch order).
     """
     slots: list[int] = []
     decode_rows: list[int] = []
@@ -92,9 +99,9 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
         row += n
     groups = []
     order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
-    single = len(order) <= DECODE_GROUP_SIZE
-    for start in range(0, len(order), DECODE_GROUP_SIZE):
-        members = sorted(order[start:start + DECODE_GROUP_SIZE]) if single else order[start:start + DECODE_GROUP_SIZE]
+    single = len(order) <= decode_group_size
+    for start in range(0, len(order), decode_group_size):
+        members = sorted(order[start:start + decode_group_size]) if single else order[start:start + decode_group_size]
         rows = [decode_rows[i] for i in members]
         width = max(len(decode_tables[i]) for i in members)
         padded = [decode_tables[i] + [0] * (width - len(decode_tables[i])) for i in members]
@@ -130,10 +137,12 @@ def additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
+                    v_cache: torch.Tensor, batch: AttentionBatch, scale: float,
+                    decode_op: DecodeAttention | None = None) -> torch.Tensor:
     """q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (this step's).
 
-    Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first.
+    Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first. Decodes go to
+    `decode_op` (the native kernel) when given, else through the torch gather + SDPA path.
     """
     num_tokens, heads, head_dim = q.shape
     kv_heads = k.shape[1]
@@ -142,18 +151,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 
     for group in batch.decode_groups:
         n = group.block_tables.shape[0]
-        flat = group.block_tables.view(-1)  # [n * max_blocks]
-        if group.mask is None:
-            k_pos = torch.arange(flat.shape[0] // n * k_cache.shape[1], device=q.device)  # [max_context]
-            valid = k_pos[None, :] < group.context_lens[:, None]  # [n, max_context]
-            group.mask = additive_mask(valid, q.dtype)[:, None, None, :]  # [n, 1, 1, max_context]
-        keys = gather_blocks(k_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
-        values = gather_blocks(v_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
         q_dec = q[:n] if group.in_order else q.index_select(0, group.rows)  # [n, heads, head_dim]
-        # Fold the query heads of one KV group into the query-length axis: [n, kv_heads, group, head_dim]
-        q_dec = q_dec.reshape(n, kv_heads, heads // kv_heads, head_dim)
-        o = F.scaled_dot_product_attention(q_dec, keys, values, attn_mask=group.mask, scale=scale)
-        o = o.reshape(n, heads, head_dim)  # [n, heads, head_dim]
+        if decode_op is not None:
+            o = decode_op(q_dec, k_cache, v_cache, group.block_tables, group.context_lens, scale)  # [n, heads, d]
+        else:
+            o = _gathered_decode(q_dec, k_cache, v_cache, group, scale)  # [n, heads, head_dim]
         if group.in_order and n == num_tokens:
             out = o
         else:
@@ -176,3 +178,21 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=chunk.mask, scale=scale, enable_gqa=True)
         out[rows] = o.transpose(0, 1)  # [chunk, heads, head_dim]
     return out.reshape(num_tokens, heads * head_dim)
+
+
+def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
+                     scale: float) -> torch.Tensor:
+    """The torch reference for a decode group: gather its blocks, pad, mask, SDPA. -> [n, heads, head_dim]."""
+    n, heads, head_dim = q_dec.shape
+    kv_heads = k_cache.shape[2]
+    flat = group.block_tables.view(-1)  # [n * max_blocks]
+    if group.mask is None:
+        k_pos = torch.arange(flat.shape[0] // n * k_cache.shape[1], device=q_dec.device)  # [max_context]
+        valid = k_pos[None, :] < group.context_lens[:, None]  # [n, max_context]
+        group.mask = additive_mask(valid, q_dec.dtype)[:, None, None, :]  # [n, 1, 1, max_context]
+    keys = gather_blocks(k_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
+    values = gather_blocks(v_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
+    # Fold the query heads of one KV group into the query-length axis: [n, kv_heads, group, head_dim]
+    q_grouped = q_dec.reshape(n, kv_heads, heads // kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(q_grouped, keys, values, attn_mask=group.mask, scale=scale)
+    return o.reshape(n, heads, head_dim)

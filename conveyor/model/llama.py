@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.model.attention import AttentionBatch, paged_attention
+from conveyor.model.native import DecodeAttention
 from conveyor.model.layers import Projection, RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
 from conveyor.model.quant import make_projection
 from conveyor.model.spec import ModelSpec
@@ -15,13 +16,16 @@ class LlamaModel:
     """Weights (fused QKV and gate/up) plus the forward pass; holds no per-request state."""
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_positions: int,
-                 device: torch.device, quantization: str | None = None) -> None:
+                 device: torch.device, quantization: str | None = None,
+                 decode_attention: DecodeAttention | None = None) -> None:
         self.spec = spec
         self.device = device
         w = {name: t.to(device) for name, t in weights.items()}
         self.dtype = w["embed"].dtype
         self.rotary = RotaryEmbedding(spec.rope, spec.head_dim, max_positions, device)
         self.scale = spec.head_dim ** -0.5
+        self.decode_attention = decode_attention
+        """The native decode kernel, or None for the torch reference path."""
         self.embed = w["embed"]  # [vocab, hidden]
         self.final_norm = w["final_norm"]
         self.lm_head = Projection(w.get("lm_head", w["embed"]))  # tied to the embedding when absent
@@ -47,7 +51,7 @@ class LlamaModel:
                 qk = qkv[:, :spec.q_size + spec.kv_size].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
                 qk = apply_rotary(qk, cos, sin)  # [num_tokens, heads + kv_heads, head_dim]
                 q, k = qk[:, :spec.num_heads], qk[:, spec.num_heads:]
-            attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale)  # [num_tokens, heads * head_dim]
+            attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, self.decode_attention)  # [num_tokens, heads * head_dim]
             h = h + layer.o_proj(attn)
             x = rms_norm(h, layer.post_norm, spec.rms_norm_eps)
             h = h + layer.down(silu_and_mul(layer.gate_up(x)))  # [num_tokens, hidden]

@@ -13,9 +13,10 @@ from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
 from conveyor.core.kv_cache import CachePlan
 from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
-from conveyor.model.attention import AttentionBatch, build_attention_batch
+from conveyor.model.attention import DECODE_GROUP_SIZE, AttentionBatch, build_attention_batch
 from conveyor.model.llama import LlamaModel
 from conveyor.model.loader import LoadedModel
+from conveyor.model.native import resolve_decode_attention
 from conveyor.model.sampler import SampleOutput, SamplingTensors, raw_logprobs, sample
 from conveyor.model.sampling_inputs import build_sampling_tensors
 from conveyor.runtime.device import DeviceInfo, available_memory
@@ -90,7 +91,12 @@ class ModelRunner:
         if config.quantization == "int4" and info.device.type != "cpu":
             raise ConfigError(f"quantization='int4' uses torch's CPU int4 kernel and cannot run on {info.name}; "
                               f"use device='cpu', or leave quantization unset (dtype='bfloat16' is fast on GPUs)")
-        self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device, config.quantization)
+        decode_attention = resolve_decode_attention(config.attention_backend, info.device)
+        self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device, config.quantization,
+                                decode_attention)
+        self.decode_group_size = DECODE_GROUP_SIZE if decode_attention is None else 2**31
+        """Decodes per attention group: the torch path pads each group to its longest context; the
+        native kernel pads nothing and takes them all at once."""
         loaded.weights.clear()  # the model holds its own (device) copies now
         element = torch.empty((), dtype=self.model.dtype).element_size()
         self.cache_plan = plan_kv_cache(config, info, self.spec.kv_bytes_per_token(element), max_model_len)
@@ -185,7 +191,8 @@ class ModelRunner:
             input_ids=t(torch.tensor(ids, dtype=torch.int64)),
             positions=t(torch.tensor(positions, dtype=torch.int64)),
             batch=build_attention_batch([s.start_position for s in computing], [s.num_tokens for s in computing],
-                                        [s.block_table for s in computing], self.block_size, t) if computing else None,
+                                        [s.block_table for s in computing], self.block_size, t,
+                                        self.decode_group_size) if computing else None,
             sample_rows=index(sample_rows), sampling=sampling,
             placeholder_positions=index(holes), placeholder_sources=index(sources),
             history_holes=index(history_holes), history_sources=index(history_sources),

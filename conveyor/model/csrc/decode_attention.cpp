@@ -1,0 +1,260 @@
+// Paged decode attention for CPUs: one query token per sequence attends over its own KV
+// blocks, read in place through the block table (no gather into a padded copy, no mask).
+//
+// Work item = (sequence, KV head). Its query heads (heads / kv_heads of them: the GQA group)
+// share every key and value row it loads. Two passes over the context: scores (q . k in
+// float32), then softmax weights times V, accumulated in float32.
+//
+// With AVX-512 and a common shape (head_dim 64 or 128, group 1..8, float32 or bfloat16) an
+// unrolled path keeps the scaled query rows and the output accumulators in registers; any
+// other shape or CPU runs the portable loops. Built at run time for the CPU it runs on (see
+// conveyor/model/native.py), with -ffast-math only for the compile step (vectorized expf).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+template <typename T>
+inline void row_to_float(const T* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) dst[d] = static_cast<float>(src[d]);
+}
+
+// bfloat16 -> float32 is a 16-bit shift of the bits; written on integers so that it vectorizes.
+inline void row_to_float(const c10::BFloat16* src, float* dst, int64_t n) {
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* wide = reinterpret_cast<uint32_t*>(dst);
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) wide[d] = static_cast<uint32_t>(bits[d]) << 16;
+}
+
+inline int64_t slot_of(const int64_t* table, int64_t t, int64_t block_size) {
+  return table[t / block_size] * block_size + t % block_size;
+}
+
+// scores: [rows, ctx] -> softmax along ctx, in place.
+void softmax_rows(float* scores, int64_t rows, int64_t ctx) {
+  for (int64_t g = 0; g < rows; ++g) {
+    float* s = scores + g * ctx;
+    float peak = s[0];
+#pragma omp simd reduction(max : peak)
+    for (int64_t t = 0; t < ctx; ++t) peak = s[t] > peak ? s[t] : peak;
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t t = 0; t < ctx; ++t) {
+      s[t] = std::exp(s[t] - peak);
+      total += s[t];
+    }
+    const float inv = 1.f / total;
+#pragma omp simd
+    for (int64_t t = 0; t < ctx; ++t) s[t] *= inv;
+  }
+}
+
+struct Item {  // one (sequence, KV head): where its inputs and outputs live
+  int64_t ctx, block_size, kv_heads, kv_head, head_dim, group, q_head_stride;
+  const int64_t* table;
+  float scale;
+};
+
+// Portable path: any head_dim, group and floating dtype.
+template <typename T>
+void attend_item(const Item& it, const T* q, const T* k_cache, const T* v_cache, float* scores, T* out) {
+  const int64_t D = it.head_dim, G = it.group;
+  std::vector<float> q_rows(G * D), acc(G * D, 0.f), row(D);
+  for (int64_t g = 0; g < G; ++g) {
+    row_to_float(q + g * it.q_head_stride, q_rows.data() + g * D, D);
+    for (int64_t d = 0; d < D; ++d) q_rows[g * D + d] *= it.scale;
+  }
+  for (int64_t t = 0; t < it.ctx; ++t) {  // pass 1: scores[g][t] = (scale * q_g) . k_t
+    const int64_t slot = slot_of(it.table, t, it.block_size);
+    row_to_float(k_cache + (slot * it.kv_heads + it.kv_head) * D, row.data(), D);
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = q_rows.data() + g * D;
+      float s = 0.f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t d = 0; d < D; ++d) s += qg[d] * row[d];
+      scores[g * it.ctx + t] = s;
+    }
+  }
+  softmax_rows(scores, G, it.ctx);
+  for (int64_t t = 0; t < it.ctx; ++t) {  // pass 2: acc[g] = sum_t p[g][t] * v_t
+    const int64_t slot = slot_of(it.table, t, it.block_size);
+    row_to_float(v_cache + (slot * it.kv_heads + it.kv_head) * D, row.data(), D);
+    for (int64_t g = 0; g < G; ++g) {
+      const float p = scores[g * it.ctx + t];
+      float* a = acc.data() + g * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) a[d] += p * row[d];
+    }
+  }
+  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<T>(acc[i]);
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {  // 16 bfloat16 -> 16 float32 (bits shifted into the high half)
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+// Rows of a context are scattered over blocks (and interleaved with the other KV heads), which the
+// hardware prefetcher follows poorly: each pass requests the row it needs PREFETCH_AHEAD tokens
+// ahead. Pass 1 also requests the V rows (into L2) that pass 2 reads next.
+constexpr int64_t PREFETCH_AHEAD = 16;
+
+template <typename T, int D>
+inline void prefetch_row(const T* row, int hint) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int offset = 0; offset < D * static_cast<int>(sizeof(T)); offset += 64) {
+    if (hint == 0) _mm_prefetch(p + offset, _MM_HINT_T0);
+    else _mm_prefetch(p + offset, _MM_HINT_T1);
+  }
+}
+
+// AVX-512 path for G query heads of dimension 16 * V: query rows and accumulators in registers.
+template <typename T, int G, int V>
+void attend_item_avx512(const Item& it, const T* q, const T* k_cache, const T* v_cache, float* scores, T* out) {
+  constexpr int D = 16 * V;
+  const int64_t ctx = it.ctx, stride = it.kv_heads * D;
+  const T* k_base = k_cache + it.kv_head * D;
+  const T* v_base = v_cache + it.kv_head * D;
+  __m512 qv[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < V; ++j)
+      qv[g][j] = _mm512_mul_ps(load16(q + g * it.q_head_stride + 16 * j), _mm512_set1_ps(it.scale));
+  for (int64_t t = 0; t < ctx; ++t) {  // pass 1: scores
+    if (t + PREFETCH_AHEAD < ctx) {
+      const int64_t ahead = slot_of(it.table, t + PREFETCH_AHEAD, it.block_size) * stride;
+      prefetch_row<T, D>(k_base + ahead, 0);
+      prefetch_row<T, D>(v_base + ahead, 1);
+    }
+    const T* k = k_base + slot_of(it.table, t, it.block_size) * stride;
+    __m512 kv[V];
+    for (int j = 0; j < V; ++j) kv[j] = load16(k + 16 * j);
+    for (int g = 0; g < G; ++g) {
+      __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
+      for (int j = 1; j < V; ++j) acc = _mm512_fmadd_ps(qv[g][j], kv[j], acc);
+      scores[g * ctx + t] = _mm512_reduce_add_ps(acc);
+    }
+  }
+  softmax_rows(scores, G, ctx);
+  __m512 acc[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < V; ++j) acc[g][j] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < ctx; ++t) {  // pass 2: weights times V
+    if (t + PREFETCH_AHEAD < ctx) prefetch_row<T, D>(v_base + slot_of(it.table, t + PREFETCH_AHEAD, it.block_size) * stride, 0);
+    const T* v = v_base + slot_of(it.table, t, it.block_size) * stride;
+    __m512 vv[V];
+    for (int j = 0; j < V; ++j) vv[j] = load16(v + 16 * j);
+    for (int g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(scores[g * ctx + t]);
+      for (int j = 0; j < V; ++j) acc[g][j] = _mm512_fmadd_ps(p, vv[j], acc[g][j]);
+    }
+  }
+  alignas(64) float row[D];
+  for (int g = 0; g < G; ++g) {
+    for (int j = 0; j < V; ++j) _mm512_store_ps(row + 16 * j, acc[g][j]);
+    for (int d = 0; d < D; ++d) out[g * D + d] = static_cast<T>(row[d]);
+  }
+}
+
+template <typename T, int V>
+bool attend_avx512_group(const Item& it, const T* q, const T* k, const T* v, float* scores, T* out) {
+  switch (it.group) {
+    case 1: attend_item_avx512<T, 1, V>(it, q, k, v, scores, out); return true;
+    case 2: attend_item_avx512<T, 2, V>(it, q, k, v, scores, out); return true;
+    case 3: attend_item_avx512<T, 3, V>(it, q, k, v, scores, out); return true;
+    case 4: attend_item_avx512<T, 4, V>(it, q, k, v, scores, out); return true;
+    case 5: attend_item_avx512<T, 5, V>(it, q, k, v, scores, out); return true;
+    case 6: attend_item_avx512<T, 6, V>(it, q, k, v, scores, out); return true;
+    case 7: attend_item_avx512<T, 7, V>(it, q, k, v, scores, out); return true;
+    case 8: attend_item_avx512<T, 8, V>(it, q, k, v, scores, out); return true;
+    default: return false;
+  }
+}
+
+template <typename T>
+bool attend_avx512(const Item& it, const T* q, const T* k, const T* v, float* scores, T* out) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    if (it.head_dim == 64) return attend_avx512_group<T, 4>(it, q, k, v, scores, out);
+    if (it.head_dim == 128) return attend_avx512_group<T, 8>(it, q, k, v, scores, out);
+  }
+  return false;
+}
+#else
+template <typename T>
+bool attend_avx512(const Item&, const T*, const T*, const T*, float*, T*) { return false; }
+#endif
+
+template <typename T>
+void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                             const torch::Tensor& block_tables, const torch::Tensor& context_lens,
+                             torch::Tensor& out, double scale) {
+  const int64_t num_seqs = q.size(0), heads = q.size(1), head_dim = q.size(2);
+  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2), max_blocks = block_tables.size(1);
+  const int64_t group = heads / kv_heads, q_seq_stride = q.stride(0), q_head_stride = q.stride(1);
+  const T* q_ptr = q.data_ptr<T>();
+  const T* k_ptr = k_cache.data_ptr<T>();
+  const T* v_ptr = v_cache.data_ptr<T>();
+  const int64_t* table_ptr = block_tables.data_ptr<int64_t>();
+  const int64_t* len_ptr = context_lens.data_ptr<int64_t>();
+  T* out_ptr = out.data_ptr<T>();
+
+  at::parallel_for(0, num_seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t seq = index / kv_heads, kv_head = index % kv_heads;
+      const Item it{len_ptr[seq], block_size, kv_heads, kv_head, head_dim, group, q_head_stride,
+                    table_ptr + seq * max_blocks, static_cast<float>(scale)};
+      scores.resize(group * it.ctx);
+      const T* q_item = q_ptr + seq * q_seq_stride + kv_head * group * q_head_stride;
+      T* out_item = out_ptr + (seq * heads + kv_head * group) * head_dim;
+      if (!attend_avx512(it, q_item, k_ptr, v_ptr, scores.data(), out_item))
+        attend_item(it, q_item, k_ptr, v_ptr, scores.data(), out_item);
+    }
+  });
+}
+
+}  // namespace
+
+// q [num_seqs, heads, head_dim] (last dim contiguous); k_cache, v_cache
+// [num_blocks, block_size, kv_heads, head_dim] contiguous; block_tables [num_seqs, max_blocks]
+// int64; context_lens [num_seqs] int64, each in 1..max_blocks * block_size.
+// Returns [num_seqs, heads, head_dim] in q's dtype.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                               const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "decode_attention runs on CPU tensors");
+  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [num_seqs, heads, head_dim] with a contiguous last dim");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes(),
+              "caches must be contiguous [num_blocks, block_size, kv_heads, head_dim] of one shape");
+  TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0,
+              "head_dim must match the cache's and heads must be a multiple of kv_heads");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "q and the caches must share a dtype");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == q.size(0) &&
+                  block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous() &&
+                  context_lens.dim() == 1 && context_lens.size(0) == q.size(0) &&
+                  context_lens.scalar_type() == torch::kInt64 && context_lens.is_contiguous(),
+              "block_tables [num_seqs, max_blocks] and context_lens [num_seqs] must be contiguous int64");
+  auto out = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
+    decode_attention_kernel<scalar_t>(q, k_cache, v_cache, block_tables, context_lens, out, scale);
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "Paged decode attention over block tables (CPU)");
+}
