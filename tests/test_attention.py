@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.model.attention import build_attention_batch, paged_attention
-from conveyor.model.native import DecodeAttention, NativeUnavailable, load_decode_attention
+from conveyor.model.native import DecodeAttention, NativeUnavailable, load_kernels
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 8, 4
 
@@ -20,7 +20,7 @@ def decode_op(request: pytest.FixtureRequest) -> DecodeAttention | None:
     if request.param == "torch":
         return None
     try:
-        return load_decode_attention()
+        return load_kernels().decode_attention
     except NativeUnavailable as exc:
         if "needs" in str(exc) or "Linux only" in str(exc):  # no compiler here: nothing to test
             pytest.skip(str(exc))

@@ -1,4 +1,5 @@
-"""The native decode-attention kernel against a float64 reference, on every code path it has."""
+"""The native CPU kernels against references: decode attention against float64 on every code path it has,
+the fused norm and activation against the torch ops they replace, and the engine across both backends."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from conftest import build_tiny_model
 from conveyor import LLM
 from conveyor.errors import ConfigError
 from conveyor.model import native
-from conveyor.model.native import NativeUnavailable, load_decode_attention, resolve_decode_attention
+from conveyor.model.layers import rms_norm, silu_and_mul
+from conveyor.model.native import NativeUnavailable, load_kernels, resolve_kernels
 
 
 @pytest.fixture(scope="module")
-def kernel() -> native.DecodeAttention:
+def kernels() -> native.NativeKernels:
     try:
-        return load_decode_attention()
+        return load_kernels()
     except NativeUnavailable as exc:
         if "needs" in str(exc) or "Linux only" in str(exc):  # no compiler here: nothing to test
             pytest.skip(str(exc))
@@ -46,7 +48,7 @@ def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ta
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 1, 128), (6, 2, 8), (9, 1, 64)])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_kernel_matches_float64_reference(kernel: native.DecodeAttention, dtype: torch.dtype, heads: int,
+def test_kernel_matches_float64_reference(kernels: native.NativeKernels, dtype: torch.dtype, heads: int,
                                           kv_heads: int, head_dim: int, block_size: int) -> None:
     gen = torch.Generator().manual_seed(heads * 1000 + head_dim + block_size)
     num_blocks, seqs = 96, 7
@@ -59,7 +61,7 @@ def test_kernel_matches_float64_reference(kernel: native.DecodeAttention, dtype:
     wide = torch.randn(seqs, heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
     q = wide[:, :heads]  # [seqs, heads, head_dim]
     scale = head_dim ** -0.5
-    got = kernel(q, k_cache, v_cache, tables, lens, scale)
+    got = kernels.decode_attention(q, k_cache, v_cache, tables, lens, scale)
     exact = _reference(q, k_cache, v_cache, tables, lens, scale, torch.float64)
     same_dtype = _reference(q, k_cache, v_cache, tables, lens, scale, dtype)  # SDPA in the same dtype
     err = (got.double() - exact).abs().max().item()
@@ -69,7 +71,8 @@ def test_kernel_matches_float64_reference(kernel: native.DecodeAttention, dtype:
     assert err <= max(2 * sdpa_err, 1e-6), (err, sdpa_err)
 
 
-def test_kernel_rejects_bad_inputs_with_reasons(kernel: native.DecodeAttention) -> None:
+def test_kernel_rejects_bad_inputs_with_reasons(kernels: native.NativeKernels) -> None:
+    kernel = kernels.decode_attention
     cache = torch.zeros(4, 4, 2, 8)
     tables, lens = torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="share a dtype"):
@@ -80,7 +83,7 @@ def test_kernel_rejects_bad_inputs_with_reasons(kernel: native.DecodeAttention) 
         kernel(torch.zeros(1, 3, 8), cache, cache, tables, lens, 1.0)
 
 
-def test_loading_the_kernel_leaves_denormals_alone(kernel: native.DecodeAttention) -> None:
+def test_loading_the_kernels_leaves_denormals_alone(kernels: native.NativeKernels) -> None:
     """-ffast-math is a compile flag only; linked in, it would switch the process to flush-to-zero."""
     tiny = torch.tensor([1e-39], dtype=torch.float32)  # a float32 denormal
     assert (tiny * 0.5).item() != 0.0
@@ -99,7 +102,7 @@ def test_engine_tokens_match_between_backends(tmp_path: Path, head_dim: int) -> 
     outs = {}
     for backend in ("torch", "native"):
         try:
-            llm = LLM(model=folder, attention_backend=backend, async_batching=False, dtype="float32")
+            llm = LLM(model=folder, kernels=backend, async_batching=False, dtype="float32")
         except ConfigError as exc:
             pytest.skip(str(exc))
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -107,19 +110,62 @@ def test_engine_tokens_match_between_backends(tmp_path: Path, head_dim: int) -> 
 
 
 def test_backend_choice_errors_and_fallback(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    with pytest.raises(ConfigError, match="attention_backend='bogus' is not supported"):
-        LLM(attention_backend="bogus")
+    with pytest.raises(ConfigError, match="kernels='bogus' is not supported"):
+        LLM(kernels="bogus")
     with pytest.raises(ConfigError, match="cannot run on cuda"):
-        resolve_decode_attention("native", torch.device("cuda"))
-    assert resolve_decode_attention("auto", torch.device("cuda")) is None
-    assert resolve_decode_attention("torch", torch.device("cpu")) is None
+        resolve_kernels("native", torch.device("cuda"))
+    assert resolve_kernels("auto", torch.device("cuda")) is None
+    assert resolve_kernels("torch", torch.device("cpu")) is None
 
     def unavailable() -> None:
-        raise NativeUnavailable("building the native attention kernel needs c++ on PATH (install g++)")
+        raise NativeUnavailable("building the native kernels needs c++ on PATH (install g++)")
 
-    monkeypatch.setattr(native, "load_decode_attention", unavailable)
-    with pytest.raises(ConfigError, match="needs c\\+\\+ on PATH .*attention_backend='auto'"):
-        resolve_decode_attention("native", torch.device("cpu"))
+    monkeypatch.setattr(native, "load_kernels", unavailable)
+    with pytest.raises(ConfigError, match="needs c\\+\\+ on PATH .*kernels='auto'"):
+        resolve_kernels("native", torch.device("cpu"))
     with caplog.at_level(logging.WARNING, logger="conveyor.model.native"):
-        assert resolve_decode_attention("auto", torch.device("cpu")) is None
-    assert "using the torch reference" in caplog.text
+        assert resolve_kernels("auto", torch.device("cpu")) is None
+    assert "using torch's ops" in caplog.text
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in units of the last place, for same-sign finite values of one low-precision dtype."""
+    bits = {torch.bfloat16: torch.int16, torch.float16: torch.int16}[a.dtype]
+    return (a.view(bits).int() - b.view(bits).int()).abs()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_add_rms_norm_matches_torch(kernels: native.NativeKernels, dtype: torch.dtype, rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    h = (torch.randn(rows, 576, generator=gen) * 3).to(dtype)
+    delta = torch.randn(rows, 576, generator=gen).to(dtype)
+    weight = (1 + 0.3 * torch.randn(576, generator=gen)).to(dtype)
+    want_h = h + delta
+    want = rms_norm(want_h, weight, 1e-5)
+    got_h = h.clone()
+    got = kernels.add_rms_norm(got_h, delta, weight, 1e-5)
+    assert torch.equal(got_h, want_h)  # the residual sum, in place, rounded exactly like torch's add
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
+    else:  # same rounding steps; only the float32 sum of squares runs in another order, which can move
+        # the rounded normalised value by an ulp, and so the product with the weight by at most two
+        ulps = _ulps_apart(got, want)
+        assert ulps.max().item() <= 2 and (ulps == 0).float().mean().item() > 0.99
+    no_delta = kernels.add_rms_norm(want_h.clone(), None, weight, 1e-5)
+    torch.testing.assert_close(no_delta, got, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_silu_and_mul_matches_torch(kernels: native.NativeKernels, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    gate_up = (torch.randn(9, 2 * 1536, generator=gen) * 4).to(dtype)
+    gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp overflow and zeros
+    want = silu_and_mul(gate_up)
+    got = kernels.silu_and_mul(gate_up)
+    assert got.shape == want.shape and not got.isnan().any()
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    else:  # silu rounded before it multiplies up, as in torch; exp differs from torch's by an ulp at most
+        assert (got.float() - want.float()).abs().max().item() <= (want.float().abs() * 2 ** -6).max().item()
+        assert (got == want).float().mean().item() > 0.98

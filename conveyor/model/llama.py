@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.model.attention import AttentionBatch, paged_attention
-from conveyor.model.native import DecodeAttention
+from conveyor.model.native import NativeKernels
 from conveyor.model.layers import Projection, RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
 from conveyor.model.quant import make_projection
 from conveyor.model.spec import ModelSpec
@@ -17,15 +17,15 @@ class LlamaModel:
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_positions: int,
                  device: torch.device, quantization: str | None = None,
-                 decode_attention: DecodeAttention | None = None) -> None:
+                 kernels: NativeKernels | None = None) -> None:
         self.spec = spec
         self.device = device
         w = {name: t.to(device) for name, t in weights.items()}
         self.dtype = w["embed"].dtype
         self.rotary = RotaryEmbedding(spec.rope, spec.head_dim, max_positions, device)
         self.scale = spec.head_dim ** -0.5
-        self.decode_attention = decode_attention
-        """The native decode kernel, or None for the torch reference path."""
+        self.kernels = kernels
+        """Native CPU kernels (model/native.py), or None for torch's ops."""
         self.embed = w["embed"]  # [vocab, hidden]
         self.final_norm = w["final_norm"]
         self.lm_head = Projection(w.get("lm_head", w["embed"]))  # tied to the embedding when absent
@@ -38,8 +38,9 @@ class LlamaModel:
         n = input_ids.shape[0]
         cos, sin = self.rotary.tables(positions, self.dtype)  # [num_tokens, 1, head_dim] each
         h = F.embedding(input_ids, self.embed)  # [num_tokens, hidden]
+        delta: torch.Tensor | None = None  # the previous layer's MLP output, not yet added to h
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            x = rms_norm(h, layer.input_norm, spec.rms_norm_eps)
+            h, x = self._add_norm(h, delta, layer.input_norm)  # h += delta; x = norm(h)
             qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
             v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.num_kv_heads, spec.head_dim)  # [tokens, kv_heads, d]
             if layer.q_norm is not None and layer.k_norm is not None:
@@ -51,15 +52,26 @@ class LlamaModel:
                 qk = qkv[:, :spec.q_size + spec.kv_size].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
                 qk = apply_rotary(qk, cos, sin)  # [num_tokens, heads + kv_heads, head_dim]
                 q, k = qk[:, :spec.num_heads], qk[:, spec.num_heads:]
-            attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, self.decode_attention)  # [num_tokens, heads * head_dim]
-            h = h + layer.o_proj(attn)
-            x = rms_norm(h, layer.post_norm, spec.rms_norm_eps)
-            h = h + layer.down(silu_and_mul(layer.gate_up(x)))  # [num_tokens, hidden]
-        return h
+            decode_op = self.kernels.decode_attention if self.kernels is not None else None
+            attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, decode_op)  # [tokens, heads * d]
+            h, x = self._add_norm(h, layer.o_proj(attn), layer.post_norm)
+            gate_up = layer.gate_up(x)  # [num_tokens, 2 * intermediate]
+            act = self.kernels.silu_and_mul(gate_up) if self.kernels is not None else silu_and_mul(gate_up)
+            delta = layer.down(act)  # [num_tokens, hidden]
+        return h if delta is None else h + delta
+
+    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None,
+                  weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (h + delta, rms_norm(h + delta) * weight); the native kernel adds into h in place."""
+        if self.kernels is not None:
+            return h, self.kernels.add_rms_norm(h, delta, weight, self.spec.rms_norm_eps)
+        if delta is not None:
+            h = h + delta
+        return h, rms_norm(h, weight, self.spec.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [rows, hidden] (only the rows that sample) -> [rows, vocab] float32 logits."""
-        x = rms_norm(hidden, self.final_norm, self.spec.rms_norm_eps)
+        _, x = self._add_norm(hidden.contiguous(), None, self.final_norm)
         return self.lm_head(x).float()
 
 

@@ -1,10 +1,13 @@
 """Native CPU kernels, compiled once per machine at first use (torch.utils.cpp_extension).
 
-Why: decode attention over a paged cache is a gather of every sequence's blocks into a padded
-copy plus SDPA in torch; on the 2-core AVX-512 machine that was ~45% of a 64-sequence bfloat16
-decode step. The kernel in csrc/decode_attention.cpp reads K/V in place through the block
-table: 2.8x faster at 64 sequences and 8x at one (benchmarks/RESULTS.md), and no less exact
-(checked against a float64 reference in tests/test_native_attention.py).
+Why: on the 2-core AVX-512 machine, decode attention over a paged cache (a gather of every
+sequence's blocks into a padded copy, then SDPA) was ~45% of a 64-sequence bfloat16 decode
+step, and the tiny per-layer ops of a single-sequence step (RMSNorm, residual adds, SiLU)
+cost more in dispatch than in arithmetic. csrc/ holds:
+  - decode_attention.cpp: reads K/V in place through the block table (2.8x faster than
+    gather + SDPA at 64 sequences, 8x at one; no less exact, checked against float64);
+  - norm_act.cpp: residual add fused with RMSNorm, and SiLU-and-mul, with transformers'
+    rounding order.
 
 It is built for the CPU at hand (-march=native), so the build's name carries a hash of the
 source, the CPU's feature flags and torch's version: another CPU or a changed source builds
@@ -23,7 +26,7 @@ import os
 import shutil
 import sysconfig
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -33,7 +36,23 @@ DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
 """(q [seqs, heads, d], k_cache, v_cache [blocks, block_size, kv_heads, d], block_tables [seqs, max_blocks]
 int64, context_lens [seqs] int64, scale) -> [seqs, heads, d]."""
 
-_SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
+
+class NativeKernels(Protocol):
+    """The compiled module (see csrc/bindings.cpp)."""
+
+    decode_attention: DecodeAttention
+
+    def add_rms_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """hidden [rows, dim] += delta in place (when given); -> RMSNorm(hidden) * weight [rows, dim]."""
+        ...
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up [rows, 2 * inner] -> silu(gate) * up [rows, inner]."""
+        ...
+
+
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp", "norm_act.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-strict-aliasing"]
 _LDFLAGS = ["-fopenmp", "-lmvec"]
 
@@ -55,11 +74,12 @@ def _cpu_flags() -> str:
 
 def _build_name() -> str:
     digest = hashlib.sha1()
-    digest.update(_SOURCE.read_bytes())
+    for source in _SOURCES:
+        digest.update(source.read_bytes())
     digest.update(" ".join(_CFLAGS + _LDFLAGS).encode())
     digest.update(_cpu_flags().encode())
     digest.update(torch.__version__.encode())
-    return f"conveyor_decode_attention_{digest.hexdigest()[:12]}"
+    return f"conveyor_kernels_{digest.hexdigest()[:12]}"
 
 
 def _ensure_ninja_on_path() -> None:
@@ -73,8 +93,8 @@ def _ensure_ninja_on_path() -> None:
 
 
 @functools.cache
-def load_decode_attention() -> DecodeAttention:
-    """The compiled kernel; raises NativeUnavailable (with the reason and the fix) where it cannot be had."""
+def load_kernels() -> NativeKernels:
+    """The compiled kernels; raises NativeUnavailable (with the reason and the fix) where they cannot be had."""
     import platform
 
     if platform.system() != "Linux":
@@ -82,36 +102,35 @@ def load_decode_attention() -> DecodeAttention:
     _ensure_ninja_on_path()
     missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
     if missing:
-        raise NativeUnavailable(f"building the native attention kernel needs {' and '.join(missing)} on PATH "
+        raise NativeUnavailable(f"building the native kernels needs {' and '.join(missing)} on PATH "
                                 f"(install a C++ compiler such as g++, and `pip install ninja`)")
     from torch.utils.cpp_extension import load
 
     name = _build_name()
-    logger.info("native attention kernel: loading %s (built once per machine, ~25 s on 2 cores)", name)
+    logger.info("native kernels: loading %s (built once per machine, ~40 s on 2 cores)", name)
     try:
-        module = load(name, [str(_SOURCE)], extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
+        module = load(name, [str(s) for s in _SOURCES], extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
     except Exception as exc:  # compiler errors arrive as RuntimeError / CalledProcessError / OSError
         text = str(exc).strip().splitlines()
-        raise NativeUnavailable(f"building the native attention kernel failed: {text[-1] if text else exc!r}") from exc
-    op: DecodeAttention = module.decode_attention
-    return op
+        raise NativeUnavailable(f"building the native kernels failed: {text[-1] if text else exc!r}") from exc
+    kernels: NativeKernels = module
+    return kernels
 
 
-def resolve_decode_attention(backend: str, device: torch.device) -> DecodeAttention | None:
-    """config.attention_backend -> the native kernel, or None for the torch reference (gather + SDPA)."""
+def resolve_kernels(backend: str, device: torch.device) -> NativeKernels | None:
+    """config.kernels -> the native kernels, or None for the torch reference ops."""
     if backend == "torch" or (backend == "auto" and device.type != "cpu"):
         return None
     from conveyor.errors import ConfigError
 
     if device.type != "cpu":
-        raise ConfigError(f"attention_backend='native' is a CPU kernel and cannot run on {device}; "
-                          f"use attention_backend='auto' or 'torch'")
+        raise ConfigError(f"kernels='native' are CPU kernels and cannot run on {device}; "
+                          f"use kernels='auto' or 'torch'")
     try:
-        return load_decode_attention()
+        return load_kernels()
     except NativeUnavailable as exc:
         if backend == "native":
-            raise ConfigError(f"attention_backend='native' was requested, but {exc}; "
-                              f"or use attention_backend='auto' (falls back to torch) or 'torch'") from exc
-        logger.warning("native attention kernel unavailable (%s); using the torch reference (gather + SDPA, "
-                       "slower)", exc)
+            raise ConfigError(f"kernels='native' was requested, but {exc}; "
+                              f"or use kernels='auto' (falls back to torch) or 'torch'") from exc
+        logger.warning("native kernels unavailable (%s); using torch's ops (gather + SDPA attention, slower)", exc)
         return None

@@ -16,7 +16,7 @@ from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLog
 from conveyor.model.attention import DECODE_GROUP_SIZE, AttentionBatch, build_attention_batch
 from conveyor.model.llama import LlamaModel
 from conveyor.model.loader import LoadedModel
-from conveyor.model.native import resolve_decode_attention
+from conveyor.model.native import resolve_kernels
 from conveyor.model.sampler import SampleOutput, SamplingTensors, raw_logprobs, sample
 from conveyor.model.sampling_inputs import build_sampling_tensors
 from conveyor.runtime.device import DeviceInfo, available_memory
@@ -91,10 +91,9 @@ class ModelRunner:
         if config.quantization == "int4" and info.device.type != "cpu":
             raise ConfigError(f"quantization='int4' uses torch's CPU int4 kernel and cannot run on {info.name}; "
                               f"use device='cpu', or leave quantization unset (dtype='bfloat16' is fast on GPUs)")
-        decode_attention = resolve_decode_attention(config.attention_backend, info.device)
-        self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device, config.quantization,
-                                decode_attention)
-        self.decode_group_size = DECODE_GROUP_SIZE if decode_attention is None else 2**31
+        kernels = resolve_kernels(config.kernels, info.device)
+        self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device, config.quantization, kernels)
+        self.decode_group_size = DECODE_GROUP_SIZE if kernels is None else 2**31
         """Decodes per attention group: the torch path pads each group to its longest context; the
         native kernel pads nothing and takes them all at once."""
         loaded.weights.clear()  # the model holds its own (device) copies now

@@ -254,7 +254,3 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   });
   return out;
 }
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "Paged decode attention over block tables (CPU)");
-}

@@ -1,0 +1,100 @@
+// Fused residual add + RMSNorm, and the gated MLP activation, for CPU decode steps, where a
+// handful of tiny torch ops per layer cost more in dispatch than in arithmetic.
+//
+// Rounding follows transformers (and conveyor.model.layers) exactly where the dtype is low
+// precision: the residual sum is rounded to the dtype, normalised in float32, rounded, then
+// multiplied by the weight and rounded again; silu(gate) is rounded before it multiplies up.
+// Only the order of the float32 sum of squares differs from torch's.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+template <typename T>
+void add_rms_norm_kernel(torch::Tensor& hidden, const T* delta, const T* weight, T* out, double eps) {
+  const int64_t rows = hidden.size(0), dim = hidden.size(1);
+  T* h = hidden.data_ptr<T>();
+  const float epsilon = static_cast<float>(eps);
+  const int64_t grain = std::max<int64_t>(1, 32768 / dim);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      T* hr = h + r * dim;
+      if (delta != nullptr) {
+        const T* dr = delta + r * dim;
+        for (int64_t i = 0; i < dim; ++i) hr[i] = static_cast<T>(static_cast<float>(hr[i]) + static_cast<float>(dr[i]));
+      }
+      float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t i = 0; i < dim; ++i) {
+        const float x = static_cast<float>(hr[i]);
+        sum += x * x;
+      }
+      const float inv_rms = 1.f / std::sqrt(sum / static_cast<float>(dim) + epsilon);
+      T* o = out + r * dim;
+      for (int64_t i = 0; i < dim; ++i) {
+        const T normed = static_cast<T>(static_cast<float>(hr[i]) * inv_rms);
+        o[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(normed));
+      }
+    }
+  });
+}
+
+template <typename T>
+void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inner) {
+  const int64_t grain = std::max<int64_t>(1, 32768 / inner);
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = gate_up + r * 2 * inner;
+      const T* up = gate + inner;
+      T* o = out + r * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < inner; ++i) {
+        const float g = static_cast<float>(gate[i]);
+        // exp's argument is capped so that it stays finite: -ffast-math divides by a reciprocal
+        // estimate, which turns an infinite denominator into NaN (silu(-100) is -0 either way).
+        const T act = static_cast<T>(g / (1.f + std::exp(std::min(-g, 80.f))));
+        o[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(up[i]));
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// hidden [rows, dim] contiguous, updated in place to hidden + delta when delta is given;
+// weight [dim]. Returns RMSNorm(hidden) * weight, [rows, dim] in hidden's dtype.
+torch::Tensor add_rms_norm(torch::Tensor& hidden, const c10::optional<torch::Tensor>& delta,
+                           const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(hidden.device().is_cpu() && hidden.dim() == 2 && hidden.is_contiguous(),
+              "hidden must be a contiguous [rows, dim] CPU tensor");
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden.size(1) && weight.is_contiguous() &&
+                  weight.scalar_type() == hidden.scalar_type(),
+              "weight must be a contiguous [dim] tensor in hidden's dtype");
+  if (delta.has_value()) {
+    TORCH_CHECK(delta->sizes() == hidden.sizes() && delta->is_contiguous() &&
+                    delta->scalar_type() == hidden.scalar_type(),
+                "delta must be contiguous, with hidden's shape and dtype");
+  }
+  auto out = torch::empty_like(hidden);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, hidden.scalar_type(), "add_rms_norm", [&] {
+    add_rms_norm_kernel<scalar_t>(hidden, delta.has_value() ? delta->data_ptr<scalar_t>() : nullptr,
+                                  weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), eps);
+  });
+  return out;
+}
+
+// gate_up [rows, 2 * inner] contiguous -> silu(gate) * up, [rows, inner].
+torch::Tensor silu_and_mul(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
+              "gate_up must be a contiguous [rows, 2 * inner] CPU tensor");
+  const int64_t rows = gate_up.size(0), inner = gate_up.size(1) / 2;
+  auto out = torch::empty({rows, inner}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_and_mul", [&] {
+    silu_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inner);
+  });
+  return out;
+}
