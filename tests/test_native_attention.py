@@ -14,7 +14,9 @@ from conftest import build_tiny_model
 from conveyor import LLM
 from conveyor.errors import ConfigError
 from conveyor.model import native
-from conveyor.model.layers import rms_norm, silu_and_mul
+from conveyor.model.attention import write_kv
+from conveyor.model.layers import RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
+from conveyor.model.spec import RopeSpec
 from conveyor.model.native import NativeUnavailable, load_kernels, resolve_kernels
 
 
@@ -169,3 +171,30 @@ def test_silu_and_mul_matches_torch(kernels: native.NativeKernels, dtype: torch.
     else:  # silu rounded before it multiplies up, as in torch; exp differs from torch's by an ulp at most
         assert (got.float() - want.float()).abs().max().item() <= (want.float().abs() * 2 ** -6).max().item()
         assert (got == want).float().mean().item() > 0.98
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rotary_and_cache_matches_torch_bit_for_bit(kernels: native.NativeKernels, dtype: torch.dtype) -> None:
+    """Rotated Q/K equal apply_rotary's exactly (same rounding steps), and K/V land in their slots."""
+    heads, kv_heads, head_dim, block = 9, 3, 64, 16
+    gen = torch.Generator().manual_seed(3)
+    tokens = 11
+    qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen) * 2).to(dtype)
+    positions = torch.randint(0, 4000, (tokens,), generator=gen)
+    rotary = RotaryEmbedding(RopeSpec(theta=10000.0), head_dim, 4096, torch.device("cpu"))
+    cos, sin = rotary.tables(positions, dtype)  # [tokens, 1, head_dim]
+    slots = torch.randperm(8 * block, generator=gen)[:tokens]
+    k_cache = torch.zeros(8, block, kv_heads, head_dim, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    got = kernels.rotary_and_cache(qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache, slots,
+                                   heads, kv_heads)
+    qk = qkv[:, :(heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
+    want = apply_rotary(qk, cos, sin)  # [tokens, heads + kv_heads, head_dim]
+    assert torch.equal(got, want)
+    k_want, v_want = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    write_kv(want[:, heads:], qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim), k_want,
+             v_want, slots)
+    assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernels.rotary_and_cache(qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache,
+                                 torch.full((tokens,), 8 * block), heads, kv_heads)

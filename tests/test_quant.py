@@ -14,8 +14,8 @@ from parity import Reference, compare
 from conveyor import LLM, SamplingParams
 from conveyor.errors import ConfigError
 from conveyor.model.layers import Projection
-from conveyor.model.quant import (GROUP_SIZE, SMALL_BATCH_ROWS, Int4Projection, dequantize_int4, make_projection,
-                                  quantize_int4)
+from conveyor.model.quant import (GROUP_SIZE, LM_HEAD_INT8_ROWS, SMALL_BATCH_ROWS, Int4Projection, Int8Projection,
+                                  dequantize_int4, dequantize_int8, make_lm_head, make_projection, quantize_int4)
 
 NEW_TOKENS = 32
 BF16_TIE_GAP = 0.5  # as in test_parity_bf16: int4 runs with bfloat16 activations
@@ -60,6 +60,24 @@ def test_int4_projection_multiplies_by_the_dequantized_weights(rows: int, bias: 
     assert (got.float() - exact).abs().max() <= 0.02 * exact.abs().max()
 
 
+@pytest.mark.parametrize("rows", [1, LM_HEAD_INT8_ROWS, LM_HEAD_INT8_ROWS + 1, 64])
+def test_int8_lm_head_multiplies_by_its_dequantized_weights(rows: int) -> None:
+    torch.manual_seed(rows)
+    w = (torch.randn(320, 96) / 10).to(torch.bfloat16)  # [vocab, hidden]
+    head = make_lm_head(w, "int4")
+    assert isinstance(head, Int8Projection) and head.codes.dtype == torch.int8
+    deq = dequantize_int8(head.codes, head.scale)  # [vocab, hidden] float32
+    assert ((deq - w.float()).abs() <= head.scale.float()[:, None] / 2 + 1e-6).all()  # within half a step
+    x = torch.randn(rows, 96).to(torch.bfloat16)
+    got = head(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 320)
+    exact = x.float() @ deq.t()  # [rows, vocab]
+    if rows > LM_HEAD_INT8_ROWS:  # the bfloat16 copy of the same dequantized weights
+        assert torch.equal(got, F.linear(x, deq.to(torch.bfloat16)))
+    assert (got.float() - exact).abs().max() <= 0.01 * exact.abs().max()
+    assert isinstance(make_lm_head(w, None), Projection)
+
+
 def test_shapes_the_kernel_cannot_take_stay_unquantized() -> None:
     assert isinstance(make_projection(torch.randn(40, 64), None, "int4"), Projection)  # out not a multiple of 16
     assert isinstance(make_projection(torch.randn(64, 48), None, "int4"), Projection)  # in not whole groups
@@ -88,6 +106,8 @@ def int4_case(default_llm: Any) -> tuple[list[list[int]], Any, Any]:
             proj = getattr(layer, name)
             deq = dequantize_int4(*quantize_int4(proj.weight.t()))  # stored transposed in float32
             setattr(layer, name, Projection(deq.to(torch.bfloat16).float(), proj.bias))
+    head = ours.engine.runner.model.lm_head  # int8 rows, untied from the embedding
+    reference.engine.runner.model.lm_head = Projection(dequantize_int8(head.codes, head.scale))
     return prompts, ours, reference
 
 

@@ -138,15 +138,17 @@ def additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: AttentionBatch, scale: float,
-                    decode_op: DecodeAttention | None = None) -> torch.Tensor:
+                    decode_op: DecodeAttention | None = None, kv_written: bool = False) -> torch.Tensor:
     """q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (this step's).
 
-    Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first. Decodes go to
-    `decode_op` (the native kernel) when given, else through the torch gather + SDPA path.
+    Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first (unless the caller
+    already has: kv_written). Decodes go to `decode_op` (the native kernel) when given, else
+    through the torch gather + SDPA path.
     """
     num_tokens, heads, head_dim = q.shape
     kv_heads = k.shape[1]
-    write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+    if not kv_written:
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
     out = q.new_empty(num_tokens, heads, head_dim)  # [num_tokens, heads, head_dim]
 
     for group in batch.decode_groups:

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.native import NativeKernels
-from conveyor.model.layers import Projection, RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
-from conveyor.model.quant import make_projection
+from conveyor.model.layers import RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
+from conveyor.model.quant import make_lm_head, make_projection
 from conveyor.model.spec import ModelSpec
 
 
@@ -28,7 +28,7 @@ class LlamaModel:
         """Native CPU kernels (model/native.py), or None for torch's ops."""
         self.embed = w["embed"]  # [vocab, hidden]
         self.final_norm = w["final_norm"]
-        self.lm_head = Projection(w.get("lm_head", w["embed"]))  # tied to the embedding when absent
+        self.lm_head = make_lm_head(w.get("lm_head", w["embed"]), quantization)  # tied to the embedding when absent
         self.layers = [_Layer(w, f"layers.{i}.", quantization) for i in range(spec.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
@@ -42,18 +42,25 @@ class LlamaModel:
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h, x = self._add_norm(h, delta, layer.input_norm)  # h += delta; x = norm(h)
             qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
+            kv_written = False
             v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.num_kv_heads, spec.head_dim)  # [tokens, kv_heads, d]
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k, _ = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
                 q = rms_norm(q.view(n, spec.num_heads, spec.head_dim), layer.q_norm, spec.rms_norm_eps)
                 k = rms_norm(k.view(n, spec.num_kv_heads, spec.head_dim), layer.k_norm, spec.rms_norm_eps)
                 q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            elif self.kernels is not None:  # rotary and the cache write in one native pass
+                qk = self.kernels.rotary_and_cache(qkv, cos.view(n, -1), sin.view(n, -1), k_cache, v_cache,
+                                                   batch.slot_mapping, spec.num_heads, spec.num_kv_heads)
+                q, k = qk[:, :spec.num_heads], qk[:, spec.num_heads:]  # [tokens, heads | kv_heads, head_dim]
+                kv_written = True
             else:  # Q and K heads side by side in qkv: rotated in one pass
                 qk = qkv[:, :spec.q_size + spec.kv_size].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
                 qk = apply_rotary(qk, cos, sin)  # [num_tokens, heads + kv_heads, head_dim]
                 q, k = qk[:, :spec.num_heads], qk[:, spec.num_heads:]
             decode_op = self.kernels.decode_attention if self.kernels is not None else None
-            attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, decode_op)  # [tokens, heads * d]
+            attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, decode_op,
+                                   kv_written)  # [num_tokens, heads * head_dim]
             h, x = self._add_norm(h, layer.o_proj(attn), layer.post_norm)
             gate_up = layer.gate_up(x)  # [num_tokens, 2 * intermediate]
             act = self.kernels.silu_and_mul(gate_up) if self.kernels is not None else silu_and_mul(gate_up)

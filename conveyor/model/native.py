@@ -6,8 +6,9 @@ step, and the tiny per-layer ops of a single-sequence step (RMSNorm, residual ad
 cost more in dispatch than in arithmetic. csrc/ holds:
   - decode_attention.cpp: reads K/V in place through the block table (2.8x faster than
     gather + SDPA at 64 sequences, 8x at one; no less exact, checked against float64);
-  - norm_act.cpp: residual add fused with RMSNorm, and SiLU-and-mul, with transformers'
-    rounding order.
+  - norm_act.cpp: residual add fused with RMSNorm, and SiLU-and-mul;
+  - rotary_cache.cpp: rotary embedding of Q and K fused with the KV-cache write;
+both with transformers' rounding order.
 
 It is built for the CPU at hand (-march=native), so the build's name carries a hash of the
 source, the CPU's feature flags and torch's version: another CPU or a changed source builds
@@ -51,9 +52,18 @@ class NativeKernels(Protocol):
         """gate_up [rows, 2 * inner] -> silu(gate) * up [rows, inner]."""
         ...
 
+    def rotary_and_cache(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, slot_mapping: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+        """qkv [tokens, (heads + 2 kv_heads) * d], cos/sin [tokens, d] -> rotated [tokens, heads + kv_heads, d];
+        writes rotated K and V to the cache slots."""
+        ...
 
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp", "norm_act.cpp")]
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fno-strict-aliasing"]
+
+_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp", "norm_act.cpp",
+                                                            "rotary_cache.cpp")]
+_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
+"""-ffp-contract=off: no fused multiply-adds the source does not write, so that float32 results round
+like torch's separate kernels (the attention kernel's explicit FMA intrinsics are unaffected)."""
 _LDFLAGS = ["-fopenmp", "-lmvec"]
 
 

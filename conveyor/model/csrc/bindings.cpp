@@ -6,9 +6,13 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
 torch::Tensor add_rms_norm(torch::Tensor& hidden, const c10::optional<torch::Tensor>& delta,
                            const torch::Tensor& weight, double eps);
 torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
+torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                               torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& slot_mapping,
+                               int64_t heads, int64_t kv_heads);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "Paged decode attention over block tables (CPU)");
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta (in place), then RMSNorm(hidden) * weight (CPU)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up for gate_up = [gate | up] (CPU)");
+  m.def("rotary_and_cache", &rotary_and_cache, "Rotary Q/K from fused QKV rows, K/V written to cache slots (CPU)");
 }

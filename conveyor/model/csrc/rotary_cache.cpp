@@ -1,0 +1,92 @@
+// Rotary embedding of Q and K fused with the KV-cache write, for CPU steps: one pass over a
+// token's fused QKV row replaces ~8 small torch ops per layer (slices, neg, cat, two muls, add,
+// two index_copy_).
+//
+// Rounding follows transformers' rotate-half form in the tensor's dtype: q*cos and
+// rotate_half(q)*sin are each rounded to the dtype, then their sum is rounded (cos and sin
+// arrive already in the dtype, as conveyor.model.layers.RotaryEmbedding.tables gives them).
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace {
+
+template <typename T>
+inline T rotate_one(T x, T partner, T c, T s, bool first_half) {
+  // first half: x*cos - partner*sin; second half: x*cos + partner*sin, each product rounded to T
+  const T a = static_cast<T>(static_cast<float>(x) * static_cast<float>(c));
+  const float p = first_half ? -static_cast<float>(partner) : static_cast<float>(partner);
+  const T b = static_cast<T>(static_cast<float>(static_cast<T>(p)) * static_cast<float>(s));
+  return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+}
+
+template <typename T>
+void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, T* k_cache, T* v_cache, const int64_t* slots,
+                             T* qk, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  const int64_t row = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
+  const int64_t kv_row = kv_heads * head_dim;
+  at::parallel_for(0, tokens, std::max<int64_t>(1, 16384 / row), [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* src = qkv + t * row;
+      const T* c = cos + t * head_dim;
+      const T* s = sin + t * head_dim;
+      T* dst = qk + t * (heads + kv_heads) * head_dim;
+      for (int64_t h = 0; h < heads + kv_heads; ++h) {  // Q heads, then K heads
+        const T* x = src + h * head_dim;
+        T* y = dst + h * head_dim;
+        for (int64_t d = 0; d < half; ++d) {
+          y[d] = rotate_one(x[d], x[d + half], c[d], s[d], true);
+          y[d + half] = rotate_one(x[d + half], x[d], c[d + half], s[d + half], false);
+        }
+      }
+      const int64_t slot = slots[t];
+      const T* k_rot = dst + heads * head_dim;
+      const T* v = src + (heads + kv_heads) * head_dim;
+      for (int64_t i = 0; i < kv_row; ++i) {
+        k_cache[slot * kv_row + i] = k_rot[i];
+        v_cache[slot * kv_row + i] = v[i];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// qkv [tokens, (heads + 2 * kv_heads) * head_dim] contiguous; cos, sin [tokens, head_dim] in
+// qkv's dtype; caches [num_blocks, block_size, kv_heads, head_dim] contiguous; slot_mapping
+// [tokens] int64. Writes each token's rotated K and its V to its slot; returns the rotated
+// Q and K heads, [tokens, heads + kv_heads, head_dim].
+torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                               torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& slot_mapping,
+                               int64_t heads, int64_t kv_heads) {
+  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.is_contiguous(), "qkv must be a contiguous 2-D CPU tensor");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && k_cache.size(2) == kv_heads,
+              "caches must be contiguous [num_blocks, block_size, kv_heads, head_dim] of one shape");
+  const int64_t tokens = qkv.size(0), head_dim = k_cache.size(3);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * head_dim && head_dim % 2 == 0,
+              "qkv's width must be (heads + 2 * kv_heads) * head_dim, with an even head_dim");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * head_dim &&
+                  sin.numel() == tokens * head_dim,
+              "cos and sin must be contiguous [tokens, head_dim]");
+  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && qkv.scalar_type() == cos.scalar_type() &&
+                  qkv.scalar_type() == sin.scalar_type() && qkv.scalar_type() == v_cache.scalar_type(),
+              "qkv, cos, sin and the caches must share a dtype");
+  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
+                  slot_mapping.numel() == tokens,
+              "slot_mapping must be a contiguous int64 [tokens]");
+  const int64_t slots_total = k_cache.size(0) * k_cache.size(1);
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < slots_total, "slot ", slots[t], " is outside the cache (", slots_total,
+                " slots)");
+  auto qk = torch::empty({tokens, heads + kv_heads, head_dim}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary_and_cache", [&] {
+    rotary_and_cache_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
+                                      k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), slots,
+                                      qk.data_ptr<scalar_t>(), tokens, heads, kv_heads, head_dim);
+  });
+  return qk;
+}
