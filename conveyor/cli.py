@@ -37,7 +37,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine options")
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + _ENGINE_FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
-        help_text = docs.get(f.name, "") + f" (default: {f.default})"
+        help_text = (docs.get(f.name, "") + f" (default: {f.default})").replace("%", "%%")  # argparse formats help with %
         if f.name == "async_batching":
             group.add_argument(flag, dest=f.name, type=_parse_async, default=f.default, help=help_text)
         elif f.name == "kv_cache_memory":

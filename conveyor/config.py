@@ -57,7 +57,9 @@ class EngineConfig:
     the CPU/GPU computes it natively, else float32), float32, bfloat16 or float16."""
     quantization: str | None = None
     """Weight-only quantization: None, or 'int4' (CPU, with dtype bfloat16: 4-bit decoder weights in
-    groups of 32, like GGUF Q4_1; fastest single-request decoding, 25% more weight memory than bfloat16)."""
+    groups of 32 and an 8-bit LM head, like a GGUF Q4_1 file with its Q8_0 output matrix; fastest
+    single-request decoding; it keeps bfloat16 copies of the same weights for large batches, so it
+    takes more weight memory than bfloat16, not less)."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu' or 'cuda'."""
     kernels: str = "auto"

@@ -51,3 +51,14 @@ def test_bad_flags_give_clear_errors(args: list[str], fragment: str) -> None:
     done = subprocess.run(CLI + args, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 2
     assert fragment in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", [["generate"], ["chat"], ["serve"], ["bench", "throughput"], ["bench", "latency"],
+                                     ["bench", "serve"], ["bench", "decode-step"], ["bench", "async-vs-sync"]])
+def test_every_command_prints_its_help(command: list[str]) -> None:
+    """Each engine option appears in --help with its description (argparse must be able to format it)."""
+    done = subprocess.run(CLI + command + ["--help"], capture_output=True, text=True, timeout=120, env=ENV)
+    assert done.returncode == 0, done.stderr
+    if command != ["bench", "serve"]:  # the load generator takes no engine options
+        text = " ".join(done.stdout.split())
+        assert "--kernels" in text and "like a GGUF Q4_1 file" in text
