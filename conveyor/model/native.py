@@ -59,6 +59,7 @@ class NativeKernels(Protocol):
         ...
 
 
+_HEADERS = [Path(__file__).parent / "csrc" / "vec_bf16.h"]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp", "norm_act.cpp",
                                                             "rotary_cache.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
@@ -84,7 +85,7 @@ def _cpu_flags() -> str:
 
 def _build_name() -> str:
     digest = hashlib.sha1()
-    for source in _SOURCES:
+    for source in _SOURCES + _HEADERS:
         digest.update(source.read_bytes())
     digest.update(" ".join(_CFLAGS + _LDFLAGS).encode())
     digest.update(_cpu_flags().encode())

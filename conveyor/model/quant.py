@@ -6,7 +6,7 @@ weights are a quarter of bfloat16's bytes, and torch ships a CPU kernel for exac
 default model at 1 row: int4 5.3 ms, bfloat16 (oneDNN-packed) 17.8 ms, float32 22.1 ms. The
 kernel stops paying at about 10 rows (16 rows: int4 28 ms, bfloat16 19 ms), so batches of more
 than SMALL_BATCH_ROWS rows (prefill chunks, busy decode steps) use a bfloat16 copy of the very
-same dequantized weights: int4 costs 25% more weight memory than bfloat16 and buys latency.
+same dequantized weights: int4 takes more weight memory than bfloat16 and buys latency.
 The LM head (tied to the embedding in small models) is kept at 8 bits per weight, one scale per
 row (Int8Projection), as llama.cpp keeps a Q4_1 file's Q8_0 output matrix.
 
