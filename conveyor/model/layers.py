@@ -28,17 +28,23 @@ class Projection:
         self.bias = bias
         self.packed = _pack_for_onednn(weight)  # opaque oneDNN tensor, or None
         self.transposed = self.packed is None and weight.dtype == torch.float32 and weight.device.type == "cpu"
-        self.weight = weight.t().contiguous() if self.transposed else weight  # [in, out] or [out, in]
+        # Packed, the oneDNN copy is all that multiplies; keeping the plain one too would double the
+        # weight memory (measured, default model with a 64 MiB KV cache: RSS 888 -> 686 MiB in bfloat16,
+        # 1035 -> 779 MiB with int4).
+        self.weight: torch.Tensor | None = None if self.packed is not None else (
+            weight.t().contiguous() if self.transposed else weight)  # [in, out] or [out, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in] -> [tokens, out]."""
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
+        weight = self.weight
+        assert weight is not None
         if not self.transposed:
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, weight, self.bias)
         if self.bias is not None:
-            return torch.addmm(self.bias, x, self.weight)
-        return x @ self.weight
+            return torch.addmm(self.bias, x, weight)
+        return x @ weight
 
 
 _PACK_BATCH_HINT = 64
