@@ -5,7 +5,7 @@
 // share every key and value row it loads. Two passes over the context: scores (q . k in
 // float32), then softmax weights times V, accumulated in float32.
 //
-// With AVX-512 and a common shape (head_dim 64 or 128, group 1..8, float32 or bfloat16) an
+// With AVX-512 (F/BW/VL) and a common shape (head_dim 64 or 128, group 1..8, float32 or bfloat16) an
 // unrolled path keeps the scaled query rows and the output accumulators in registers; any
 // other shape or CPU runs the portable loops. Built at run time for the CPU it runs on (see
 // conveyor/model/native.py), with -ffast-math only for the compile step (vectorized expf).
@@ -17,9 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "vec_bf16.h"
 
 namespace {
 
@@ -100,12 +98,9 @@ void attend_item(const Item& it, const T* q, const T* k_cache, const T* v_cache,
   for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<T>(acc[i]);
 }
 
-#if defined(__AVX512F__)
+#if defined(CONVEYOR_VEC_AVX512)
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) {  // 16 bfloat16 -> 16 float32 (bits shifted into the high half)
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
+inline __m512 load16(const c10::BFloat16* p) { return conveyor_vec::load_bf16(p); }
 
 // Rows of a context are scattered over blocks (and interleaved with the other KV heads), which the
 // hardware prefetcher follows poorly: each pass requests the row it needs PREFETCH_AHEAD tokens

@@ -1,16 +1,16 @@
-// AVX-512 helpers shared by the kernels: 16 bfloat16 <-> 16 float32 and a vector exp.
-// Rounding to bfloat16 is round-to-nearest-even (AVX512_BF16's vcvtneps2bf16), as torch rounds.
+// AVX-512 helpers shared by the kernels, in two tiers:
+//   CONVEYOR_VEC_AVX512 (AVX-512 F/BW/VL): masked loads of 16 bfloat16 as 16 float32;
+//   CONVEYOR_VEC_BF16 (also AVX512_BF16): rounding back to bfloat16 and a vector exp.
+// Rounding to bfloat16 is round-to-nearest-even (vcvtneps2bf16), as torch rounds.
 #pragma once
 
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
-#define CONVEYOR_VEC_BF16 1
-
-extern "C" __m512 _ZGVeN16v_expf(__m512);  // glibc libmvec's 16-lane expf (linked with -lmvec)
+#define CONVEYOR_VEC_AVX512 1
 
 namespace conveyor_vec {
 
@@ -18,11 +18,20 @@ inline __mmask16 tail_mask(int64_t left) {
   return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
 }
 
-// Up to 16 bfloat16 (masked) -> float32.
-inline __m512 load_bf16(const c10::BFloat16* p, __mmask16 mask) {
+// Up to 16 bfloat16 (masked) -> float32: the bits shifted into the high half.
+inline __m512 load_bf16(const c10::BFloat16* p, __mmask16 mask = 0xFFFF) {
   const __m256i raw = _mm256_maskz_loadu_epi16(mask, reinterpret_cast<const void*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+
+}  // namespace conveyor_vec
+
+#if defined(__AVX512BF16__)
+#define CONVEYOR_VEC_BF16 1
+
+extern "C" __m512 _ZGVeN16v_expf(__m512);  // glibc libmvec's 16-lane expf (linked with -lmvec)
+
+namespace conveyor_vec {
 
 // float32 -> bfloat16 bits, round to nearest even.
 inline __m256i to_bf16(__m512 v) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)); }
@@ -37,4 +46,5 @@ inline void store_bf16(c10::BFloat16* p, __m512 v, __mmask16 mask) {
 }
 
 }  // namespace conveyor_vec
+#endif
 #endif
