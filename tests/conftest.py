@@ -29,6 +29,18 @@ def hf_default_model(default_gguf: str) -> Any:
 
 
 @pytest.fixture(scope="session")
+def native_kernels() -> Any:
+    """The compiled native CPU kernels; skipped where the machine has nothing to build them with,
+    a failure wherever a build was attempted and failed."""
+    from conveyor.model.native import NoToolchain, load_kernels
+
+    try:
+        return load_kernels()
+    except NoToolchain as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
 def default_llm() -> Any:
     """The embedded model in float32 (transformers' own GGUF loading, the reference, is float32)."""
     from conveyor import LLM

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.model.attention import build_attention_batch, paged_attention
-from conveyor.model.native import DecodeAttention, NativeUnavailable, load_kernels
+from conveyor.model.native import DecodeAttention, NativeKernels
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 8, 4
 
@@ -19,12 +19,8 @@ def decode_op(request: pytest.FixtureRequest) -> DecodeAttention | None:
     """Each test runs on the torch reference path and on the native decode kernel."""
     if request.param == "torch":
         return None
-    try:
-        return load_kernels().decode_attention
-    except NativeUnavailable as exc:
-        if "needs" in str(exc) or "Linux only" in str(exc):  # no compiler here: nothing to test
-            pytest.skip(str(exc))
-        raise
+    kernels: NativeKernels = request.getfixturevalue("native_kernels")
+    return kernels.decode_attention
 
 
 def _reference(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, start: int) -> torch.Tensor:

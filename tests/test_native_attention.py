@@ -17,17 +17,7 @@ from conveyor.model import native
 from conveyor.model.attention import write_kv
 from conveyor.model.layers import RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
 from conveyor.model.spec import RopeSpec
-from conveyor.model.native import NativeUnavailable, load_kernels, resolve_kernels
-
-
-@pytest.fixture(scope="module")
-def kernels() -> native.NativeKernels:
-    try:
-        return load_kernels()
-    except NativeUnavailable as exc:
-        if "needs" in str(exc) or "Linux only" in str(exc):  # no compiler here: nothing to test
-            pytest.skip(str(exc))
-        raise
+from conveyor.model.native import NoToolchain, resolve_kernels
 
 
 def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
@@ -50,7 +40,7 @@ def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ta
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 1, 128), (6, 2, 8), (9, 1, 64)])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_kernel_matches_float64_reference(kernels: native.NativeKernels, dtype: torch.dtype, heads: int,
+def test_kernel_matches_float64_reference(native_kernels: native.NativeKernels, dtype: torch.dtype, heads: int,
                                           kv_heads: int, head_dim: int, block_size: int) -> None:
     gen = torch.Generator().manual_seed(heads * 1000 + head_dim + block_size)
     num_blocks, seqs = 96, 7
@@ -63,7 +53,7 @@ def test_kernel_matches_float64_reference(kernels: native.NativeKernels, dtype: 
     wide = torch.randn(seqs, heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
     q = wide[:, :heads]  # [seqs, heads, head_dim]
     scale = head_dim ** -0.5
-    got = kernels.decode_attention(q, k_cache, v_cache, tables, lens, scale)
+    got = native_kernels.decode_attention(q, k_cache, v_cache, tables, lens, scale)
     exact = _reference(q, k_cache, v_cache, tables, lens, scale, torch.float64)
     same_dtype = _reference(q, k_cache, v_cache, tables, lens, scale, dtype)  # SDPA in the same dtype
     err = (got.double() - exact).abs().max().item()
@@ -73,8 +63,8 @@ def test_kernel_matches_float64_reference(kernels: native.NativeKernels, dtype: 
     assert err <= max(2 * sdpa_err, 1e-6), (err, sdpa_err)
 
 
-def test_kernel_rejects_bad_inputs_with_reasons(kernels: native.NativeKernels) -> None:
-    kernel = kernels.decode_attention
+def test_kernel_rejects_bad_inputs_with_reasons(native_kernels: native.NativeKernels) -> None:
+    kernel = native_kernels.decode_attention
     cache = torch.zeros(4, 4, 2, 8)
     tables, lens = torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, dtype=torch.int64)
     with pytest.raises(RuntimeError, match="share a dtype"):
@@ -85,7 +75,7 @@ def test_kernel_rejects_bad_inputs_with_reasons(kernels: native.NativeKernels) -
         kernel(torch.zeros(1, 3, 8), cache, cache, tables, lens, 1.0)
 
 
-def test_loading_the_kernels_leaves_denormals_alone(kernels: native.NativeKernels) -> None:
+def test_loading_the_kernels_leaves_denormals_alone(native_kernels: native.NativeKernels) -> None:
     """-ffast-math is a compile flag only; linked in, it would switch the process to flush-to-zero."""
     tiny = torch.tensor([1e-39], dtype=torch.float32)  # a float32 denormal
     assert (tiny * 0.5).item() != 0.0
@@ -120,7 +110,7 @@ def test_backend_choice_errors_and_fallback(monkeypatch: pytest.MonkeyPatch, cap
     assert resolve_kernels("torch", torch.device("cpu")) is None
 
     def unavailable() -> None:
-        raise NativeUnavailable("building the native kernels needs c++ on PATH (install g++)")
+        raise NoToolchain("building the native kernels needs c++ on PATH (install g++)")
 
     monkeypatch.setattr(native, "load_kernels", unavailable)
     with pytest.raises(ConfigError, match="needs c\\+\\+ on PATH .*kernels='auto'"):
@@ -138,7 +128,7 @@ def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 3, 64])
-def test_add_rms_norm_matches_torch(kernels: native.NativeKernels, dtype: torch.dtype, rows: int) -> None:
+def test_add_rms_norm_matches_torch(native_kernels: native.NativeKernels, dtype: torch.dtype, rows: int) -> None:
     gen = torch.Generator().manual_seed(rows)
     h = (torch.randn(rows, 576, generator=gen) * 3).to(dtype)
     delta = torch.randn(rows, 576, generator=gen).to(dtype)
@@ -146,7 +136,7 @@ def test_add_rms_norm_matches_torch(kernels: native.NativeKernels, dtype: torch.
     want_h = h + delta
     want = rms_norm(want_h, weight, 1e-5)
     got_h = h.clone()
-    got = kernels.add_rms_norm(got_h, delta, weight, 1e-5)
+    got = native_kernels.add_rms_norm(got_h, delta, weight, 1e-5)
     assert torch.equal(got_h, want_h)  # the residual sum, in place, rounded exactly like torch's add
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=2e-6, atol=1e-6)
@@ -154,17 +144,17 @@ def test_add_rms_norm_matches_torch(kernels: native.NativeKernels, dtype: torch.
         # the rounded normalised value by an ulp, and so the product with the weight by at most two
         ulps = _ulps_apart(got, want)
         assert ulps.max().item() <= 2 and (ulps == 0).float().mean().item() > 0.99
-    no_delta = kernels.add_rms_norm(want_h.clone(), None, weight, 1e-5)
+    no_delta = native_kernels.add_rms_norm(want_h.clone(), None, weight, 1e-5)
     torch.testing.assert_close(no_delta, got, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_silu_and_mul_matches_torch(kernels: native.NativeKernels, dtype: torch.dtype) -> None:
+def test_silu_and_mul_matches_torch(native_kernels: native.NativeKernels, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(5)
     gate_up = (torch.randn(9, 2 * 1536, generator=gen) * 4).to(dtype)
     gate_up[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp overflow and zeros
     want = silu_and_mul(gate_up)
-    got = kernels.silu_and_mul(gate_up)
+    got = native_kernels.silu_and_mul(gate_up)
     assert got.shape == want.shape and not got.isnan().any()
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
@@ -174,7 +164,7 @@ def test_silu_and_mul_matches_torch(kernels: native.NativeKernels, dtype: torch.
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_rotary_and_cache_matches_torch_bit_for_bit(kernels: native.NativeKernels, dtype: torch.dtype) -> None:
+def test_rotary_and_cache_matches_torch_bit_for_bit(native_kernels: native.NativeKernels, dtype: torch.dtype) -> None:
     """Rotated Q/K equal apply_rotary's exactly (same rounding steps), and K/V land in their slots."""
     heads, kv_heads, head_dim, block = 9, 3, 64, 16
     gen = torch.Generator().manual_seed(3)
@@ -186,7 +176,7 @@ def test_rotary_and_cache_matches_torch_bit_for_bit(kernels: native.NativeKernel
     slots = torch.randperm(8 * block, generator=gen)[:tokens]
     k_cache = torch.zeros(8, block, kv_heads, head_dim, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
-    got = kernels.rotary_and_cache(qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache, slots,
+    got = native_kernels.rotary_and_cache(qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache, slots,
                                    heads, kv_heads)
     qk = qkv[:, :(heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
     want = apply_rotary(qk, cos, sin)  # [tokens, heads + kv_heads, head_dim]
@@ -196,5 +186,5 @@ def test_rotary_and_cache_matches_torch_bit_for_bit(kernels: native.NativeKernel
              v_want, slots)
     assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        kernels.rotary_and_cache(qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache,
+        native_kernels.rotary_and_cache(qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache,
                                  torch.full((tokens,), 8 * block), heads, kv_heads)

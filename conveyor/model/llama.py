@@ -39,6 +39,7 @@ class LlamaModel:
         cos, sin = self.rotary.tables(positions, self.dtype)  # [num_tokens, 1, head_dim] each
         h = F.embedding(input_ids, self.embed)  # [num_tokens, hidden]
         delta: torch.Tensor | None = None  # the previous layer's MLP output, not yet added to h
+        decode_op = self.kernels.decode_attention if self.kernels is not None else None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             h, x = self._add_norm(h, delta, layer.input_norm)  # h += delta; x = norm(h)
             qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
@@ -58,7 +59,6 @@ class LlamaModel:
                 qk = qkv[:, :spec.q_size + spec.kv_size].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
                 qk = apply_rotary(qk, cos, sin)  # [num_tokens, heads + kv_heads, head_dim]
                 q, k = qk[:, :spec.num_heads], qk[:, spec.num_heads:]
-            decode_op = self.kernels.decode_attention if self.kernels is not None else None
             attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, decode_op,
                                    kv_written)  # [num_tokens, heads * head_dim]
             h, x = self._add_norm(h, layer.o_proj(attn), layer.post_norm)

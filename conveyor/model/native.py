@@ -31,6 +31,8 @@ from typing import Callable, Protocol
 
 import torch
 
+from conveyor.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -72,6 +74,11 @@ class NativeUnavailable(RuntimeError):
     """The native kernels cannot be built or loaded here; the message says why."""
 
 
+class NoToolchain(NativeUnavailable):
+    """This machine has nothing to build them with (not Linux, or no C++ compiler / ninja); a build
+    that was attempted and failed raises plain NativeUnavailable."""
+
+
 def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -109,11 +116,11 @@ def load_kernels() -> NativeKernels:
     import platform
 
     if platform.system() != "Linux":
-        raise NativeUnavailable(f"native kernels are built on Linux only (this is {platform.system()})")
+        raise NoToolchain(f"native kernels are built on Linux only (this is {platform.system()})")
     _ensure_ninja_on_path()
     missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
     if missing:
-        raise NativeUnavailable(f"building the native kernels needs {' and '.join(missing)} on PATH "
+        raise NoToolchain(f"building the native kernels needs {' and '.join(missing)} on PATH "
                                 f"(install a C++ compiler such as g++, and `pip install ninja`)")
     from torch.utils.cpp_extension import load
 
@@ -132,8 +139,6 @@ def resolve_kernels(backend: str, device: torch.device) -> NativeKernels | None:
     """config.kernels -> the native kernels, or None for the torch reference ops."""
     if backend == "torch" or (backend == "auto" and device.type != "cpu"):
         return None
-    from conveyor.errors import ConfigError
-
     if device.type != "cpu":
         raise ConfigError(f"kernels='native' are CPU kernels and cannot run on {device}; "
                           f"use kernels='auto' or 'torch'")
