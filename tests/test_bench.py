@@ -106,3 +106,21 @@ def test_llama_cpp_peer_reads_gguf_only_and_batches_when_installed(tmp_path: Any
     workload = random_workload(5, (3, 40), (2, 9), 49152, seed=3)
     seconds, produced = run_workload(default_gguf, workload, threads=2, max_seqs=2)  # slots are reused
     assert seconds > 0 and produced == workload.num_output_tokens
+
+
+def test_latency_cli_interleaves_ours_and_the_peer(tmp_path: Any) -> None:
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder)
+    cmd = [sys.executable, "-m", "conveyor.cli", "bench", "latency", "--model", folder, "--input-len", "9",
+           "--output-len", "6", "--runs", "3", "--kv-cache-memory", "1MiB", "--max-model-len", "64",
+           "--results-dir", str(tmp_path / "results"), "--peer", "hf-generate"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout[:done.stdout.rindex("}") + 1])
+    for measured in (result, result["peers"]["hf-generate"]):
+        assert len(measured["ttft_runs_s"]) == 3 and len(measured["tpot_runs_s"]) == 3
+        assert measured["ttft_s"] == sorted(measured["ttft_runs_s"])[1] and measured["tpot_s"] > 0
+    too_short = subprocess.run(cmd[:-2] + ["--output-len", "1"], capture_output=True, text=True, timeout=300,
+                               cwd=tmp_path)
+    assert too_short.returncode == 2 and "--output-len must be at least 2" in too_short.stderr
+    assert "Traceback" not in too_short.stderr

@@ -14,8 +14,9 @@ from parity import Reference, compare
 from conveyor import LLM, SamplingParams
 from conveyor.errors import ConfigError
 from conveyor.model.layers import Projection
-from conveyor.model.quant import (GROUP_SIZE, LM_HEAD_INT8_ROWS, SMALL_BATCH_ROWS, Int4Projection, Int8Projection,
-                                  dequantize_int4, dequantize_int8, make_lm_head, make_projection, quantize_int4)
+from conveyor.model.quant import (GROUP_SIZE, LM_HEAD_INT8_ROWS, LM_HEAD_INT8_ROWS_NATIVE, SMALL_BATCH_ROWS,
+                                  Int4Projection, Int8Projection, dequantize_int4, dequantize_int8, make_lm_head,
+                                  make_projection, quantize_int4)
 
 NEW_TOKENS = 32
 BF16_TIE_GAP = 0.5  # as in test_parity_bf16: int4 runs with bfloat16 activations
@@ -42,14 +43,28 @@ def test_q4_1_style_grid_is_recovered_exactly() -> None:
     assert torch.equal(dequantize_int4(*quantize_int4(w)), w)
 
 
-@pytest.mark.parametrize("rows", [1, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 200])
+def _kernels(backend: str, request: pytest.FixtureRequest) -> Any:
+    """None for torch's int4/int8 kernels; the native module (skipped where it cannot be built or is not
+    vectorized here, since then the projections fall back to torch's kernels)."""
+    if backend == "torch":
+        return None
+    kernels = request.getfixturevalue("native_kernels")
+    if not kernels.quant_linear_vectorized():
+        pytest.skip("the native quantized products need AVX-512 BF16; this CPU uses torch's")
+    return kernels
+
+
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 200])
 @pytest.mark.parametrize("bias", [False, True])
-def test_int4_projection_multiplies_by_the_dequantized_weights(rows: int, bias: bool) -> None:
+def test_int4_projection_multiplies_by_the_dequantized_weights(rows: int, bias: bool, backend: str,
+                                                                request: pytest.FixtureRequest) -> None:
     torch.manual_seed(rows)
     w = torch.randn(64, 3 * GROUP_SIZE) / 10  # [out, in]
     b = torch.randn(64) if bias else None  # [out]
-    proj = make_projection(w, b, "int4")
+    proj = make_projection(w, b, "int4", _kernels(backend, request))
     assert isinstance(proj, Int4Projection)
+    assert (proj.blocks is not None) == (backend == "native")
     deq = dequantize_int4(*quantize_int4(w))  # [out, in] float32
     x = torch.randn(rows, 3 * GROUP_SIZE).to(torch.bfloat16)  # [rows, in]
     got = proj(x)
@@ -60,19 +75,24 @@ def test_int4_projection_multiplies_by_the_dequantized_weights(rows: int, bias: 
     assert (got.float() - exact).abs().max() <= 0.02 * exact.abs().max()
 
 
-@pytest.mark.parametrize("rows", [1, LM_HEAD_INT8_ROWS, LM_HEAD_INT8_ROWS + 1, 64])
-def test_int8_lm_head_multiplies_by_its_dequantized_weights(rows: int) -> None:
+@pytest.mark.parametrize("backend", ["torch", "native"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 64])
+def test_int8_lm_head_multiplies_by_its_dequantized_weights(rows: int, backend: str,
+                                                            request: pytest.FixtureRequest) -> None:
     torch.manual_seed(rows)
     w = (torch.randn(320, 96) / 10).to(torch.bfloat16)  # [vocab, hidden]
-    head = make_lm_head(w, "int4")
+    head = make_lm_head(w, "int4", _kernels(backend, request))
     assert isinstance(head, Int8Projection) and head.codes.dtype == torch.int8
-    deq = dequantize_int8(head.codes, head.scale)  # [vocab, hidden] float32
+    assert head.max_rows == (LM_HEAD_INT8_ROWS if backend == "torch" else LM_HEAD_INT8_ROWS_NATIVE)
+    deq = head.dequantized()  # [vocab, hidden] float32
+    assert torch.equal(deq, dequantize_int8(torch.round(w.float() / head.scale.float()[:, None]).to(torch.int8),
+                                            head.scale))
     assert ((deq - w.float()).abs() <= head.scale.float()[:, None] / 2 + 1e-6).all()  # within half a step
     x = torch.randn(rows, 96).to(torch.bfloat16)
     got = head(x)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, 320)
     exact = x.float() @ deq.t()  # [rows, vocab]
-    if rows > LM_HEAD_INT8_ROWS:  # the bfloat16 copy of the same dequantized weights
+    if rows > head.max_rows:  # the bfloat16 copy of the same dequantized weights
         assert torch.equal(got, F.linear(x, deq.to(torch.bfloat16)))
     assert (got.float() - exact).abs().max() <= 0.01 * exact.abs().max()
     assert isinstance(make_lm_head(w, None), Projection)
@@ -107,7 +127,7 @@ def int4_case(default_llm: Any) -> tuple[list[list[int]], Any, Any]:
             deq = dequantize_int4(*quantize_int4(proj.weight.t()))  # stored transposed in float32
             setattr(layer, name, Projection(deq.to(torch.bfloat16).float(), proj.bias))
     head = ours.engine.runner.model.lm_head  # int8 rows, untied from the embedding
-    reference.engine.runner.model.lm_head = Projection(dequantize_int8(head.codes, head.scale))
+    reference.engine.runner.model.lm_head = Projection(head.dequantized())
     return prompts, ours, reference
 
 
@@ -149,3 +169,26 @@ def test_default_model_int4_adds_no_error_beyond_bf16(int4_case: tuple[list[list
     print(f"mean |logprob error| over {len(int4_err)} tokens: int4 vs its float32 reference {int4_mean:.4f}, "
           f"bfloat16 vs float32 {bf16_mean:.4f}")
     assert int4_mean <= 1.5 * bf16_mean + 1e-3, (int4_mean, bf16_mean)
+
+
+@pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (48, 32)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 9])
+def test_native_int4_is_exact_up_to_output_rounding(shape: tuple[int, int], rows: int,
+                                                    request: pytest.FixtureRequest) -> None:
+    """Against float64 over the same dequantized weights: products exact, sums in float32, one bfloat16
+    rounding at the end; every row count, including those past the register-blocked 4 (the kernel takes
+    rows in fours) and those the projection would send to the bfloat16 copy."""
+    kernels = _kernels("native", request)
+    out_features, in_features = shape
+    gen = torch.Generator().manual_seed(rows * 7 + out_features)
+    w = torch.randn(out_features, in_features, generator=gen) / 10  # [out, in]
+    codes, scale, zero = quantize_int4(w)
+    from conveyor.model.quant import pack_int4_blocks
+
+    blocks = pack_int4_blocks(codes, scale, zero)  # [out / 16, in / 32, 320]
+    x = torch.randn(rows, in_features, generator=gen).to(torch.bfloat16)  # [rows, in]
+    got = kernels.int4_linear(x, blocks, None).double()  # [rows, out]
+    deq = dequantize_int4(codes, scale, zero).double()  # [out, in]
+    exact = x.double() @ deq.t()  # [rows, out]
+    magnitude = x.double().abs() @ deq.abs().t()  # [rows, out]: bounds every partial sum
+    assert ((got - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from conveyor.bench.workloads import Workload, random_workload, shared_prefix_workload
+from conveyor.errors import ConfigError
 
 
 def _range(text: str) -> tuple[int, int]:
@@ -220,67 +221,34 @@ def _decode_step(args: argparse.Namespace, config: Any) -> int:
 
 
 def _latency(args: argparse.Namespace, config: Any) -> int:
+    from conveyor.bench.latency import ConveyorLatency, HFGenerateLatency, LatencyRunner, interleaved
     from conveyor.bench.peers import check_peer
     from conveyor.engine.engine import Engine
-    from conveyor.params import SamplingParams
 
+    if args.output_len < 2:
+        raise ConfigError(f"--output-len must be at least 2 to measure time per output token, got {args.output_len}")
     engine = Engine(config)
     prompt = random_workload(1, (args.input_len, args.input_len), (1, 1), engine.spec.vocab_size).prompts[0]
-    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-    ttfts, tpots = [], []
-    for i in range(args.runs + 1):  # the first run warms up
-        engine.blocks.reset_prefix_cache()
-        start = time.perf_counter()
-        engine.add_request(prompt, params)
-        first = None
-        while engine.has_work():
-            for out in engine.step():
-                if first is None and out.outputs[0].token_ids:
-                    first = time.perf_counter()
-        end = time.perf_counter()
-        if i and first is not None:
-            ttfts.append(first - start)
-            tpots.append((end - first) / (args.output_len - 1))
-    engine.close()
+    runners: dict[str, LatencyRunner] = {"conveyor": ConveyorLatency(engine, prompt, args.output_len)}
     result: dict[str, Any] = {"input_len": args.input_len, "output_len": args.output_len, "dtype": engine.dtype,
-                              "quantization": config.quantization,
-                              "ttft_s": statistics.median(ttfts), "tpot_s": statistics.median(tpots), "peers": {}}
+                              "quantization": config.quantization, "runs": args.runs,
+                              "interleaved": "a warm-up run each, then rounds of one run per contestant",
+                              "peers": {}}
     for peer in args.peer:
         reason = check_peer(peer, engine.model_source)
         if reason is not None:
             result["peers"][peer] = {"skipped": reason}
-            continue
-        if peer == "llama-cpp":
-            from conveyor.bench.llama_cpp_peer import latency
-            result["peers"][peer] = latency(engine.model_source, prompt, args.output_len, args.runs, _threads(config))
-        else:
-            result["peers"][peer] = _hf_latency(engine.model_source, prompt, args.output_len, args.runs)
+        elif peer == "llama-cpp":
+            from conveyor.bench.llama_cpp_peer import LlamaCppLatency
+            runners[peer] = LlamaCppLatency(engine.model_source, prompt, args.output_len, _threads(config))
+        else:  # hf-generate (the parser allows no other)
+            runners[peer] = HFGenerateLatency(engine.model_source, prompt, args.output_len)
+    measured = interleaved(runners, args.runs)
+    result.update(measured.pop("conveyor"))
+    result["peers"].update(measured)
     print(json.dumps(result, indent=2))
     _finish(args, result, "latency")
     return 0
-
-
-def _hf_latency(model_path: str, prompt: list[int], output_len: int, runs: int) -> dict[str, float]:
-    import torch
-
-    from conveyor.bench.peers import _hf_model
-
-    model = _hf_model(model_path)
-    ids = torch.tensor([prompt])
-    ttfts, totals = [], []
-    with torch.inference_mode():
-        for i in range(runs + 1):
-            start = time.perf_counter()
-            model.generate(ids, max_new_tokens=1, do_sample=False, eos_token_id=-1, pad_token_id=0)
-            ttft = time.perf_counter() - start
-            start = time.perf_counter()
-            model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False,
-                           eos_token_id=-1, pad_token_id=0)
-            if i:
-                ttfts.append(ttft)
-                totals.append(time.perf_counter() - start)
-    ttft = statistics.median(ttfts)
-    return {"ttft_s": ttft, "tpot_s": (statistics.median(totals) - ttft) / (output_len - 1)}
 
 
 def _serve(args: argparse.Namespace) -> int:

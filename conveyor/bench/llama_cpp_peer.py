@@ -118,20 +118,25 @@ def run_workload(model_path: str, workload: Workload, threads: int, max_seqs: in
     return seconds, produced
 
 
-def latency(model_path: str, prompt: list[int], output_len: int, runs: int, threads: int) -> dict[str, float]:
-    """One sequence: median time to first token and time per output token."""
-    engine = _LlamaCpp(model_path, 1, len(prompt) + output_len, threads)
-    ttfts, tpots = [], []
-    for i in range(runs + 1):  # the first run warms up
+class LlamaCppLatency:
+    """One sequence for bench latency (conveyor.bench.latency.LatencyRunner): the prompt in one decode call,
+    then one call per token."""
+
+    def __init__(self, model_path: str, prompt: list[int], output_len: int, threads: int) -> None:
+        self.engine = _LlamaCpp(model_path, 1, len(prompt) + output_len, threads)
+        self.prompt = prompt
+        self.output_len = output_len
+
+    def once(self) -> tuple[float, float]:
+        prompt, engine = self.prompt, self.engine
         engine.clear(0)
         start = time.perf_counter()
         token = engine.decode([(t, p, 0, p == len(prompt) - 1) for p, t in enumerate(prompt)])[0]
         first = time.perf_counter()
-        for pos in range(len(prompt), len(prompt) + output_len - 1):
+        for pos in range(len(prompt), len(prompt) + self.output_len - 1):
             token = engine.decode([(token, pos, 0, True)])[0]
         end = time.perf_counter()
-        if i:
-            ttfts.append(first - start)
-            tpots.append((end - first) / (output_len - 1))
-    engine.close()
-    return {"ttft_s": float(np.median(ttfts)), "tpot_s": float(np.median(tpots))}
+        return first - start, (end - first) / (self.output_len - 1)
+
+    def close(self) -> None:
+        self.engine.close()

@@ -28,8 +28,9 @@ class LlamaModel:
         """Native CPU kernels (model/native.py), or None for torch's ops."""
         self.embed = w["embed"]  # [vocab, hidden]
         self.final_norm = w["final_norm"]
-        self.lm_head = make_lm_head(w.get("lm_head", w["embed"]), quantization)  # tied to the embedding when absent
-        self.layers = [_Layer(w, f"layers.{i}.", quantization) for i in range(spec.num_layers)]
+        self.lm_head = make_lm_head(w.get("lm_head", w["embed"]), quantization,
+                                    kernels)  # tied to the embedding when absent
+        self.layers = [_Layer(w, f"layers.{i}.", quantization, kernels) for i in range(spec.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -85,12 +86,13 @@ class LlamaModel:
 class _Layer:
     """One decoder layer's weights."""
 
-    def __init__(self, w: dict[str, torch.Tensor], prefix: str, quantization: str | None) -> None:
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str, quantization: str | None,
+                 kernels: NativeKernels | None) -> None:
         self.input_norm = w[prefix + "input_norm"]
         self.post_norm = w[prefix + "post_norm"]
-        self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization)
-        self.o_proj = make_projection(w[prefix + "o_proj"], None, quantization)
-        self.gate_up = make_projection(w[prefix + "gate_up"], None, quantization)
-        self.down = make_projection(w[prefix + "down"], None, quantization)
+        self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization, kernels)
+        self.o_proj = make_projection(w[prefix + "o_proj"], None, quantization, kernels)
+        self.gate_up = make_projection(w[prefix + "gate_up"], None, quantization, kernels)
+        self.down = make_projection(w[prefix + "down"], None, quantization, kernels)
         self.q_norm = w.get(prefix + "q_norm")
         self.k_norm = w.get(prefix + "k_norm")

@@ -1,10 +1,11 @@
 """int4 weight-only linear layers (CPU): 4-bit weights in groups of 32, bfloat16 activations.
 
 Single-sequence decoding on a CPU is memory-bound: every step reads every weight once. 4-bit
-weights are a quarter of bfloat16's bytes, and torch ships a CPU kernel for exactly this
-(`_weight_int4pack_mm_for_cpu`). Measured on the 2-core machine, all decoder linears of the
-default model at 1 row: int4 5.3 ms, bfloat16 (oneDNN-packed) 17.8 ms, float32 22.1 ms. The
-kernel stops paying at about 10 rows (16 rows: int4 28 ms, bfloat16 19 ms), so batches of more
+weights are a quarter of bfloat16's bytes. Two kernels multiply them: the native one
+(csrc/quant_linear.cpp, on CPUs with AVX-512 BF16) and torch's (`_weight_int4pack_mm_for_cpu`)
+elsewhere. Measured on the 2-core machine, all decoder linears of the default model at 1 row,
+alternating in one process: native 4.75 ms, torch 5.58 ms, bfloat16 (oneDNN-packed) 20.2 ms.
+Both stop paying at about 8 rows (16 rows: int4 ~38 ms, bfloat16 ~25 ms), so batches of more
 than SMALL_BATCH_ROWS rows (prefill chunks, busy decode steps) use a bfloat16 copy of the very
 same dequantized weights: int4 takes more weight memory than bfloat16 and buys latency.
 The LM head (tied to the embedding in small models) is kept at 8 bits per weight, one scale per
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from conveyor.model.layers import Projection
+from conveyor.model.native import NativeKernels
 
 GROUP_SIZE = 32
 SMALL_BATCH_ROWS = 8
@@ -52,13 +54,45 @@ def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
     return w.reshape(out_features, in_features)
 
 
+def pack_int4_blocks(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """codes [out, in] 0..15, scale and zero [out, in / 32] bfloat16 -> [out / 16, in / 32, 320] uint8, the
+    native kernel's layout (csrc/quant_linear.cpp): per 16 rows x 32 columns, 8 quads of 32 bytes (quad t,
+    byte 2r + p: row r's column 4t + p in the low nibble, 4t + 2 + p in the high one), 16 scales, 16 zeros."""
+    out_features, in_features = codes.shape
+    blocks, groups = out_features // 16, in_features // GROUP_SIZE
+    c = codes.to(torch.uint8).reshape(blocks, 16, groups, 8, 2, 2)  # [blocks, row, group, quad, half, pair]
+    nibbles = c[..., 0, :] | (c[..., 1, :] << 4)  # [blocks, row, group, quad, pair]
+    code_bytes = nibbles.permute(0, 2, 3, 1, 4).reshape(blocks, groups, 256)  # [blocks, group, quad * row * pair]
+    scale_bytes = scale.reshape(blocks, 16, groups).transpose(1, 2).contiguous().view(torch.uint8)  # [.., .., 32]
+    zero_bytes = zero.reshape(blocks, 16, groups).transpose(1, 2).contiguous().view(torch.uint8)  # [.., .., 32]
+    return torch.cat([code_bytes, scale_bytes, zero_bytes], dim=-1).contiguous()  # [blocks, groups, 320]
+
+
+def pack_int8_rows(codes: torch.Tensor) -> torch.Tensor:
+    """codes [out, in] int8 -> [out / 16, in, 16]: 16 output rows side by side (csrc/quant_linear.cpp)."""
+    out_features, in_features = codes.shape
+    return codes.reshape(out_features // 16, 16, in_features).transpose(1, 2).contiguous()
+
+
+def fast_native(kernels: NativeKernels | None) -> NativeKernels | None:
+    """The native kernels when their quantized products are vectorized on this CPU, else None (torch's)."""
+    return kernels if kernels is not None and kernels.quant_linear_vectorized() else None
+
+
 class Int4Projection:
     """y = x W^T + b with W in int4 for small batches and in bfloat16 (same values) for large ones."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 kernels: NativeKernels | None = None) -> None:
         codes, scale, zero = quantize_int4(weight)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)  # opaque int4
-        self.scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [groups, out, 2]
+        self.kernels = fast_native(kernels)
+        self.blocks: torch.Tensor | None = None  # [out / 16, in / 32, 320] uint8, the native kernel's
+        self.packed: torch.Tensor | None = None  # torch's opaque int4 layout
+        if self.kernels is not None:
+            self.blocks = pack_int4_blocks(codes, scale, zero)
+        else:
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, _INNER_K_TILES)
+            self.scales_and_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()  # [groups, out, 2]
         self.bias = None if bias is None else bias.to(torch.bfloat16)
         self.dense = Projection(dequantize_int4(codes, scale, zero).to(torch.bfloat16), self.bias)
         self.out_features = weight.shape[0]
@@ -67,13 +101,18 @@ class Int4Projection:
         """x: [tokens, in] bfloat16 -> [tokens, out] bfloat16."""
         if x.shape[0] > SMALL_BATCH_ROWS:
             return self.dense(x)
+        if self.kernels is not None:
+            return self.kernels.int4_linear(x, self.blocks, self.bias)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
         return y if self.bias is None else y + self.bias
 
 
 LM_HEAD_INT8_ROWS = 2
-"""Rows up to which the LM head multiplies int8 weights (measured at 1 row: 0.95 ms against 1.37 ms in
-bfloat16 for 576 -> 49,152; at 4 rows the int8 kernel is already slower: 1.70 against 1.40 ms)."""
+"""Rows up to which the LM head multiplies int8 weights with torch's kernel (measured at 1 row: 0.95 ms
+against 1.37 ms in bfloat16 for 576 -> 49,152; at 4 rows it is already slower: 1.70 against 1.40 ms)."""
+LM_HEAD_INT8_ROWS_NATIVE = 4
+"""The same with the native kernel (1 row: 0.63 ms, torch's 1.06, bfloat16 1.64; 4 rows: 1.52 against
+bfloat16's 1.62; 8 rows: 2.98 against 1.82)."""
 
 
 class Int8Projection:
@@ -82,18 +121,32 @@ class Int8Projection:
     `_weight_int8pack_mm` for up to LM_HEAD_INT8_ROWS rows, a bfloat16 copy of the same dequantized
     weights for more."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, kernels: NativeKernels | None = None) -> None:
         w = weight.float()  # [out, in]
         self.scale = (w.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny).to(torch.bfloat16)  # [out]
-        self.codes = torch.round(w / self.scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)  # [out, in]
-        self.dense = Projection(dequantize_int8(self.codes, self.scale).to(torch.bfloat16))
+        codes = torch.round(w / self.scale.float()[:, None]).clamp_(-127, 127).to(torch.int8)  # [out, in]
+        self.dense = Projection(dequantize_int8(codes, self.scale).to(torch.bfloat16))
         self.out_features = weight.shape[0]
+        self.kernels = fast_native(kernels) if self.out_features % 16 == 0 else None
+        self.max_rows = LM_HEAD_INT8_ROWS if self.kernels is None else LM_HEAD_INT8_ROWS_NATIVE
+        if self.kernels is not None:
+            self.codes = pack_int8_rows(codes)  # [out / 16, in, 16]
+            self.scale_f32 = self.scale.float()  # [out]
+        else:
+            self.codes = codes  # [out, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [rows, in] bfloat16 -> [rows, out] bfloat16."""
-        if x.shape[0] > LM_HEAD_INT8_ROWS:
+        if x.shape[0] > self.max_rows:
             return self.dense(x)
+        if self.kernels is not None:
+            return self.kernels.int8_linear(x, self.codes, self.scale_f32)
         return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scale)
+
+    def dequantized(self) -> torch.Tensor:
+        """-> W [out, in] float32: exactly the weights this head multiplies by."""
+        codes = self.codes if self.kernels is None else self.codes.transpose(1, 2).reshape(self.out_features, -1)
+        return dequantize_int8(codes, self.scale)
 
 
 def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -101,16 +154,17 @@ def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.float() * scale.float()[:, None]
 
 
-def make_lm_head(weight: torch.Tensor, quantization: str | None) -> Projection | Int8Projection:
+def make_lm_head(weight: torch.Tensor, quantization: str | None,
+                 kernels: NativeKernels | None = None) -> Projection | Int8Projection:
     """The LM head: int8 rows beside int4 decoder weights, else the dtype's fastest layout."""
     if quantization == "int4" and weight.device.type == "cpu":
-        return Int8Projection(weight)
+        return Int8Projection(weight, kernels)
     return Projection(weight)
 
 
-def make_projection(weight: torch.Tensor, bias: torch.Tensor | None,
-                    quantization: str | None) -> Projection | Int4Projection:
+def make_projection(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None,
+                    kernels: NativeKernels | None = None) -> Projection | Int4Projection:
     """The decoder's linear layers: int4 where asked and the shape allows it, else the dtype's fastest layout."""
     if quantization == "int4" and can_quantize(weight):
-        return Int4Projection(weight, bias)
+        return Int4Projection(weight, bias, kernels)
     return Projection(weight, bias)

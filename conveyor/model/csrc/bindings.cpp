@@ -9,10 +9,16 @@ torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
 torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& slot_mapping,
                                int64_t heads, int64_t kv_heads);
+bool quant_linear_vectorized();
+torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, const c10::optional<torch::Tensor>& bias);
+torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "Paged decode attention over block tables (CPU)");
   m.def("add_rms_norm", &add_rms_norm, "hidden += delta (in place), then RMSNorm(hidden) * weight (CPU)");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up for gate_up = [gate | up] (CPU)");
+  m.def("quant_linear_vectorized", &quant_linear_vectorized, "Whether int4/int8_linear were built with AVX-512 BF16");
+  m.def("int4_linear", &int4_linear, "x @ W^T for int4 weights packed by conveyor.model.quant (CPU)");
+  m.def("int8_linear", &int8_linear, "x @ W^T for int8 rows packed by conveyor.model.quant (CPU)");
   m.def("rotary_and_cache", &rotary_and_cache, "Rotary Q/K from fused QKV rows, K/V written to cache slots (CPU)");
 }
