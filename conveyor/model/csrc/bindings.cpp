@@ -13,12 +13,16 @@ bool quant_linear_vectorized();
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, const c10::optional<torch::Tensor>& bias);
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale);
 
+// Every op releases the GIL while it computes, as torch's own ops do: on CPU the engine's host thread
+// (async batching, runtime/overlap.py) runs Python while the forward pass is in these kernels.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "Paged decode attention over block tables (CPU)");
-  m.def("add_rms_norm", &add_rms_norm, "hidden += delta (in place), then RMSNorm(hidden) * weight (CPU)");
-  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up for gate_up = [gate | up] (CPU)");
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("decode_attention", &decode_attention, no_gil, "Paged decode attention over block tables (CPU)");
+  m.def("add_rms_norm", &add_rms_norm, no_gil, "hidden += delta (in place), then RMSNorm(hidden) * weight (CPU)");
+  m.def("silu_and_mul", &silu_and_mul, no_gil, "silu(gate) * up for gate_up = [gate | up] (CPU)");
   m.def("quant_linear_vectorized", &quant_linear_vectorized, "Whether int4/int8_linear were built with AVX-512 BF16");
-  m.def("int4_linear", &int4_linear, "x @ W^T for int4 weights packed by conveyor.model.quant (CPU)");
-  m.def("int8_linear", &int8_linear, "x @ W^T for int8 rows packed by conveyor.model.quant (CPU)");
-  m.def("rotary_and_cache", &rotary_and_cache, "Rotary Q/K from fused QKV rows, K/V written to cache slots (CPU)");
+  m.def("int4_linear", &int4_linear, no_gil, "x @ W^T for int4 weights packed by conveyor.model.quant (CPU)");
+  m.def("int8_linear", &int8_linear, no_gil, "x @ W^T for int8 rows packed by conveyor.model.quant (CPU)");
+  m.def("rotary_and_cache", &rotary_and_cache, no_gil,
+        "Rotary Q/K from fused QKV rows, K/V written to cache slots (CPU)");
 }
