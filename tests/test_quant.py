@@ -192,3 +192,24 @@ def test_native_int4_is_exact_up_to_output_rounding(shape: tuple[int, int], rows
     exact = x.double() @ deq.t()  # [rows, out]
     magnitude = x.double().abs() @ deq.abs().t()  # [rows, out]: bounds every partial sum
     assert ((got - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()
+
+
+def test_native_quant_products_reject_bad_inputs_with_reasons(request: pytest.FixtureRequest) -> None:
+    kernels = _kernels("native", request)
+    from conveyor.model.quant import pack_int4_blocks, pack_int8_rows
+
+    w = torch.randn(32, 64)  # [out, in]
+    blocks = pack_int4_blocks(*quantize_int4(w))
+    x = torch.randn(2, 64).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="x has 32 columns, the weights take 64"):
+        kernels.int4_linear(x[:, :32].contiguous(), blocks, None)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        kernels.int4_linear(x.float(), blocks, None)
+    with pytest.raises(RuntimeError, match="pack_int4_blocks"):
+        kernels.int4_linear(x, blocks.view(-1), None)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        kernels.int4_linear(x, blocks, torch.zeros(31, dtype=torch.bfloat16))
+    codes = pack_int8_rows(torch.randint(-127, 128, (32, 64), dtype=torch.int8))
+    with pytest.raises(RuntimeError, match="scale must be"):
+        kernels.int8_linear(x, codes, torch.ones(32, dtype=torch.bfloat16))
+    assert kernels.int4_linear(x[:0], blocks, None).shape == (0, 32)

@@ -89,7 +89,7 @@ class ModelRunner:
         self.device = info.device
         self.block_size = config.block_size
         if config.quantization == "int4" and info.device.type != "cpu":
-            raise ConfigError(f"quantization='int4' uses torch's CPU int4 kernel and cannot run on {info.name}; "
+            raise ConfigError(f"quantization='int4' has CPU kernels only and cannot run on {info.name}; "
                               f"use device='cpu', or leave quantization unset (dtype='bfloat16' is fast on GPUs)")
         kernels = resolve_kernels(config.kernels, info.device)
         self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device, config.quantization, kernels)

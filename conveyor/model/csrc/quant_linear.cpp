@@ -17,8 +17,8 @@
 //   sum_k w_k x_k = scale * sum_k q_k x_k + (zero - 8 scale) * sum_k x_k.
 // int8, per block of 16 rows: [K][16] int8, widened to float32 and multiplied with FMAs.
 //
-// Without AVX-512 BF16 the same layouts are read by plain loops (correct, not fast); Python asks
-// `quant_linear_vectorized()` before choosing these kernels over torch's.
+// They need AVX-512 BF16; built without it they raise, and Python asks `quant_linear_vectorized()`
+// before choosing them over torch's int4/int8 kernels.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -37,53 +37,6 @@ constexpr int64_t kCodeBytes = 256;   // 16 rows x 32 columns x 4 bits
 constexpr int64_t kBlockBytes = 320;  // codes + 16 scales + 16 zeros (bfloat16)
 constexpr int64_t kMinBytesPerThread = 32768;  // less is not worth waking a thread for
 constexpr int64_t kPrefetchBytes = 2048;  // software prefetch distance (1-16 KiB measured alike; none: 1.5x slower)
-
-inline float bf16_bits_to_float(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof(f));
-  return f;
-}
-
-// Plain loops over the same layouts, for CPUs without AVX-512 BF16.
-void int4_block_portable(const uint8_t* blocks, int64_t groups, const c10::BFloat16* x, int64_t in_features,
-                         int64_t rows, float* out /* [rows][16] */) {
-  for (int64_t m = 0; m < rows; ++m) {
-    float total[kRows] = {};
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* block = blocks + g * kBlockBytes;
-      const auto* scales = reinterpret_cast<const uint16_t*>(block + kCodeBytes);
-      const auto* zeros = scales + kRows;
-      const c10::BFloat16* xg = x + m * in_features + g * kGroup;
-      float xsum = 0.f;
-      for (int64_t k = 0; k < kGroup; ++k) xsum += static_cast<float>(xg[k]);
-      for (int64_t r = 0; r < kRows; ++r) {
-        float dot = 0.f;
-        for (int64_t t = 0; t < 8; ++t) {
-          for (int64_t p = 0; p < 2; ++p) {
-            const uint8_t byte = block[t * 32 + 2 * r + p];
-            dot += static_cast<float>(byte & 15) * static_cast<float>(xg[4 * t + p]);
-            dot += static_cast<float>(byte >> 4) * static_cast<float>(xg[4 * t + 2 + p]);
-          }
-        }
-        const float scale = bf16_bits_to_float(scales[r]);
-        total[r] += scale * dot + (bf16_bits_to_float(zeros[r]) - 8.f * scale) * xsum;
-      }
-    }
-    std::copy(total, total + kRows, out + m * kRows);
-  }
-}
-
-void int8_block_portable(const int8_t* codes /* [K][16] */, const float* x /* [rows][K] */, int64_t in_features,
-                         int64_t rows, float* out /* [rows][16] */) {
-  for (int64_t m = 0; m < rows; ++m) {
-    float total[kRows] = {};
-    for (int64_t k = 0; k < in_features; ++k) {
-      for (int64_t r = 0; r < kRows; ++r) total[r] += static_cast<float>(codes[k * kRows + r]) * x[m * in_features + k];
-    }
-    std::copy(total, total + kRows, out + m * kRows);
-  }
-}
 
 #if defined(CONVEYOR_VEC_BF16)
 using namespace conveyor_vec;
@@ -214,8 +167,16 @@ bool quant_linear_vectorized() {
 #endif
 }
 
+namespace {
+void require_vectorized() {
+  TORCH_CHECK(quant_linear_vectorized(), "int4_linear / int8_linear need a CPU with AVX-512 BF16 (this build has "
+              "none); conveyor.model.quant uses torch's int4/int8 kernels here");
+}
+}  // namespace
+
 // x [rows, in] bfloat16; blocks [out / 16, in / 32, 320] uint8 (layout above) -> [rows, out] bfloat16.
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, const c10::optional<torch::Tensor>& bias) {
+  require_vectorized();
   TORCH_CHECK(blocks.device().is_cpu() && blocks.dim() == 3 && blocks.size(2) == kBlockBytes &&
                   blocks.is_contiguous() && blocks.scalar_type() == at::kByte,
               "blocks must be contiguous [out / 16, in / 32, 320] uint8 (conveyor.model.quant.pack_int4_blocks)");
@@ -258,8 +219,6 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, c
         case 1: int4_block<1>(block, groups, xp + m * in_features, in_features, xs, table, out); break;
         default: break;
       }
-#else
-      int4_block_portable(block, groups, xp, in_features, rows, sums.data());
 #endif
       store_block(sums.data(), rows, b, out_features, nullptr, biasp, yp);
     }
@@ -269,6 +228,7 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, c
 
 // x [rows, in] bfloat16; codes [out / 16, in, 16] int8 (pack_int8_rows); scale [out] float32 -> [rows, out] bfloat16.
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale) {
+  require_vectorized();
   TORCH_CHECK(codes.device().is_cpu() && codes.dim() == 3 && codes.size(2) == kRows && codes.is_contiguous() &&
                   codes.scalar_type() == at::kChar,
               "codes must be contiguous [out / 16, in, 16] int8 (conveyor.model.quant.pack_int8_rows)");
@@ -294,8 +254,6 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, co
       int64_t m = 0;
       for (; m + 2 <= rows; m += 2) int8_block<2>(block, xp + m * in_features, in_features, sums.data() + m * kRows);
       if (m < rows) int8_block<1>(block, xp + m * in_features, in_features, sums.data() + m * kRows);
-#else
-      int8_block_portable(block, xp, in_features, rows, sums.data());
 #endif
       store_block(sums.data(), rows, b, out_features, sp, nullptr, yp);
     }
