@@ -212,4 +212,47 @@ def test_native_quant_products_reject_bad_inputs_with_reasons(request: pytest.Fi
     codes = pack_int8_rows(torch.randint(-127, 128, (32, 64), dtype=torch.int8))
     with pytest.raises(RuntimeError, match="scale must be"):
         kernels.int8_linear(x, codes, torch.ones(32, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="no input columns"):
+        kernels.int4_linear(x[:, :0].contiguous(), torch.zeros(2, 0, 320, dtype=torch.uint8), None)
     assert kernels.int4_linear(x[:0], blocks, None).shape == (0, 32)
+
+
+def test_int4_packing_follows_the_documented_layout() -> None:
+    """Reads pack_int4_blocks' bytes back by the layout csrc/quant_linear.cpp documents (runs on any CPU)."""
+    from conveyor.model.quant import pack_int4_blocks
+
+    gen = torch.Generator().manual_seed(5)
+    out_features, in_features = 48, 3 * GROUP_SIZE
+    codes, scale, zero = quantize_int4(torch.randn(out_features, in_features, generator=gen))
+    blocks = pack_int4_blocks(codes, scale, zero)  # [out / 16, in / 32, 320]
+    assert blocks.shape == (3, 3, 320) and blocks.dtype == torch.uint8
+    raw = blocks.tolist()
+    for n in range(out_features):
+        b, r = divmod(n, 16)
+        for k in range(in_features):
+            g, col = divmod(k, GROUP_SIZE)
+            t, rest = divmod(col, 4)  # quad t holds columns 4t..4t+3
+            high, p = divmod(rest, 2)  # columns 4t+p in the low nibble, 4t+2+p in the high one
+            byte = raw[b][g][32 * t + 2 * r + p]
+            assert (byte >> 4 if high else byte & 15) == codes[n, k]
+        for g in range(in_features // GROUP_SIZE):
+            as_bf16 = torch.tensor(raw[b][g][256 + 2 * r:258 + 2 * r] + raw[b][g][288 + 2 * r:290 + 2 * r],
+                                   dtype=torch.uint8).view(torch.bfloat16)
+            assert as_bf16[0] == scale[n, g] and as_bf16[1] == zero[n, g]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_native_int8_head_is_exact_up_to_output_rounding(rows: int, request: pytest.FixtureRequest) -> None:
+    """A head wide enough to be split between threads, and an input width (97) that leaves a remainder
+    after the kernel's unrolled columns."""
+    kernels = _kernels("native", request)
+    gen = torch.Generator().manual_seed(rows)
+    w = (torch.randn(4096, 97, generator=gen) / 10).to(torch.bfloat16)  # [vocab, hidden]
+    head = make_lm_head(w, "int4", kernels)
+    assert isinstance(head, Int8Projection) and head.kernels is not None
+    x = torch.randn(rows, 97, generator=gen).to(torch.bfloat16)  # [rows, hidden]
+    got = head(x).double()  # [rows, vocab]
+    deq = head.dequantized().double()  # [vocab, hidden]
+    exact = x.double() @ deq.t()
+    magnitude = x.double().abs() @ deq.abs().t()
+    assert ((got - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()

@@ -62,7 +62,7 @@ class NativeKernels(Protocol):
         ...
 
     def quant_linear_vectorized(self) -> bool:
-        """Whether int4_linear / int8_linear were built with AVX-512 BF16 (else plain loops: correct, slow)."""
+        """Whether int4_linear / int8_linear were built with AVX-512 BF16 (else they raise)."""
         ...
 
     def int4_linear(self, x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

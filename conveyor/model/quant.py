@@ -117,9 +117,9 @@ bfloat16's 1.62; 8 rows: 2.98 against 1.82)."""
 
 class Int8Projection:
     """y = x W^T, W in int8 with one bfloat16 scale per output row (symmetric), for the LM head of an
-    int4 model (as GGUF files keep the output/embedding matrix at 8 bits): torch's
-    `_weight_int8pack_mm` for up to LM_HEAD_INT8_ROWS rows, a bfloat16 copy of the same dequantized
-    weights for more."""
+    int4 model (as GGUF files keep the output/embedding matrix at 8 bits): the native kernel for up to
+    LM_HEAD_INT8_ROWS_NATIVE rows (torch's `_weight_int8pack_mm` for up to LM_HEAD_INT8_ROWS where it is
+    not vectorized), a bfloat16 copy of the same dequantized weights for more."""
 
     def __init__(self, weight: torch.Tensor, kernels: NativeKernels | None = None) -> None:
         w = weight.float()  # [out, in]

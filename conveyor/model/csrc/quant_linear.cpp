@@ -75,7 +75,7 @@ void int4_block(const uint8_t* blocks, int64_t groups, const c10::BFloat16* x, i
     __m512 acc[R][kChains];
     for (int m = 0; m < R; ++m)
       for (int c = 0; c < kChains; ++c) acc[m][c] = _mm512_setzero_ps();
-    const auto* xg = reinterpret_cast<const int32_t*>(x + g * kGroup);  // pairs of bfloat16
+    const c10::BFloat16* xg = x + g * kGroup;
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
       const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * t)));
@@ -83,9 +83,10 @@ void int4_block(const uint8_t* blocks, int64_t groups, const c10::BFloat16* x, i
       const __m512bh high = reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(_mm512_srli_epi16(bytes, 4), table));
       const int c = kChains == 4 ? 2 * (t & 1) : 0;
       for (int m = 0; m < R; ++m) {
-        const int32_t* xm = xg + m * (in_features / 2) + 2 * t;
-        acc[m][c] = _mm512_dpbf16_ps(acc[m][c], low, reinterpret_cast<__m512bh>(_mm512_set1_epi32(xm[0])));
-        acc[m][c + 1] = _mm512_dpbf16_ps(acc[m][c + 1], high, reinterpret_cast<__m512bh>(_mm512_set1_epi32(xm[1])));
+        int32_t pairs[2];  // (x[4t], x[4t+1]) and (x[4t+2], x[4t+3]) as two bfloat16 each
+        std::memcpy(pairs, xg + m * in_features + 4 * t, sizeof(pairs));
+        acc[m][c] = _mm512_dpbf16_ps(acc[m][c], low, reinterpret_cast<__m512bh>(_mm512_set1_epi32(pairs[0])));
+        acc[m][c + 1] = _mm512_dpbf16_ps(acc[m][c + 1], high, reinterpret_cast<__m512bh>(_mm512_set1_epi32(pairs[1])));
       }
     }
     const __m512 scale = bf16x16_to_float(block + kCodeBytes);
@@ -152,9 +153,9 @@ void check_input(const torch::Tensor& x, int64_t in_features) {
 
 void check_bias(const c10::optional<torch::Tensor>& bias, int64_t out_features) {
   if (!bias.has_value()) return;
-  TORCH_CHECK(bias->dim() == 1 && bias->size(0) == out_features && bias->is_contiguous() &&
+  TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == out_features && bias->is_contiguous() &&
                   bias->scalar_type() == at::kBFloat16,
-              "bias must be a contiguous [out] bfloat16 tensor");
+              "bias must be a contiguous [out] bfloat16 CPU tensor");
 }
 
 }  // namespace
@@ -180,6 +181,7 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, c
   TORCH_CHECK(blocks.device().is_cpu() && blocks.dim() == 3 && blocks.size(2) == kBlockBytes &&
                   blocks.is_contiguous() && blocks.scalar_type() == at::kByte,
               "blocks must be contiguous [out / 16, in / 32, 320] uint8 (conveyor.model.quant.pack_int4_blocks)");
+  TORCH_CHECK(blocks.size(1) > 0, "blocks have no input columns (in must be a positive multiple of 32)");
   const int64_t num_blocks = blocks.size(0), groups = blocks.size(1);
   const int64_t in_features = groups * kGroup, out_features = num_blocks * kRows, rows = x.size(0);
   check_input(x, in_features);
@@ -187,7 +189,9 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, c
   auto y = torch::empty({rows, out_features}, x.options());
   if (rows == 0 || out_features == 0) return y;
   const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
-  std::vector<float> xsums(rows * groups);  // [rows][groups]: sum of each group's activations
+  // [rows][groups]: sum of each group's activations (a denormal x counts here but is zero to vdpbf16ps:
+  // an error below 1e-38)
+  std::vector<float> xsums(rows * groups);
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t g = 0; g < groups; ++g) {
       float s = 0.f;
@@ -232,12 +236,13 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, co
   TORCH_CHECK(codes.device().is_cpu() && codes.dim() == 3 && codes.size(2) == kRows && codes.is_contiguous() &&
                   codes.scalar_type() == at::kChar,
               "codes must be contiguous [out / 16, in, 16] int8 (conveyor.model.quant.pack_int8_rows)");
+  TORCH_CHECK(codes.size(1) > 0, "codes have no input columns");
   const int64_t num_blocks = codes.size(0), in_features = codes.size(1), out_features = num_blocks * kRows;
   const int64_t rows = x.size(0);
   check_input(x, in_features);
-  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == out_features && scale.is_contiguous() &&
-                  scale.scalar_type() == at::kFloat,
-              "scale must be a contiguous [out] float32 tensor");
+  TORCH_CHECK(scale.device().is_cpu() && scale.dim() == 1 && scale.size(0) == out_features &&
+                  scale.is_contiguous() && scale.scalar_type() == at::kFloat,
+              "scale must be a contiguous [out] float32 CPU tensor");
   auto y = torch::empty({rows, out_features}, x.options());
   if (rows == 0 || out_features == 0) return y;
   const torch::Tensor xf = x.to(at::kFloat);  // [rows, in]: bfloat16 widens exactly
