@@ -63,9 +63,10 @@ class EngineConfig:
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu' or 'cuda'."""
     kernels: str = "auto"
-    """'auto' (on CPU, native kernels for decode attention, residual add + RMSNorm and SiLU-and-mul,
-    built once per machine where a C++ compiler exists; else torch's ops), 'native' (those, or an
-    error saying why not) or 'torch' (torch's ops only: gather + SDPA attention; any device)."""
+    """'auto' (on CPU, native kernels for decode attention, residual add + RMSNorm, SiLU-and-mul, rotary +
+    KV-cache write and the int4/int8 products, built once per machine where a C++ compiler exists; else
+    torch's ops), 'native' (those, or an error saying why not) or 'torch' (torch's ops only: gather +
+    SDPA attention, torch's int4/int8 kernels; any device)."""
     max_model_len: int | None = None
     """Longest prompt + output in tokens; None = the model's own context length."""
     block_size: int = 16

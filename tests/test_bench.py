@@ -124,3 +124,21 @@ def test_latency_cli_interleaves_ours_and_the_peer(tmp_path: Any) -> None:
                                cwd=tmp_path)
     assert too_short.returncode == 2 and "--output-len must be at least 2" in too_short.stderr
     assert "Traceback" not in too_short.stderr
+
+
+def test_async_vs_sync_report_on_a_tiny_model(tmp_path: Any) -> None:
+    from conveyor.bench.async_compare import compare, markdown_table
+    from conveyor.config import EngineConfig
+
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder)
+    config = EngineConfig(model=folder, kv_cache_memory="1MiB", max_model_len=64)
+    workload = {"tiny: 3 x 6 new": dict(num_requests=3, input_len=(5, 9), output_len=(6, 6))}
+    report = compare(config, runs=3, workloads=workload)
+    w = report["workloads"]["tiny: 3 x 6 new"]
+    assert w["identical_tokens"] is True and w["output_tokens"] == 18
+    assert [len(w["runs"][m]) for m in ("sync", "async")] == [3, 3]
+    assert all(r["output_tokens"] == 18 for m in ("sync", "async") for r in w["runs"][m])
+    expected = [a["tokens_per_s"] / s["tokens_per_s"] for a, s in zip(w["runs"]["async"], w["runs"]["sync"])]
+    assert w["pair_ratios"] == expected
+    assert "tiny: 3 x 6 new" in markdown_table(report)

@@ -78,6 +78,9 @@ def compare(config: EngineConfig, runs: int = 5, trace_path: str | None = None,
             "identical_tokens": warm["sync"] == warm["async"],
             "median_tokens_per_s": med,
             "speedup_async_over_sync": med["async"] / med["sync"],
+            # The i-th async run over the i-th sync run (adjacent in time): steadier than the ratio of medians
+            # when the machine's speed drifts during the benchmark.
+            "pair_ratios": [a.tokens_per_s / s.tokens_per_s for a, s in zip(results["async"], results["sync"])],
             "median_device_idle_fraction": {m: statistics.median(r.device_idle_fraction for r in rs)
                                             for m, rs in results.items()},
             "runs": {m: [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in rs] for m, rs in results.items()},
@@ -104,11 +107,12 @@ def _config_dict(config: EngineConfig) -> dict[str, Any]:
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    lines = ["| workload | sync tok/s | async tok/s | async / sync | device idle sync | device idle async | "
-             "identical tokens |", "|---|---|---|---|---|---|---|"]
+    lines = ["| workload | sync tok/s | async tok/s | async / sync | median pair ratio (range) | device idle sync | "
+             "device idle async | identical tokens |", "|---|---|---|---|---|---|---|---|"]
     for name, w in report["workloads"].items():
-        med, idle = w["median_tokens_per_s"], w["median_device_idle_fraction"]
+        med, idle, pairs = w["median_tokens_per_s"], w["median_device_idle_fraction"], w["pair_ratios"]
         lines.append(f"| {name} | {med['sync']:.1f} | {med['async']:.1f} | {w['speedup_async_over_sync']:.3f}x | "
+                     f"{statistics.median(pairs):.3f}x ({min(pairs):.2f}-{max(pairs):.2f}) | "
                      f"{idle['sync']:.1%} | {idle['async']:.1%} | {w['identical_tokens']} |")
     return "\n".join(lines)
 
