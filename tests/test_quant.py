@@ -69,6 +69,9 @@ def test_int4_projection_multiplies_by_the_dequantized_weights(rows: int, bias: 
     x = torch.randn(rows, 3 * GROUP_SIZE).to(torch.bfloat16)  # [rows, in]
     got = proj(x)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, 64)
+    strided = torch.zeros(rows, 2 * 3 * GROUP_SIZE, dtype=torch.bfloat16)[:, ::2]  # the same rows, not contiguous
+    strided.copy_(x)
+    assert torch.equal(proj(strided), got)
     exact = x.float() @ deq.t() + (0 if b is None else b.to(torch.bfloat16).float())  # [rows, out]
     if rows > SMALL_BATCH_ROWS:  # the bfloat16 copy: F.linear over the bf16-rounded dequantized weights
         assert torch.equal(got, F.linear(x, deq.to(torch.bfloat16), None if b is None else b.to(torch.bfloat16)))
@@ -91,6 +94,9 @@ def test_int8_lm_head_multiplies_by_its_dequantized_weights(rows: int, backend: 
     x = torch.randn(rows, 96).to(torch.bfloat16)
     got = head(x)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, 320)
+    strided = torch.zeros(rows, 192, dtype=torch.bfloat16)[:, ::2]  # the same rows, not contiguous
+    strided.copy_(x)
+    assert torch.equal(head(strided), got)
     exact = x.float() @ deq.t()  # [rows, vocab]
     if rows > head.max_rows:  # the bfloat16 copy of the same dequantized weights
         assert torch.equal(got, F.linear(x, deq.to(torch.bfloat16)))

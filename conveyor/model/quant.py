@@ -101,6 +101,7 @@ class Int4Projection:
         """x: [tokens, in] bfloat16 -> [tokens, out] bfloat16."""
         if x.shape[0] > SMALL_BATCH_ROWS:
             return self.dense(x)
+        x = x.contiguous()  # both int4 kernels read rows in place
         if self.kernels is not None:
             return self.kernels.int4_linear(x, self.blocks, self.bias)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
@@ -139,6 +140,7 @@ class Int8Projection:
         """x: [rows, in] bfloat16 -> [rows, out] bfloat16."""
         if x.shape[0] > self.max_rows:
             return self.dense(x)
+        x = x.contiguous()
         if self.kernels is not None:
             return self.kernels.int8_linear(x, self.codes, self.scale_f32)
         return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scale)
