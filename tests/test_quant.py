@@ -16,7 +16,7 @@ from conveyor.errors import ConfigError
 from conveyor.model.layers import Projection
 from conveyor.model.quant import (GROUP_SIZE, LM_HEAD_INT8_ROWS, LM_HEAD_INT8_ROWS_NATIVE, SMALL_BATCH_ROWS,
                                   Int4Projection, Int8Projection, dequantize_int4, dequantize_int8, make_lm_head,
-                                  make_projection, quantize_int4)
+                                  make_projection, pack_int4_blocks, pack_int8_rows, quantize_int4)
 
 NEW_TOKENS = 32
 BF16_TIE_GAP = 0.5  # as in test_parity_bf16: int4 runs with bfloat16 activations
@@ -189,8 +189,6 @@ def test_native_int4_is_exact_up_to_output_rounding(shape: tuple[int, int], rows
     gen = torch.Generator().manual_seed(rows * 7 + out_features)
     w = torch.randn(out_features, in_features, generator=gen) / 10  # [out, in]
     codes, scale, zero = quantize_int4(w)
-    from conveyor.model.quant import pack_int4_blocks
-
     blocks = pack_int4_blocks(codes, scale, zero)  # [out / 16, in / 32, 320]
     x = torch.randn(rows, in_features, generator=gen).to(torch.bfloat16)  # [rows, in]
     got = kernels.int4_linear(x, blocks, None).double()  # [rows, out]
@@ -202,8 +200,6 @@ def test_native_int4_is_exact_up_to_output_rounding(shape: tuple[int, int], rows
 
 def test_native_quant_products_reject_bad_inputs_with_reasons(request: pytest.FixtureRequest) -> None:
     kernels = _kernels("native", request)
-    from conveyor.model.quant import pack_int4_blocks, pack_int8_rows
-
     w = torch.randn(32, 64)  # [out, in]
     blocks = pack_int4_blocks(*quantize_int4(w))
     x = torch.randn(2, 64).to(torch.bfloat16)
@@ -225,8 +221,6 @@ def test_native_quant_products_reject_bad_inputs_with_reasons(request: pytest.Fi
 
 def test_int4_packing_follows_the_documented_layout() -> None:
     """Reads pack_int4_blocks' bytes back by the layout csrc/quant_linear.cpp documents (runs on any CPU)."""
-    from conveyor.model.quant import pack_int4_blocks
-
     gen = torch.Generator().manual_seed(5)
     out_features, in_features = 48, 3 * GROUP_SIZE
     codes, scale, zero = quantize_int4(torch.randn(out_features, in_features, generator=gen))

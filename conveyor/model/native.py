@@ -134,7 +134,7 @@ def load_kernels() -> NativeKernels:
     missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
     if missing:
         raise NoToolchain(f"building the native kernels needs {' and '.join(missing)} on PATH "
-                                f"(install a C++ compiler such as g++, and `pip install ninja`)")
+                          f"(install a C++ compiler such as g++, and `pip install ninja`)")
     from torch.utils.cpp_extension import load
 
     name = _build_name()

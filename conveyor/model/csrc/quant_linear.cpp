@@ -17,18 +17,20 @@
 //   sum_k w_k x_k = scale * sum_k q_k x_k + (zero - 8 scale) * sum_k x_k.
 // int8, per block of 16 rows: [K][16] int8, widened to float32 and multiplied with FMAs.
 //
-// They need AVX-512 BF16; built without it they raise, and Python asks `quant_linear_vectorized()`
-// before choosing them over torch's int4/int8 kernels.
+// They need AVX-512 BF16; built without it they raise (the end of this file), and Python asks
+// `quant_linear_vectorized()` before choosing them over torch's int4/int8 kernels.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "vec_bf16.h"
 
+#if defined(CONVEYOR_VEC_BF16)
 namespace {
 
 constexpr int64_t kRows = 16;         // output rows per block
@@ -38,7 +40,6 @@ constexpr int64_t kBlockBytes = 320;  // codes + 16 scales + 16 zeros (bfloat16)
 constexpr int64_t kMinBytesPerThread = 32768;  // less is not worth waking a thread for
 constexpr int64_t kPrefetchBytes = 2048;  // software prefetch distance (1-16 KiB measured alike; none: 1.5x slower)
 
-#if defined(CONVEYOR_VEC_BF16)
 using namespace conveyor_vec;
 
 // The bfloat16 bit patterns of 0..15, twice: vpermw reads the low 5 bits of each index, so the low
@@ -129,7 +130,6 @@ void int8_block(const int8_t* codes, const float* x, int64_t in_features, float*
     _mm512_storeu_ps(out + m * kRows, sum);
   }
 }
-#endif
 
 // y [rows, out] bfloat16 from the float32 block results, scaled per row and with the bias added.
 void store_block(const float* sums /* [rows][16] */, int64_t rows, int64_t block, int64_t out_features,
@@ -160,24 +160,8 @@ void check_bias(const c10::optional<torch::Tensor>& bias, int64_t out_features) 
 
 }  // namespace
 
-bool quant_linear_vectorized() {
-#if defined(CONVEYOR_VEC_BF16)
-  return true;
-#else
-  return false;
-#endif
-}
-
-namespace {
-void require_vectorized() {
-  TORCH_CHECK(quant_linear_vectorized(), "int4_linear / int8_linear need a CPU with AVX-512 BF16 (this build has "
-              "none); conveyor.model.quant uses torch's int4/int8 kernels here");
-}
-}  // namespace
-
 // x [rows, in] bfloat16; blocks [out / 16, in / 32, 320] uint8 (layout above) -> [rows, out] bfloat16.
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, const c10::optional<torch::Tensor>& bias) {
-  require_vectorized();
   TORCH_CHECK(blocks.device().is_cpu() && blocks.dim() == 3 && blocks.size(2) == kBlockBytes &&
                   blocks.is_contiguous() && blocks.scalar_type() == at::kByte,
               "blocks must be contiguous [out / 16, in / 32, 320] uint8 (conveyor.model.quant.pack_int4_blocks)");
@@ -205,12 +189,9 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, c
   const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / (groups * kBlockBytes));
   at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> sums(rows * kRows);
-#if defined(CONVEYOR_VEC_BF16)
     const __m512i table = nibble_to_bf16_table();
-#endif
     for (int64_t b = begin; b < end; ++b) {
       const uint8_t* block = bp + b * groups * kBlockBytes;
-#if defined(CONVEYOR_VEC_BF16)
       int64_t m = 0;
       for (; m + 4 <= rows; m += 4)
         int4_block<4>(block, groups, xp + m * in_features, in_features, xsums.data() + m * groups, table,
@@ -223,7 +204,6 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, c
         case 1: int4_block<1>(block, groups, xp + m * in_features, in_features, xs, table, out); break;
         default: break;
       }
-#endif
       store_block(sums.data(), rows, b, out_features, nullptr, biasp, yp);
     }
   });
@@ -232,7 +212,6 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, c
 
 // x [rows, in] bfloat16; codes [out / 16, in, 16] int8 (pack_int8_rows); scale [out] float32 -> [rows, out] bfloat16.
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale) {
-  require_vectorized();
   TORCH_CHECK(codes.device().is_cpu() && codes.dim() == 3 && codes.size(2) == kRows && codes.is_contiguous() &&
                   codes.scalar_type() == at::kChar,
               "codes must be contiguous [out / 16, in, 16] int8 (conveyor.model.quant.pack_int8_rows)");
@@ -255,13 +234,33 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, co
     std::vector<float> sums(rows * kRows);
     for (int64_t b = begin; b < end; ++b) {
       const int8_t* block = cp + b * in_features * kRows;
-#if defined(CONVEYOR_VEC_BF16)
       int64_t m = 0;
       for (; m + 2 <= rows; m += 2) int8_block<2>(block, xp + m * in_features, in_features, sums.data() + m * kRows);
       if (m < rows) int8_block<1>(block, xp + m * in_features, in_features, sums.data() + m * kRows);
-#endif
       store_block(sums.data(), rows, b, out_features, sp, nullptr, yp);
     }
   });
   return y;
 }
+
+bool quant_linear_vectorized() { return true; }
+
+#else  // no AVX-512 BF16: the ops exist and say why they cannot run
+
+namespace {
+[[noreturn]] void not_vectorized() {
+  TORCH_CHECK(false, "int4_linear / int8_linear need a CPU with AVX-512 BF16 (this build has none); "
+              "conveyor.model.quant uses torch's int4/int8 kernels here");
+  std::abort();  // not reached: TORCH_CHECK(false, ...) throws
+}
+}  // namespace
+
+bool quant_linear_vectorized() { return false; }
+
+torch::Tensor int4_linear(const torch::Tensor&, const torch::Tensor&, const c10::optional<torch::Tensor>&) {
+  not_vectorized();
+}
+
+torch::Tensor int8_linear(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) { not_vectorized(); }
+
+#endif
