@@ -130,7 +130,7 @@ def int4_case(default_llm: Any) -> tuple[list[list[int]], Any, Any]:
     for layer in reference.engine.runner.model.layers:  # float32 over exactly the weights int4 multiplies by
         for name in ("qkv", "o_proj", "gate_up", "down"):
             proj = getattr(layer, name)
-            deq = dequantize_int4(*quantize_int4(proj.weight.t()))  # stored transposed in float32
+            deq = dequantize_int4(*quantize_int4(proj.unpacked()))
             setattr(layer, name, Projection(deq.to(torch.bfloat16).float(), proj.bias))
     head = ours.engine.runner.model.lm_head  # int8 rows, untied from the embedding
     reference.engine.runner.model.lm_head = Projection(head.dequantized())

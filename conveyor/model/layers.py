@@ -8,6 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from conveyor.model.native import NativeKernels
 from conveyor.model.spec import RopeSpec
 
 
@@ -15,29 +16,44 @@ class Projection:
     """y = x W^T + b for a weight W [out, in], stored in the layout that multiplies fastest.
 
     Measured on the 2-core AVX-512 machine (see benchmarks/RESULTS.md):
-    - float32: oneDNN's skinny GEMM reads W [out, in] 1.5-2.5x slower than a plain matmul
-      against W^T stored contiguous [in, out], so float32 weights are stored transposed;
+    - float32 with the native kernels (csrc/f32_linear.cpp): W in 32-column panels, multiplied by
+      our kernel up to F32_NATIVE_MAX_ROWS rows (all decoder linears of the default model: 8 rows
+      27 vs 47 ms, 64 rows 57 vs 78-97 ms against torch's GEMM, 512 rows even); larger prefill chunks
+      rebuild W^T from the panels for torch's GEMM (a copy worth a few % of such a product);
+    - float32 without them: oneDNN's skinny GEMM reads W [out, in] 1.5-2.5x slower than a plain
+      matmul against W^T stored contiguous [in, out], so W is stored transposed;
     - bfloat16 on a CPU with native bf16 (AVX-512 BF16 / AMX): F.linear re-packs W into
       oneDNN's blocked layout on every call. Packing once at load (`_reorder_linear_weight`)
       gives bit-identical results and cuts the linear layers' time by ~30% (24.7 vs 35.0 ms
       per 64-token decode step, 17.8 vs 26.7 ms per single-token step).
+    Only one layout is kept: keeping the plain W too would double the weight memory (measured,
+    default model with a 64 MiB KV cache: RSS 888 -> 686 MiB in bfloat16, 1035 -> 779 MiB with int4).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.out_features = weight.shape[0]
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 kernels: NativeKernels | None = None) -> None:
+        self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.packed = _pack_for_onednn(weight)  # opaque oneDNN tensor, or None
-        self.transposed = self.packed is None and weight.dtype == torch.float32 and weight.device.type == "cpu"
-        # Packed, the oneDNN copy is all that multiplies; keeping the plain one too would double the
-        # weight memory (measured, default model with a 64 MiB KV cache: RSS 888 -> 686 MiB in bfloat16,
-        # 1035 -> 779 MiB with int4).
-        self.weight: torch.Tensor | None = None if self.packed is not None else (
+        self.kernels = kernels if self.packed is None and _native_f32(weight, kernels) else None
+        self.panels = pack_f32_panels(weight) if self.kernels is not None else None  # [out / 32, in, 32]
+        if self.panels is not None and bias is not None:
+            self.bias = bias.contiguous()
+        self.transposed = self.packed is None and self.panels is None and weight.dtype == torch.float32 \
+            and weight.device.type == "cpu"
+        self.weight: torch.Tensor | None = None if self.packed is not None or self.panels is not None else (
             weight.t().contiguous() if self.transposed else weight)  # [in, out] or [out, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in] -> [tokens, out]."""
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
+        if self.panels is not None:
+            if x.shape[0] <= F32_NATIVE_MAX_ROWS:
+                assert self.kernels is not None
+                return self.kernels.f32_linear(x.contiguous(), self.panels, self.out_features, self.bias)
+            weight = self.panels.transpose(0, 1).reshape(self.in_features, -1)[:, :self.out_features]  # [in, out]
+            return x @ weight if self.bias is None else torch.addmm(self.bias, x, weight)
         weight = self.weight
         assert weight is not None
         if not self.transposed:
@@ -45,6 +61,37 @@ class Projection:
         if self.bias is not None:
             return torch.addmm(self.bias, x, weight)
         return x @ weight
+
+    def unpacked(self) -> torch.Tensor:
+        """-> W [out, in] with the values this projection multiplies by (a view or a copy); raises for the
+        opaque oneDNN pack."""
+        if self.panels is not None:
+            return self.panels.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]
+        if self.weight is None:
+            raise ValueError("this projection holds only oneDNN's packed bfloat16 weights")
+        return self.weight.t() if self.transposed else self.weight
+
+
+F32_NATIVE_MAX_ROWS = 1024
+"""Rows up to which float32 products use the native kernel: it matches torch's GEMM at 512 rows and
+reaches ~0.85x of it at 2048, where rebuilding W^T for torch's GEMM costs ~4%."""
+_F32_PANEL_COLS = 32
+
+
+def pack_f32_panels(weight: torch.Tensor) -> torch.Tensor:
+    """W [out, in] float32 -> [ceil(out / 32), in, 32]: panels[p, k, c] = W[32 p + c, k], zero past the
+    last row (the layout of csrc/f32_linear.cpp)."""
+    out_features, in_features = weight.shape
+    num_panels = -(-out_features // _F32_PANEL_COLS)
+    padded = weight.new_zeros(num_panels * _F32_PANEL_COLS, in_features)  # [panels * 32, in]
+    padded[:out_features] = weight
+    return padded.view(num_panels, _F32_PANEL_COLS, in_features).transpose(1, 2).contiguous()
+
+
+def _native_f32(weight: torch.Tensor, kernels: NativeKernels | None) -> bool:
+    """The native float32 kernel applies: given, built with AVX-512, and W float32 on the CPU."""
+    return kernels is not None and weight.dtype == torch.float32 and weight.device.type == "cpu" \
+        and weight.shape[1] > 0 and kernels.f32_linear_vectorized()
 
 
 _PACK_BATCH_HINT = 64

@@ -161,7 +161,7 @@ def make_lm_head(weight: torch.Tensor, quantization: str | None,
     """The LM head: int8 rows beside int4 decoder weights, else the dtype's fastest layout."""
     if quantization == "int4" and weight.device.type == "cpu":
         return Int8Projection(weight, kernels)
-    return Projection(weight)
+    return Projection(weight, None, kernels)
 
 
 def make_projection(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None,
@@ -169,4 +169,4 @@ def make_projection(weight: torch.Tensor, bias: torch.Tensor | None, quantizatio
     """The decoder's linear layers: int4 where asked and the shape allows it, else the dtype's fastest layout."""
     if quantization == "int4" and can_quantize(weight):
         return Int4Projection(weight, bias, kernels)
-    return Projection(weight, bias)
+    return Projection(weight, bias, kernels)

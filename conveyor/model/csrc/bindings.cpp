@@ -12,6 +12,9 @@ torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& co
 bool quant_linear_vectorized();
 torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, const c10::optional<torch::Tensor>& bias);
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale);
+bool f32_linear_vectorized();
+torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
+                         const c10::optional<torch::Tensor>& bias);
 
 // Every op releases the GIL while it computes, as torch's own ops do: on CPU the engine's host thread
 // (async batching, runtime/overlap.py) runs Python while the forward pass is in these kernels.
@@ -23,6 +26,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear_vectorized", &quant_linear_vectorized, "Whether int4/int8_linear were built with AVX-512 BF16");
   m.def("int4_linear", &int4_linear, no_gil, "x @ W^T for int4 weights packed by conveyor.model.quant (CPU)");
   m.def("int8_linear", &int8_linear, no_gil, "x @ W^T for int8 rows packed by conveyor.model.quant (CPU)");
+  m.def("f32_linear_vectorized", &f32_linear_vectorized, "Whether f32_linear was built with AVX-512");
+  m.def("f32_linear", &f32_linear, no_gil, "x @ W^T for float32 weights in panels (conveyor.model.layers, CPU)");
   m.def("rotary_and_cache", &rotary_and_cache, no_gil,
         "Rotary Q/K from fused QKV rows, K/V written to cache slots (CPU)");
 }

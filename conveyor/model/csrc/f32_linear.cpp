@@ -1,0 +1,191 @@
+// float32 matrix products for the row counts of decode steps and small prefill chunks (CPU).
+//
+// Why: torch's float32 GEMM (MKL) re-packs the weight matrix on every call and reads it from memory
+// without prefetching ahead, so with 8-64 rows it runs at a third to a half of the machine's FMA
+// rate when the weights come from DRAM, which they do every step (the default model's float32
+// weights are 536 MB). Measured on the 2-core AVX-512 machine, all decoder linears of the default
+// model, alternating with torch in one process: 8 rows 27 vs 47 ms, 64 rows 57 vs 78-97 ms,
+// 512 rows even (see benchmarks/RESULTS.md).
+//
+// Layout (conveyor.model.layers.pack_f32_panels): W [out, in] is cut into panels of 32 output
+// columns, each stored [in][32], so a panel is one contiguous stream and a row of it is two
+// AVX-512 registers:
+//   panels[p][k][c] = W[32 p + c][k]     (zero past the last output row)
+//
+// Per panel, blocks of up to 12 activation rows each keep 12 x 32 float32 sums in 24 registers:
+// one k step loads two weight registers, broadcasts 12 activations and issues 24 FMAs. The first
+// row block streams the panel from memory into L2, the others re-read it from there. While a panel
+// is multiplied, the next one is prefetched into L2, spread evenly over the panel's row blocks, so
+// the memory stream overlaps the arithmetic (without it, 64 rows took 85 instead of 57 ms).
+// Sums run in k order with fused multiply-adds over 128 input columns at a time, which are then added
+// up in y (summing all columns in one register chain doubled the error against float64). Not torch's
+// order: results differ from torch's in the last bits (tests bound both against float64).
+//
+// More rows than fit L2 beside a panel are done in chunks, each streaming the weights again.
+// Needs AVX-512F; built without it the op raises and Python keeps torch's GEMM.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <utility>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+
+namespace {
+
+constexpr int64_t kPanelCols = 32;          // output columns per panel: two AVX-512 registers
+constexpr int kMaxBlockRows = 12;           // activation rows per register block (24 accumulators)
+constexpr int64_t kDepth = 128;             // input columns summed in registers before y is updated
+constexpr int64_t kChunkBytes = 786432;     // activation rows per chunk: 768 KiB of them (L2 is 2 MiB)
+constexpr int64_t kMinPanelBytesPerThread = 32768;  // less is not worth waking a thread for
+
+// Prefetch plan for the next panel: this row block prefetches its share of it from `start`, advancing
+// `step` bytes per k step and touching `lines` cache lines from there (several when the share is more
+// than 64 bytes per k step).
+struct Prefetch {
+  const char* start = nullptr;
+  int64_t step = 0;
+  int lines = 0;
+};
+
+// y[r][0..cols) (+)= x[r][0..K) . panel[0..K)[0..32) for R rows, sums in registers; `first` stores
+// the sums, otherwise they are added to y; bias (when given) is added last.
+template <int R>
+void block_rows(const float* x, int64_t ldx, const float* panel, int64_t K, float* y, int64_t ldy, int64_t cols,
+                bool first, const float* bias, Prefetch prefetch) {
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = _mm512_setzero_ps();
+    acc[r][1] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const __m512 w0 = _mm512_loadu_ps(panel + k * kPanelCols);
+    const __m512 w1 = _mm512_loadu_ps(panel + k * kPanelCols + 16);
+    for (int line = 0; line < prefetch.lines; ++line)
+      _mm_prefetch(prefetch.start + k * prefetch.step + 64 * line, _MM_HINT_T1);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
+      acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);
+    }
+  }
+  const __mmask16 low = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  const __mmask16 high = cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : static_cast<__mmask16>((1u << (cols - 16)) - 1);
+  __m512 bias0 = _mm512_setzero_ps(), bias1 = _mm512_setzero_ps();
+  if (bias != nullptr) {
+    bias0 = _mm512_maskz_loadu_ps(low, bias);
+    bias1 = _mm512_maskz_loadu_ps(high, bias + 16);
+  }
+  for (int r = 0; r < R; ++r) {
+    __m512 v0 = acc[r][0], v1 = acc[r][1];
+    if (!first) {
+      v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(low, y + r * ldy), v0);
+      v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(high, y + r * ldy + 16), v1);
+    }
+    if (bias != nullptr) {
+      v0 = _mm512_add_ps(v0, bias0);
+      v1 = _mm512_add_ps(v1, bias1);
+    }
+    _mm512_mask_storeu_ps(y + r * ldy, low, v0);
+    _mm512_mask_storeu_ps(y + r * ldy + 16, high, v1);
+  }
+}
+
+using BlockFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, bool,
+                         const float*, Prefetch);
+
+template <int... Rows>
+constexpr std::array<BlockFn, sizeof...(Rows)> block_table(std::integer_sequence<int, Rows...>) {
+  return {&block_rows<Rows + 1>...};
+}
+
+constexpr std::array<BlockFn, kMaxBlockRows> kBlockFns = block_table(std::make_integer_sequence<int, kMaxBlockRows>{});
+
+// rows [m0, m0 + rows) of y against panels [begin, end): per panel, per kDepth input columns, per
+// register block of rows (balanced sizes). Each (depth, block) unit prefetches an equal share of the
+// next panel.
+void panels_range(const float* x, const float* panels, int64_t K, int64_t out_features, const float* bias, float* y,
+                  int64_t m0, int64_t rows, int64_t begin, int64_t end) {
+  const int64_t panel_floats = K * kPanelCols;
+  const int64_t blocks = (rows + kMaxBlockRows - 1) / kMaxBlockRows;
+  const int64_t depths = (K + kDepth - 1) / kDepth;
+  const int64_t share = (panel_floats * 4 + blocks * depths - 1) / (blocks * depths);  // bytes per unit
+  for (int64_t p = begin; p < end; ++p) {
+    const float* panel = panels + p * panel_floats;
+    const char* next = p + 1 < end ? reinterpret_cast<const char*>(panel + panel_floats) : nullptr;
+    const int64_t cols = std::min(kPanelCols, out_features - p * kPanelCols);
+    for (int64_t d = 0; d < depths; ++d) {
+      const int64_t k0 = d * kDepth, depth = std::min(kDepth, K - k0);
+      const int64_t step = (share + depth - 1) / depth;  // prefetched bytes per k step
+      const int lines = static_cast<int>((step + 63) / 64);
+      int64_t r0 = m0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t R = rows / blocks + (b < rows % blocks ? 1 : 0);  // 1..12, sizes differ by at most one
+        Prefetch prefetch;  // none after the range's last panel
+        if (next != nullptr) prefetch = {next + (d * blocks + b) * share, lines > 1 ? 64 * lines : step, lines};
+        kBlockFns[R - 1](x + r0 * K + k0, K, panel + k0 * kPanelCols, depth, y + r0 * out_features + p * kPanelCols,
+                         out_features, cols, d == 0, d + 1 == depths && bias != nullptr ? bias + p * kPanelCols : nullptr,
+                         prefetch);
+        r0 += R;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// x [rows, in] float32; panels [ceil(out / 32), in, 32] float32 (layout above); bias [out] -> [rows, out].
+torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
+                         const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(panels.device().is_cpu() && panels.dim() == 3 && panels.size(2) == kPanelCols &&
+                  panels.is_contiguous() && panels.scalar_type() == at::kFloat,
+              "panels must be contiguous [ceil(out / 32), in, 32] float32 (conveyor.model.layers.pack_f32_panels)");
+  const int64_t num_panels = panels.size(0), K = panels.size(1);
+  TORCH_CHECK(K > 0, "panels have no input columns");
+  TORCH_CHECK(out_features > (num_panels - 1) * kPanelCols && out_features <= num_panels * kPanelCols,
+              "out_features=", out_features, " does not match ", num_panels, " panels of 32 columns");
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
+              "x must be a contiguous [rows, in] float32 CPU tensor");
+  TORCH_CHECK(x.size(1) == K, "x has ", x.size(1), " columns, the weights take ", K);
+  if (bias.has_value())
+    TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == out_features &&
+                    bias->is_contiguous() && bias->scalar_type() == at::kFloat,
+                "bias must be a contiguous [out] float32 CPU tensor");
+  const int64_t rows = x.size(0);
+  auto y = torch::empty({rows, out_features}, x.options());
+  if (rows == 0 || out_features == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = panels.data_ptr<float>();
+  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const int64_t chunk_limit = std::max<int64_t>(kMaxBlockRows, kChunkBytes / (4 * K));
+  const int64_t chunks = (rows + chunk_limit - 1) / chunk_limit;
+  const int64_t chunk_rows = (rows + chunks - 1) / chunks;
+  const int64_t grain = std::max<int64_t>(1, kMinPanelBytesPerThread / (K * kPanelCols * 4));
+  for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
+    const int64_t n = std::min(chunk_rows, rows - m0);
+    at::parallel_for(0, num_panels, grain, [&](int64_t begin, int64_t end) {
+      panels_range(xp, wp, K, out_features, bp, yp, m0, n, begin, end);
+    });
+  }
+  return y;
+}
+
+bool f32_linear_vectorized() { return true; }
+
+#else  // no AVX-512: the op exists and says why it cannot run
+
+bool f32_linear_vectorized() { return false; }
+
+torch::Tensor f32_linear(const torch::Tensor&, const torch::Tensor&, int64_t, const c10::optional<torch::Tensor>&) {
+  TORCH_CHECK(false, "f32_linear needs a CPU with AVX-512 (this build has none); "
+              "conveyor.model.layers uses torch's float32 GEMM here");
+  std::abort();  // not reached: TORCH_CHECK(false, ...) throws
+}
+
+#endif
