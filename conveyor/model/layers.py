@@ -18,8 +18,9 @@ class Projection:
     Measured on the 2-core AVX-512 machine (see benchmarks/RESULTS.md):
     - float32 with the native kernels (csrc/f32_linear.cpp): W in 32-column panels, multiplied by
       our kernel up to F32_NATIVE_MAX_ROWS rows (all decoder linears of the default model: 8 rows
-      27 vs 47 ms, 64 rows 57 vs 78-97 ms against torch's GEMM, 512 rows even); larger prefill chunks
-      rebuild W^T from the panels for torch's GEMM (a copy worth a few % of such a product);
+      27 vs 46 ms, 64 rows 65 vs 79 ms against torch's GEMM); larger prefill chunks rebuild W^T from
+      the panels for torch's GEMM, which makes them ~6-16% slower than with W^T kept (not kept:
+      a second float32 copy of every weight);
     - float32 without them: oneDNN's skinny GEMM reads W [out, in] 1.5-2.5x slower than a plain
       matmul against W^T stored contiguous [in, out], so W is stored transposed;
     - bfloat16 on a CPU with native bf16 (AVX-512 BF16 / AMX): F.linear re-packs W into
@@ -72,9 +73,11 @@ class Projection:
         return self.weight.t() if self.transposed else self.weight
 
 
-F32_NATIVE_MAX_ROWS = 1024
-"""Rows up to which float32 products use the native kernel: it matches torch's GEMM at 512 rows and
-reaches ~0.85x of it at 2048, where rebuilding W^T for torch's GEMM costs ~4%."""
+F32_NATIVE_MAX_ROWS = 384
+"""Rows up to which float32 products use the native kernel. All decoder linears of the default model,
+alternating in one process (benchmarks/ab_f32_linear.py --linears): 1.15-1.35x torch's GEMM at 128-256
+rows, even at 384, 0.8x at 512. Above it, torch's GEMM runs over W^T rebuilt from the panels, a copy
+that costs ~16% of such a product at 512 rows and ~6% at 2048."""
 _F32_PANEL_COLS = 32
 
 

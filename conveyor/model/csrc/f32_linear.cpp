@@ -1,11 +1,10 @@
 // float32 matrix products for the row counts of decode steps and small prefill chunks (CPU).
 //
-// Why: torch's float32 GEMM (MKL) re-packs the weight matrix on every call and reads it from memory
-// without prefetching ahead, so with 8-64 rows it runs at a third to a half of the machine's FMA
-// rate when the weights come from DRAM, which they do every step (the default model's float32
-// weights are 536 MB). Measured on the 2-core AVX-512 machine, all decoder linears of the default
-// model, alternating with torch in one process: 8 rows 27 vs 47 ms, 64 rows 57 vs 78-97 ms,
-// 512 rows even (see benchmarks/RESULTS.md).
+// Why: with 8-64 rows, torch's float32 GEMM ran at a third to a half of the machine's FMA rate
+// when the weights come from DRAM, which they do every decode step (the default model's float32
+// weights are 536 MB), and no faster with them in L2 at 64 rows than this kernel is from DRAM. Measured on the 2-core AVX-512 machine, all decoder linears of the default
+// model, alternating with torch in one process: 8 rows 27 vs 46 ms, 64 rows 65 vs 79 ms; past ~384
+// rows torch's GEMM is faster (see benchmarks/RESULTS.md).
 //
 // Layout (conveyor.model.layers.pack_f32_panels): W [out, in] is cut into panels of 32 output
 // columns, each stored [in][32], so a panel is one contiguous stream and a row of it is two
@@ -13,7 +12,8 @@
 //   panels[p][k][c] = W[32 p + c][k]     (zero past the last output row)
 //
 // Per panel, blocks of up to 12 activation rows each keep 12 x 32 float32 sums in 24 registers:
-// one k step loads two weight registers, broadcasts 12 activations and issues 24 FMAs. The first
+// one k step loads two weight registers, broadcasts 12 activations and issues 24 FMAs. The rows are
+// first copied k-major per block ([K][12]), so that the broadcasts read from one pointer. The first
 // row block streams the panel from memory into L2, the others re-read it from there. While a panel
 // is multiplied, the next one is prefetched into L2, spread evenly over the panel's row blocks, so
 // the memory stream overlaps the arithmetic (without it, 64 rows took 85 instead of 57 ms).
@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -52,11 +53,12 @@ struct Prefetch {
   int lines = 0;
 };
 
-// y[r][0..cols) (+)= x[r][0..K) . panel[0..K)[0..32) for R rows, sums in registers; `first` stores
-// the sums, otherwise they are added to y; bias (when given) is added last.
+// y[r][0..cols) (+)= a[0..K)[r] . panel[0..K)[0..32) for R rows, sums in registers; `first` stores
+// the sums, otherwise they are added to y; bias (when given) is added last. a holds the R rows packed
+// k-major ([K][R]), so all broadcasts read from one pointer.
 template <int R>
-void block_rows(const float* x, int64_t ldx, const float* panel, int64_t K, float* y, int64_t ldy, int64_t cols,
-                bool first, const float* bias, Prefetch prefetch) {
+void block_rows(const float* a, const float* panel, int64_t K, float* y, int64_t ldy, int64_t cols, bool first,
+                const float* bias, Prefetch prefetch) {
   __m512 acc[R][2];
   for (int r = 0; r < R; ++r) {
     acc[r][0] = _mm512_setzero_ps();
@@ -69,9 +71,9 @@ void block_rows(const float* x, int64_t ldx, const float* panel, int64_t K, floa
       _mm_prefetch(prefetch.start + k * prefetch.step + 64 * line, _MM_HINT_T1);
 #pragma GCC unroll 12
     for (int r = 0; r < R; ++r) {
-      const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
-      acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);
+      const __m512 x = _mm512_set1_ps(a[k * R + r]);
+      acc[r][0] = _mm512_fmadd_ps(x, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(x, w1, acc[r][1]);
     }
   }
   const __mmask16 low = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
@@ -96,8 +98,7 @@ void block_rows(const float* x, int64_t ldx, const float* panel, int64_t K, floa
   }
 }
 
-using BlockFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, bool,
-                         const float*, Prefetch);
+using BlockFn = void (*)(const float*, const float*, int64_t, float*, int64_t, int64_t, bool, const float*, Prefetch);
 
 template <int... Rows>
 constexpr std::array<BlockFn, sizeof...(Rows)> block_table(std::integer_sequence<int, Rows...>) {
@@ -106,13 +107,30 @@ constexpr std::array<BlockFn, sizeof...(Rows)> block_table(std::integer_sequence
 
 constexpr std::array<BlockFn, kMaxBlockRows> kBlockFns = block_table(std::make_integer_sequence<int, kMaxBlockRows>{});
 
-// rows [m0, m0 + rows) of y against panels [begin, end): per panel, per kDepth input columns, per
-// register block of rows (balanced sizes). Each (depth, block) unit prefetches an equal share of the
+// Register blocks of a chunk of `rows` rows: as few as hold them, sizes differing by at most one.
+int64_t num_blocks(int64_t rows) { return (rows + kMaxBlockRows - 1) / kMaxBlockRows; }
+int64_t block_size(int64_t rows, int64_t b) { return rows / num_blocks(rows) + (b < rows % num_blocks(rows) ? 1 : 0); }
+
+// x rows [m0, m0 + rows) -> packed [rows * K]: block by block, each k-major [K][block rows].
+void pack_rows(const float* x, int64_t K, int64_t m0, int64_t rows, float* packed) {
+  const int64_t blocks = num_blocks(rows);
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t r0 = b * (rows / blocks) + std::min(b, rows % blocks), R = block_size(rows, b);
+      float* out = packed + r0 * K;
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t k = 0; k < K; ++k) out[k * R + r] = x[(m0 + r0 + r) * K + k];
+    }
+  });
+}
+
+// rows [m0, m0 + rows) of y against panels [begin, end), from their packed copy: per panel, per
+// kDepth input columns, per register block. Each (depth, block) unit prefetches an equal share of the
 // next panel.
-void panels_range(const float* x, const float* panels, int64_t K, int64_t out_features, const float* bias, float* y,
-                  int64_t m0, int64_t rows, int64_t begin, int64_t end) {
+void panels_range(const float* packed, const float* panels, int64_t K, int64_t out_features, const float* bias,
+                  float* y, int64_t m0, int64_t rows, int64_t begin, int64_t end) {
   const int64_t panel_floats = K * kPanelCols;
-  const int64_t blocks = (rows + kMaxBlockRows - 1) / kMaxBlockRows;
+  const int64_t blocks = num_blocks(rows);
   const int64_t depths = (K + kDepth - 1) / kDepth;
   const int64_t share = (panel_floats * 4 + blocks * depths - 1) / (blocks * depths);  // bytes per unit
   for (int64_t p = begin; p < end; ++p) {
@@ -123,14 +141,14 @@ void panels_range(const float* x, const float* panels, int64_t K, int64_t out_fe
       const int64_t k0 = d * kDepth, depth = std::min(kDepth, K - k0);
       const int64_t step = (share + depth - 1) / depth;  // prefetched bytes per k step
       const int lines = static_cast<int>((step + 63) / 64);
-      int64_t r0 = m0;
+      int64_t r0 = 0;
       for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t R = rows / blocks + (b < rows % blocks ? 1 : 0);  // 1..12, sizes differ by at most one
+        const int64_t R = block_size(rows, b);
         Prefetch prefetch;  // none after the range's last panel
         if (next != nullptr) prefetch = {next + (d * blocks + b) * share, lines > 1 ? 64 * lines : step, lines};
-        kBlockFns[R - 1](x + r0 * K + k0, K, panel + k0 * kPanelCols, depth, y + r0 * out_features + p * kPanelCols,
-                         out_features, cols, d == 0, d + 1 == depths && bias != nullptr ? bias + p * kPanelCols : nullptr,
-                         prefetch);
+        kBlockFns[R - 1](packed + r0 * K + k0 * R, panel + k0 * kPanelCols, depth,
+                         y + (m0 + r0) * out_features + p * kPanelCols, out_features, cols, d == 0,
+                         d + 1 == depths && bias != nullptr ? bias + p * kPanelCols : nullptr, prefetch);
         r0 += R;
       }
     }
@@ -167,10 +185,12 @@ torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& panels, in
   const int64_t chunks = (rows + chunk_limit - 1) / chunk_limit;
   const int64_t chunk_rows = (rows + chunks - 1) / chunks;
   const int64_t grain = std::max<int64_t>(1, kMinPanelBytesPerThread / (K * kPanelCols * 4));
+  std::vector<float> packed(std::min(chunk_rows, rows) * K);
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - m0);
+    pack_rows(xp, K, m0, n, packed.data());
     at::parallel_for(0, num_panels, grain, [&](int64_t begin, int64_t end) {
-      panels_range(xp, wp, K, out_features, bp, yp, m0, n, begin, end);
+      panels_range(packed.data(), wp, K, out_features, bp, yp, m0, n, begin, end);
     });
   }
   return y;
