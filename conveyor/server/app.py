@@ -1,101 +1,21 @@
-"""Routes of the OpenAI-compatible server, plus auth, body-size and draining guards."""
+"""Routes of the OpenAI-compatible server (the guards in front of them: server/guard.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from conveyor import __version__
-from conveyor.engine.async_engine import AsyncEngine
 from conveyor.outputs import RequestOutput
 from conveyor.server.errors import APIError, error_response, install_error_handlers
-from conveyor.server.metrics import Metrics
+from conveyor.server.guard import GuardMiddleware, ServerState
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.serving import (Prepared, Serving, chat_logprobs, completion_logprobs, finish_reason, merged,
                                      new_id, now, sse, stream_error, usage)
-
-OPEN_PATHS = ("/health",)
-
-
-@dataclass
-class ServerOptions:
-    model_name: str
-    api_keys: tuple[str, ...] = ()
-    max_body_bytes: int = 4 * 2**20
-    request_timeout: float | None = None
-    allowed_origins: tuple[str, ...] = ()
-
-
-@dataclass
-class ServerState:
-    engine: AsyncEngine
-    options: ServerOptions
-    metrics: Metrics = field(default_factory=Metrics)
-    draining: bool = False
-
-
-class GuardMiddleware:
-    """Pure ASGI: API keys (decided on the raw path, constant-time compare), body-size cap,
-    and 503 while draining — before any routing or body parsing."""
-
-    def __init__(self, app: ASGIApp, state: ServerState) -> None:
-        self.app = app
-        self.state = state
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope.get("raw_path", scope["path"].encode()).split(b"?", 1)[0].decode("latin-1")
-        opts = self.state.options
-        if opts.api_keys and path not in OPEN_PATHS and scope["method"] != "OPTIONS":
-            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
-            ok = False
-            for key in opts.api_keys:  # compare against every key, always
-                ok |= hmac.compare_digest(token.encode(), key.encode())
-            if not ok:
-                await error_response(401, "missing or invalid API key; send 'Authorization: Bearer <key>'",
-                                     code="invalid_api_key")(scope, receive, send)
-                return
-        if self.state.draining and path not in OPEN_PATHS and scope["method"] == "POST":
-            await error_response(503, "the server is shutting down and takes no new requests",
-                                 code="draining", headers={"Retry-After": "5"})(scope, receive, send)
-            return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > opts.max_body_bytes:
-            await self._too_large(scope, receive, send)
-            return
-        received = 0
-
-        async def capped_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > opts.max_body_bytes:
-                    raise _BodyTooLarge()
-            return message
-
-        try:
-            await self.app(scope, capped_receive, send)
-        except _BodyTooLarge:
-            await self._too_large(scope, receive, send)
-
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await error_response(413, f"the request body is larger than {self.state.options.max_body_bytes} bytes",
-                             code="body_too_large")(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 def build_app(state: ServerState) -> FastAPI:

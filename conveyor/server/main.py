@@ -15,7 +15,8 @@ import uvicorn
 
 from conveyor.config import EngineConfig
 from conveyor.engine.async_engine import AsyncEngine
-from conveyor.server.app import ServerOptions, ServerState, build_app
+from conveyor.server.app import build_app
+from conveyor.server.guard import ServerOptions, ServerState
 
 logger = logging.getLogger("conveyor.serve")
 

@@ -1,0 +1,28 @@
+"""What the engine reports about itself (server metrics, benchmarks, the device idle fraction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_steps: int
+    num_preemptions: int
+    num_partial_prefills: int
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_blocks_cached: int
+    prefix_hit_tokens: int
+    prefix_query_tokens: int
+    num_generated_tokens: int
+    async_batching: bool
+    device_busy_s: float
+    active_s: float
+
+    @property
+    def device_idle_fraction(self) -> float:
+        """Share of the engine's active wall time in which the device waited for the host."""
+        return 0.0 if self.active_s <= 0 else max(0.0, 1.0 - self.device_busy_s / self.active_s)
