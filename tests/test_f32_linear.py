@@ -45,7 +45,7 @@ def test_packing_follows_the_documented_layout() -> None:
 
 
 @pytest.mark.parametrize("out_features,in_features", [(32, 7), (50, 64), (96, 300), (1000, 576), (64, 1536)])
-@pytest.mark.parametrize("rows", [1, 2, 5, 12, 13, 25, 64, 130])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 12, 13, 25, 64, 130])
 @pytest.mark.parametrize("bias", [False, True])
 def test_native_product_is_within_the_float32_bound(native_kernels: Any, out_features: int, in_features: int,
                                                     rows: int, bias: bool) -> None:
@@ -63,15 +63,23 @@ def test_native_product_is_within_the_float32_bound(native_kernels: Any, out_fea
 
 
 def test_chunked_rows_and_thread_split_are_exact(native_kernels: Any) -> None:
-    """Rows beyond one L2 chunk (768 KiB of activations: 128 rows at 1536 columns) and a panel count
-    split between threads, with strided input rows (made contiguous by the projection)."""
+    """Rows beyond one L2 chunk (768 KiB of activations: 128 rows at 1536 columns; 301 rows make three
+    chunks, the last one shorter), a panel count split between threads, a bias, and strided input rows
+    (made contiguous by the projection)."""
     kernels = _vectorized(native_kernels)
     gen = torch.Generator().manual_seed(5)
-    weight = torch.randn(4096 + 16, 1536, generator=gen)  # [out, in]: 129 panels, the last half full
-    x = torch.randn(300, 2 * 1536, generator=gen)[:, ::2]  # [300, 1536], column stride 2
-    got = Projection(weight, None, kernels)(x)
-    exact = x.double() @ weight.double().T
-    assert ((got.double() - exact).abs() <= _error_bound(x, weight, None)).all()
+    weight = torch.randn(4096 + 16, 1530, generator=gen)  # [out, in]: 129 panels, the last half full
+    bias = torch.randn(4096 + 16, generator=gen)
+    x = torch.randn(301, 2 * 1530, generator=gen)[:, ::2]  # [301, 1530], column stride 2
+    got = Projection(weight, bias, kernels)(x)
+    exact = x.double() @ weight.double().T + bias.double()
+    assert ((got.double() - exact).abs() <= _error_bound(x, weight, bias)).all()
+
+
+def test_empty_batches_and_outputs(native_kernels: Any) -> None:
+    kernels = _vectorized(native_kernels)
+    assert Projection(torch.randn(40, 16), None, kernels)(torch.randn(0, 16)).shape == (0, 40)
+    assert kernels.f32_linear(torch.randn(3, 16), torch.empty(0, 16, 32), 0, None).shape == (3, 0)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -109,6 +117,7 @@ def test_native_product_rejects_bad_inputs_with_reasons(native_kernels: Any) -> 
         (lambda: kernels.f32_linear(x, panels.transpose(1, 2), 40, None), "panels must be contiguous"),
         (lambda: kernels.f32_linear(x, panels, 65, None), "out_features=65 does not match 2 panels"),
         (lambda: kernels.f32_linear(x, panels, 32, None), "out_features=32 does not match 2 panels"),
+        (lambda: kernels.f32_linear(x, torch.empty(0, 16, 32), -5, None), "out_features=-5 does not match 0 panels"),
         (lambda: kernels.f32_linear(x, panels, 40, torch.randn(39)), "bias must be a contiguous [out] float32"),
         (lambda: kernels.f32_linear(x, torch.empty(2, 0, 32), 40, None), "panels have no input columns"),
     ]

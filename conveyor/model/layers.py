@@ -37,7 +37,7 @@ class Projection:
         self.bias = bias
         self.packed = _pack_for_onednn(weight)  # opaque oneDNN tensor, or None
         self.kernels = kernels if self.packed is None and _native_f32(weight, kernels) else None
-        self.panels = pack_f32_panels(weight) if self.kernels is not None else None  # [out / 32, in, 32]
+        self.panels = pack_f32_panels(weight) if self.kernels is not None else None  # [ceil(out / 32), in, 32]
         if self.panels is not None and bias is not None:
             self.bias = bias.contiguous()
         self.transposed = self.packed is None and self.panels is None and weight.dtype == torch.float32 \

@@ -2,7 +2,7 @@
 //
 // Why: with 8-64 rows, torch's float32 GEMM ran at a third to a half of the machine's FMA rate
 // when the weights come from DRAM, which they do every decode step (the default model's float32
-// weights are 536 MB), and no faster with them in L2 at 64 rows than this kernel is from DRAM. Measured on the 2-core AVX-512 machine, all decoder linears of the default
+// weights are 536 MB). Measured on the 2-core AVX-512 machine, all decoder linears of the default
 // model, alternating with torch in one process: 8 rows 27 vs 46 ms, 64 rows 65 vs 79 ms; past ~384
 // rows torch's GEMM is faster (see benchmarks/RESULTS.md).
 //
@@ -15,8 +15,8 @@
 // one k step loads two weight registers, broadcasts 12 activations and issues 24 FMAs. The rows are
 // first copied k-major per block ([K][12]), so that the broadcasts read from one pointer. The first
 // row block streams the panel from memory into L2, the others re-read it from there. While a panel
-// is multiplied, the next one is prefetched into L2, spread evenly over the panel's row blocks, so
-// the memory stream overlaps the arithmetic (without it, 64 rows took 85 instead of 57 ms).
+// is multiplied, the next one is prefetched into L2, spread evenly over its (depth chunk, row block)
+// units, so the memory stream overlaps the arithmetic (without it, 64 rows took 85 instead of 57 ms).
 // Sums run in k order with fused multiply-adds over 128 input columns at a time, which are then added
 // up in y (summing all columns in one register chain doubled the error against float64). Not torch's
 // order: results differ from torch's in the last bits (tests bound both against float64).
@@ -30,8 +30,8 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <utility>
-#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -107,16 +107,20 @@ constexpr std::array<BlockFn, sizeof...(Rows)> block_table(std::integer_sequence
 
 constexpr std::array<BlockFn, kMaxBlockRows> kBlockFns = block_table(std::make_integer_sequence<int, kMaxBlockRows>{});
 
-// Register blocks of a chunk of `rows` rows: as few as hold them, sizes differing by at most one.
+// Register blocks of a chunk of `rows` rows: as few as hold them, sizes differing by at most one
+// (the larger ones first).
 int64_t num_blocks(int64_t rows) { return (rows + kMaxBlockRows - 1) / kMaxBlockRows; }
 int64_t block_size(int64_t rows, int64_t b) { return rows / num_blocks(rows) + (b < rows % num_blocks(rows) ? 1 : 0); }
+int64_t block_start(int64_t rows, int64_t b) {
+  return b * (rows / num_blocks(rows)) + std::min(b, rows % num_blocks(rows));
+}
 
 // x rows [m0, m0 + rows) -> packed [rows * K]: block by block, each k-major [K][block rows].
 void pack_rows(const float* x, int64_t K, int64_t m0, int64_t rows, float* packed) {
   const int64_t blocks = num_blocks(rows);
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      const int64_t r0 = b * (rows / blocks) + std::min(b, rows % blocks), R = block_size(rows, b);
+      const int64_t r0 = block_start(rows, b), R = block_size(rows, b);
       float* out = packed + r0 * K;
       for (int64_t r = 0; r < R; ++r)
         for (int64_t k = 0; k < K; ++k) out[k * R + r] = x[(m0 + r0 + r) * K + k];
@@ -139,7 +143,7 @@ void panels_range(const float* packed, const float* panels, int64_t K, int64_t o
     const int64_t cols = std::min(kPanelCols, out_features - p * kPanelCols);
     for (int64_t d = 0; d < depths; ++d) {
       const int64_t k0 = d * kDepth, depth = std::min(kDepth, K - k0);
-      const int64_t step = (share + depth - 1) / depth;  // prefetched bytes per k step
+      const int64_t step = (share + depth - 1) / depth;  // share / depth, rounded up (to 64 * lines above 64)
       const int lines = static_cast<int>((step + 63) / 64);
       int64_t r0 = 0;
       for (int64_t b = 0; b < blocks; ++b) {
@@ -165,7 +169,8 @@ torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& panels, in
               "panels must be contiguous [ceil(out / 32), in, 32] float32 (conveyor.model.layers.pack_f32_panels)");
   const int64_t num_panels = panels.size(0), K = panels.size(1);
   TORCH_CHECK(K > 0, "panels have no input columns");
-  TORCH_CHECK(out_features > (num_panels - 1) * kPanelCols && out_features <= num_panels * kPanelCols,
+  TORCH_CHECK(out_features >= 0 && out_features > (num_panels - 1) * kPanelCols &&
+                  out_features <= num_panels * kPanelCols,
               "out_features=", out_features, " does not match ", num_panels, " panels of 32 columns");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
               "x must be a contiguous [rows, in] float32 CPU tensor");
@@ -185,12 +190,12 @@ torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& panels, in
   const int64_t chunks = (rows + chunk_limit - 1) / chunk_limit;
   const int64_t chunk_rows = (rows + chunks - 1) / chunks;
   const int64_t grain = std::max<int64_t>(1, kMinPanelBytesPerThread / (K * kPanelCols * 4));
-  std::vector<float> packed(std::min(chunk_rows, rows) * K);
+  const std::unique_ptr<float[]> packed(new float[chunk_rows * K]);  // every element written before read
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - m0);
-    pack_rows(xp, K, m0, n, packed.data());
+    pack_rows(xp, K, m0, n, packed.get());
     at::parallel_for(0, num_panels, grain, [&](int64_t begin, int64_t end) {
-      panels_range(packed.data(), wp, K, out_features, bp, yp, m0, n, begin, end);
+      panels_range(packed.get(), wp, K, out_features, bp, yp, m0, n, begin, end);
     });
   }
   return y;
