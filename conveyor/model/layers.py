@@ -19,7 +19,7 @@ class Projection:
     - float32 with the native kernels (csrc/f32_linear.cpp): W in 32-column panels, multiplied by
       our kernel up to F32_NATIVE_MAX_ROWS rows (all decoder linears of the default model: 8 rows
       27 vs 46 ms, 64 rows 65 vs 79 ms against torch's GEMM); larger prefill chunks rebuild W^T from
-      the panels for torch's GEMM, which makes them ~6-16% slower than with W^T kept (not kept:
+      the panels for torch's GEMM (measured 0.90-1.07x of torch's GEMM with W^T kept, which would be
       a second float32 copy of every weight);
     - float32 without them: oneDNN's skinny GEMM reads W [out, in] 1.5-2.5x slower than a plain
       matmul against W^T stored contiguous [in, out], so W is stored transposed;
@@ -75,9 +75,10 @@ class Projection:
 
 F32_NATIVE_MAX_ROWS = 384
 """Rows up to which float32 products use the native kernel. All decoder linears of the default model,
-alternating in one process (benchmarks/ab_f32_linear.py --linears): 1.15-1.35x torch's GEMM at 128-256
-rows, even at 384, 0.8x at 512. Above it, torch's GEMM runs over W^T rebuilt from the panels, a copy
-that costs ~16% of such a product at 512 rows and ~6% at 2048."""
+alternating in one process (benchmarks/ab_f32_linear.py --linears): 1.13-1.35x torch's GEMM at 128-256
+rows in three of four runs (0.89x at 256 in a noisy one), 1.0-1.1x at 384, 0.8x at 512. Above it,
+torch's GEMM runs over W^T rebuilt from the panels: 0.90-1.07x of torch's GEMM with W^T kept, at 512
+and 2048 rows."""
 _F32_PANEL_COLS = 32
 
 
