@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -84,6 +85,8 @@ def test_decode_step_counts_flops_from_the_model_shape(tmp_path: Any) -> None:
     assert result["gflop_per_step"] == pytest.approx(expected / 1e9)
     assert len(result["step_ms_all"]) == 4
     assert result["share_of_peak"] == pytest.approx(result["achieved_gflops"] / result["matmul_peak_gflops"])
+    assert result["dtype"] == "float32" and result["float32_matmul_peak_gflops"] == result["matmul_peak_gflops"]
+    assert result["share_of_float32_peak"] == result["share_of_peak"]
     cli = subprocess.run([sys.executable, "-m", "conveyor.cli", "bench", "decode-step", "--model", folder,
                           "--num-seqs", "2", "--prompt-len", "5", "--steps", "3", "--kv-cache-memory", "1MiB",
                           "--max-model-len", "64", "--dtype", "float32", "--results-dir", str(tmp_path / "r")],
@@ -91,6 +94,9 @@ def test_decode_step_counts_flops_from_the_model_shape(tmp_path: Any) -> None:
     assert cli.returncode == 0, cli.stderr
     printed = json.loads(cli.stdout[:cli.stdout.rindex("}") + 1])
     assert printed["num_seqs"] == 2 and printed["dtype"] == "float32" and printed["steps"] == 3
+    bf16 = measure_decode_step(dataclasses.replace(config, dtype="bfloat16"), num_seqs=2, prompt_len=5, steps=2)
+    assert bf16["dtype"] == "bfloat16" and bf16["float32_matmul_peak_gflops"] > 0
+    assert bf16["share_of_float32_peak"] == pytest.approx(bf16["achieved_gflops"] / bf16["float32_matmul_peak_gflops"])
 
 
 def test_llama_cpp_peer_reads_gguf_only_and_batches_when_installed(tmp_path: Any, default_gguf: str) -> None:

@@ -66,7 +66,7 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     sv.add_argument("--plot", default=None, help="PNG prefix: throughput-vs-concurrency and latency CDF")
 
     ds = kinds.add_parser("decode-step", help="one decode step: time, achieved FLOP/s and its share of the "
-                                              "measured matmul peak")
+                                              "measured matmul peaks (float32's and the step dtype's)")
     ds.add_argument("--num-seqs", type=int, default=64, help="running sequences, all decoding")
     ds.add_argument("--prompt-len", type=int, default=128)
     ds.add_argument("--steps", type=int, default=16, help="timed decode steps (the median is reported)")

@@ -3,6 +3,11 @@
 FLOPs are counted from the model's shape (what the step must compute, not what the kernels do):
 every linear layer costs 2 x rows x in x out, the LM head runs once per sequence, and attention
 costs 4 x heads x head_dim x context per sequence and layer (QK^T and PV).
+
+Two peaks are measured in the same run, both as the best square matmul:
+- the float32 matmul peak, the machine's reference (the one the benchmark issue and PERF_NOTES give);
+- the peak in the step's own dtype (for bfloat16 on a CPU with AMX, several times the float32 one).
+A step is reported against both, so a dtype change cannot hide behind a change of yardstick.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
     linear = linear_flops_per_token(spec) * num_seqs
     total = linear + attention_flops(spec, context) * num_seqs
     peak = matmul_peak_gflops(getattr(torch, dtype_name))
+    float32_peak = peak if dtype_name == "float32" else matmul_peak_gflops(torch.float32)
     return {
         "num_seqs": num_seqs, "prompt_len": prompt_len, "steps": steps, "dtype": dtype_name,
         "quantization": config.quantization,
@@ -79,4 +85,6 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
         "gflop_per_step": total / 1e9, "achieved_gflops": total / step / 1e9,
         "achieved_linear_gflops": linear / step / 1e9, "matmul_peak_gflops": peak,
         "share_of_peak": total / step / 1e9 / peak,
+        "float32_matmul_peak_gflops": float32_peak,
+        "share_of_float32_peak": total / step / 1e9 / float32_peak,
     }
