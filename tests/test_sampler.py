@@ -127,6 +127,27 @@ def test_greedy_rows_are_exact_argmax_in_a_mixed_batch() -> None:
     assert torch.equal(sample_tokens(logits, all_greedy), argmax)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_plain_greedy_in_the_model_dtype_picks_the_float32_ids(dtype: torch.dtype) -> None:
+    """A batch of plain greedy rows is argmaxed in the model's dtype; the ids must be those of the
+    float32 path (sampling with logprobs asked widens first), ties included: the first maximum wins."""
+    g = torch.Generator().manual_seed(7)
+    rows, vocab = 16, 4099
+    logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)  # coarse values: many ties
+    logits[3, 10] = logits[3, 2000] = logits[3].max() + 1  # an exact tie at the top
+    logits[5] = 0.5  # a constant row
+    greedy = tensors([0.0] * rows, [0] * rows, [1.0] * rows, list(range(rows)), [0] * rows)
+    got = sample_output(logits, greedy)
+    widened = logits.float()
+    reference = torch.tensor([int(torch.nonzero(r == r.max())[0]) for r in widened])  # first index of the max
+    assert torch.equal(got.tokens, reference)
+    assert got.tokens[3] == 10 and got.tokens[5] == 0
+    greedy.num_logprobs = 2  # the float32 path
+    with_logprobs = sample_output(logits, greedy)
+    assert torch.equal(with_logprobs.tokens, reference)
+    assert with_logprobs.top_logprobs is not None and with_logprobs.top_logprobs.dtype == torch.float32
+
 # ---- (c) the sampled distribution -------------------------------------------------------
 
 

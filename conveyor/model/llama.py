@@ -78,9 +78,10 @@ class LlamaModel:
         return h, rms_norm(h, weight, self.spec.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [rows, hidden] (only the rows that sample) -> [rows, vocab] float32 logits."""
+        """hidden: [rows, hidden] (only the rows that sample) -> [rows, vocab] logits in the model's dtype
+        (the sampler widens them to float32 where it processes them)."""
         _, x = self._add_norm(hidden.contiguous(), None, self.final_norm)
-        return self.lm_head(x).float()
+        return self.lm_head(x)
 
 
 class _Layer:
