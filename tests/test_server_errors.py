@@ -71,6 +71,13 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     (COMPLETIONS, {"prompt": ["a"] * 40, "n": 2}, 400, "prompt"),
     (COMPLETIONS, {"prompt": "x", "logprobs": 99}, 400, "logprobs"),
     (COMPLETIONS, {"prompt": {"nested": "object"}}, 400, "prompt"),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
+    (COMPLETIONS, {"prompt": [True, False]}, 400, "prompt"),
+    (CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    (CHAT, {"messages": MSG, "tool_choice": "auto"}, 400, "tool_choice"),
+    (CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400, None),  # without stream
+    (CHAT, b"", 400, None),
     (COMPLETIONS, b"x" * 70000, 413, None),
     ("/v1/nonexistent", {}, 404, None),
 ]
@@ -105,7 +112,9 @@ def test_one_bad_request_does_not_disturb_another(server: ServerProcess) -> None
         goods = [pool.submit(httpx.post, server.url + COMPLETIONS, json=good, timeout=60) for _ in range(2)]
         bads = [pool.submit(httpx.post, server.url + COMPLETIONS, json={"prompt": [10**8]}, timeout=60)
                 for _ in range(6)]
-        texts = {f.result().json()["choices"][0]["text"] for f in goods}
+        answers = [f.result() for f in goods]
+        assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+        texts = {r.json()["choices"][0]["text"] for r in answers}
         assert all(f.result().status_code == 400 for f in bads)
     assert len(texts) == 1
 
@@ -122,10 +131,27 @@ def test_queue_full_gives_503_with_retry_after(server: ServerProcess) -> None:
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+def _errors_counted(server: ServerProcess) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    line = next((x for x in text.splitlines() if x.startswith('conveyor_requests_total{status="error"}')), None)
+    return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
+
+
+def test_empty_or_form_body_says_to_send_json(server: ServerProcess) -> None:
+    for headers in ({"Content-Type": "application/json"}, {"Content-Type": "application/x-www-form-urlencoded"}):
+        for content in (b"", b'{"prompt": "x"}'):
+            r = httpx.post(server.url + COMPLETIONS, content=content, headers=headers, timeout=30)
+            if content and headers["Content-Type"] == "application/json":
+                continue  # a valid request
+            assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"], r.text
+
+
 def test_timeout_ends_with_an_error(server: ServerProcess) -> None:
     body = {"model": MODEL, "prompt": "Tell a long story", "max_tokens": 1900, "ignore_eos": True}
+    errors_before = _errors_counted(server)
     r = httpx.post(server.url + COMPLETIONS, json=body, timeout=60)
     assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
+    assert _errors_counted(server) == errors_before + 1
     with httpx.stream("POST", server.url + COMPLETIONS, json=body | {"stream": True}, timeout=60) as s:
         lines = [line for line in s.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"

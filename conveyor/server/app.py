@@ -7,15 +7,16 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from conveyor import __version__
 from conveyor.outputs import RequestOutput
 from conveyor.server.errors import APIError, error_response, install_error_handlers
 from conveyor.server.guard import GuardMiddleware, ServerState
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
-from conveyor.server.serving import (Prepared, Serving, chat_logprobs, completion_logprobs, finish_reason, merged,
-                                     new_id, now, sse, stream_error, usage)
+from conveyor.server.logprobs import TokenBytes
+from conveyor.server.serving import Prepared, Serving, chat_choice, completion_choice, new_id, now, usage
+from conveyor.server.streaming import sse_response, stream_chat, stream_completion
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -28,7 +29,9 @@ def build_app(state: ServerState) -> FastAPI:
                            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["Authorization", "Content-Type"])
     app.add_middleware(GuardMiddleware, state=state)  # outermost: runs before CORS and routing
 
-    @app.get("/health")
+    created = now()
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         engine = state.engine
         if engine.is_dead:
@@ -43,10 +46,17 @@ def build_app(state: ServerState) -> FastAPI:
     async def version() -> dict[str, str]:
         return {"version": __version__}
 
+    def model_card() -> dict[str, Any]:
+        return {"id": state.options.model_name, "object": "model", "created": created, "owned_by": "conveyor"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": state.options.model_name, "object": "model", "created": now(),
-                                            "owned_by": "conveyor"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        serving.check_model(model_id)
+        return model_card()
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -57,29 +67,23 @@ def build_app(state: ServerState) -> FastAPI:
         await _require_ready(state)
         prepared = await serving.prepare_completion(body)
 
-        def choices(outputs: list[RequestOutput], tokenizer: Any) -> list[dict[str, Any]]:
-            return [{"index": i * prepared.params.n + c.index, "text": c.text,
-                     "logprobs": completion_logprobs(tokenizer, c.logprobs),
-                     "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason}
+        def choices(outputs: list[RequestOutput], tokens: TokenBytes | None) -> list[dict[str, Any]]:
+            return [completion_choice(prepared, i, out, c, tokens)
                     for i, out in enumerate(outputs) for c in out.outputs]
 
         return await _respond(state, serving, request, body, prepared, "cmpl", "text_completion",
-                              _stream_completion, choices)
+                              stream_completion, choices)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         await _require_ready(state)
         prepared = await serving.prepare_chat(body)
 
-        def choices(outputs: list[RequestOutput], tokenizer: Any) -> list[dict[str, Any]]:
-            out = outputs[0]
-            return [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                     "logprobs": chat_logprobs(tokenizer, c.logprobs),
-                     "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason}
-                    for c in out.outputs]
+        def choices(outputs: list[RequestOutput], tokens: TokenBytes | None) -> list[dict[str, Any]]:
+            return [chat_choice(outputs[0], c, tokens) for c in outputs[0].outputs]
 
         return await _respond(state, serving, request, body, prepared, "chatcmpl", "chat.completion",
-                              _stream_chat, choices)
+                              stream_chat, choices)
 
     return app
 
@@ -87,26 +91,25 @@ def build_app(state: ServerState) -> FastAPI:
 async def _respond(state: ServerState, serving: Serving, request: Request,
                    body: CompletionRequest | ChatCompletionRequest, prepared: Prepared, id_prefix: str,
                    object_name: str, stream: Callable[..., AsyncIterator[str]],
-                   choices: Callable[[list[RequestOutput], Any], list[dict[str, Any]]]) -> Response:
+                   choices: Callable[[list[RequestOutput], TokenBytes | None], list[dict[str, Any]]]) -> Response:
     """Admit a prepared request, then stream it as SSE or collect it into one response body."""
-    rid, streams, tokenizer = await _admit(state, serving, prepared, id_prefix)
-    if body.stream:
-        return _sse(stream(streams, prepared, rid, state.options.model_name, tokenizer, _include_usage(body), state))
-    outputs = await _until_disconnect(request, serving.collect(streams))
-    _raise_if_failed(outputs)
-    body_choices = choices(outputs, tokenizer)
-    state.metrics.requests.labels("ok").inc()
-    return JSONResponse({"id": rid, "object": object_name, "created": now(), "model": state.options.model_name,
-                         "choices": body_choices, "usage": usage(outputs)})
-
-
-async def _admit(state: ServerState, serving: Serving, prepared: Prepared,
-                 prefix: str) -> tuple[str, list[AsyncIterator[RequestOutput]], Any]:
-    """Admit a prepared request: its id, its output streams, and the tokenizer for logprob text."""
-    rid = new_id(prefix)
+    rid = new_id(id_prefix)
     streams = await serving.admit(prepared, rid)
     state.metrics.prompt_tokens.inc(sum(len(p) for p in prepared.prompts))
-    return rid, streams, state.engine.engine.tokenizer if state.engine.engine else None
+    tokens = serving.token_bytes
+    if body.stream:
+        return sse_response(stream(streams, prepared, rid, state.options.model_name, tokens, _include_usage(body),
+                                   state))
+    try:
+        outputs = await _until_disconnect(request, serving.collect(streams))
+        _raise_if_failed(outputs)
+        body_choices = choices(outputs, tokens)
+    except BaseException:
+        state.metrics.requests.labels("error").inc()
+        raise
+    state.metrics.requests.labels("ok").inc()
+    return JSONResponse({"id": rid, "object": object_name, "created": now(), "model": state.options.model_name,
+                         "choices": body_choices, "usage": usage(outputs, prepared.score_only)})
 
 
 def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
@@ -154,85 +157,3 @@ async def _until_disconnect(request: Request, work: Any) -> Any:
         watcher.cancel()
 
 
-def _sse(body: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-async def _stream_completion(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
-                             tokenizer: Any, include_usage: bool, state: ServerState) -> AsyncIterator[str]:
-    n = prepared.params.n
-    sent_text: dict[int, int] = {}
-    sent_lp: dict[int, int] = {}
-    finals: dict[int, RequestOutput] = {}
-    created = now()
-    try:
-        async for i, out in merged(streams):
-            for c in out.outputs:
-                index = i * n + c.index
-                start, lp_start = sent_text.get(index, 0), sent_lp.get(index, 0)
-                reason = finish_reason(c.finish_reason, out.error)
-                if out.error is not None and c.finish_reason == "abort":
-                    raise RuntimeError(out.error)
-                if len(c.text) <= start and reason is None:
-                    continue
-                sent_text[index], sent_lp[index] = len(c.text), len(c.logprobs or [])
-                yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                           "choices": [{"index": index, "text": c.text[start:],
-                                        "logprobs": completion_logprobs(tokenizer, c.logprobs, lp_start),
-                                        "finish_reason": reason, "stop_reason": c.stop_reason if reason else None}]})
-            if out.finished:
-                finals[i] = out
-        if include_usage:
-            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                       "usage": usage(list(finals.values()))})
-        state.metrics.requests.labels("ok").inc()
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:
-        state.metrics.requests.labels("error").inc()
-        yield stream_error(exc) if not isinstance(exc, RuntimeError) else \
-            stream_error(_as_api_error(str(exc)))
-    yield "data: [DONE]\n\n"
-
-
-async def _stream_chat(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
-                       tokenizer: Any, include_usage: bool, state: ServerState) -> AsyncIterator[str]:
-    created = now()
-    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
-    for index in range(prepared.params.n):
-        yield sse(base | {"choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None}]})
-    sent_text: dict[int, int] = {}
-    sent_lp: dict[int, int] = {}
-    final = None
-    try:
-        async for _, out in merged(streams):
-            for c in out.outputs:
-                start, lp_start = sent_text.get(c.index, 0), sent_lp.get(c.index, 0)
-                reason = finish_reason(c.finish_reason, out.error)
-                if out.error is not None and c.finish_reason == "abort":
-                    raise RuntimeError(out.error)
-                if len(c.text) <= start and reason is None:
-                    continue
-                sent_text[c.index], sent_lp[c.index] = len(c.text), len(c.logprobs or [])
-                delta = {"content": c.text[start:]} if len(c.text) > start else {}
-                yield sse(base | {"choices": [{"index": c.index, "delta": delta,
-                                               "logprobs": chat_logprobs(tokenizer, c.logprobs, lp_start),
-                                               "finish_reason": reason}]})
-            if out.finished:
-                final = out
-        if include_usage and final is not None:
-            yield sse(base | {"choices": [], "usage": usage([final])})
-        state.metrics.requests.labels("ok").inc()
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:
-        state.metrics.requests.labels("error").inc()
-        yield stream_error(exc) if not isinstance(exc, RuntimeError) else stream_error(_as_api_error(str(exc)))
-    yield "data: [DONE]\n\n"
-
-
-def _as_api_error(message: str) -> APIError:
-    timed_out = "timed out" in message
-    return APIError(504 if timed_out else 500, message, code="timeout" if timed_out else "engine_error")

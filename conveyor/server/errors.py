@@ -55,6 +55,9 @@ def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
         return "the request body is not valid JSON: " + str(err.get("msg", "")), None
     if err.get("type") == "extra_forbidden":
         return f"unrecognized request argument supplied: {param}", param
+    if param is None and err.get("type") in ("missing", "model_attributes_type", "dict_type"):
+        return ("the request body must be a JSON object (got " + ("nothing" if err.get("type") == "missing" else
+                "something else") + "); send JSON with the header Content-Type: application/json"), None
     if err.get("type") == "missing":
         return f"missing required field: {param}", param
     message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")

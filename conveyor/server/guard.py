@@ -12,7 +12,8 @@ from conveyor.engine.async_engine import AsyncEngine
 from conveyor.server.errors import error_response
 from conveyor.server.metrics import Metrics
 
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/health", "/metrics", "/version")
+"""Paths served without an API key (as vLLM guards only /v1): probes and Prometheus scrapes."""
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 MAX_N = 16
 MAX_STOP = 16
@@ -13,6 +13,8 @@ MAX_STOP = 16
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+    include_obfuscation: bool = False
+    """OpenAI pads chunks against side channels when true; accepted and ignored (no padding here)."""
 
 
 class _SamplingFields(BaseModel):
@@ -32,6 +34,10 @@ class _SamplingFields(BaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     user: Optional[str] = Field(default=None, max_length=256)
+    # OpenAI fields that change nothing here: accepted so that clients which always send them work
+    store: Optional[bool] = None
+    metadata: Optional[dict[str, str]] = None
+    service_tier: Optional[str] = None
     # vLLM's extra sampling fields
     top_k: int = Field(default=0, ge=-1)
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
@@ -62,10 +68,17 @@ class _SamplingFields(BaseModel):
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
         return value
 
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> "_SamplingFields":
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = Field(default=16, ge=1)
+    prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
+    max_tokens: Optional[int] = Field(default=16, ge=0)
+    """0 only with echo: score the prompt (its logprobs) without generating."""
     logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: Optional[str] = None
@@ -100,3 +113,30 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True
+    # tool calling and structured output are not implemented: only their neutral values are accepted
+    response_format: Optional[dict[str, Any]] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[bool] = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format_only(cls, value: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        if value is not None and value.get("type") != "text":
+            raise ValueError(f"only {{'type': 'text'}} is supported (structured output is not), "
+                             f"got type {value.get('type')!r}")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: Optional[list[dict[str, Any]]]) -> Optional[list[dict[str, Any]]]:
+        if value:
+            raise ValueError(f"tool calling is not supported; send no tools (got {len(value)})")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: Optional[Union[str, dict[str, Any]]]) -> Optional[Union[str, dict[str, Any]]]:
+        if value is not None and value != "none":
+            raise ValueError("tool calling is not supported; tool_choice may only be 'none'")
+        return value

@@ -9,12 +9,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Sequence
 
-from conveyor.core.plan import TokenLogprobs
 from conveyor.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from conveyor.errors import InvalidRequestError
-from conveyor.outputs import RequestOutput
+from conveyor.outputs import CompletionOutput, RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.server.errors import APIError, param_of, sse_error
+from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completion_logprobs, echoed, generated
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 
 
@@ -23,6 +23,10 @@ class Prepared:
     prompts: list[list[int]]
     texts: list[str | None]
     params: SamplingParams
+    echo: list[str] | None = None
+    """/v1/completions with echo: the text each prompt is echoed as, before its completion."""
+    score_only: bool = False
+    """echo with max_tokens=0: the prompt (and its logprobs) only; the one token generated is dropped."""
 
 
 class Serving:
@@ -30,6 +34,14 @@ class Serving:
         self.engine = engine
         self.model_name = model_name
         self.request_timeout = request_timeout
+        self._token_bytes: TokenBytes | None = None
+
+    @property
+    def token_bytes(self) -> TokenBytes | None:
+        """Token text and bytes for logprobs (None for a model without a tokenizer)."""
+        if self._token_bytes is None and self._core.tokenizer is not None:
+            self._token_bytes = TokenBytes(self._core.tokenizer)
+        return self._token_bytes
 
     @property
     def _core(self) -> Any:
@@ -43,7 +55,7 @@ class Serving:
                                 f"(see GET /v1/models)", "model", "model_not_found")
 
     def _params(self, body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
-                logprobs: int | None) -> SamplingParams:
+                logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         defaults = self._core.sampling_defaults  # the model's recommended settings fill what is left out
         temperature = body.temperature if body.temperature is not None else defaults.get("temperature", 1.0)
@@ -58,7 +70,7 @@ class Serving:
                 stop_token_ids=body.stop_token_ids or [], include_stop_str_in_output=body.include_stop_str_in_output,
                 ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=logprobs,
                 logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
-                skip_special_tokens=body.skip_special_tokens)
+                skip_special_tokens=body.skip_special_tokens, prompt_logprobs=prompt_logprobs)
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), param_of(exc)) from None
 
@@ -105,10 +117,21 @@ class Serving:
         if len(items) * body.n > 64:
             raise APIError(400, f"{len(items)} prompts x n={body.n} is more than 64 completions per request",
                            "prompt")
+        score_only = body.max_tokens == 0
+        if score_only and not body.echo:
+            raise APIError(400, "max_tokens must be at least 1 (got 0); 0 is allowed only with echo=true, to score "
+                                "the prompt without generating", "max_tokens")
         prompts = [await self._tokenize(x) if isinstance(x, str) else list(x) for x in items]
-        self._check_lengths(prompts, body.max_tokens, "max_tokens")
+        max_tokens = 1 if score_only else body.max_tokens
+        self._check_lengths(prompts, max_tokens, "max_tokens")
         texts = [x if isinstance(x, str) else None for x in items]
-        return Prepared(prompts, texts, self._params(body, body.max_tokens, body.logprobs))
+        echo = None
+        if body.echo:
+            tokenizer = self._core.tokenizer
+            echo = [t if t is not None else tokenizer.decode(ids) if tokenizer is not None else ""
+                    for t, ids in zip(texts, prompts)]
+        params = self._params(body, max_tokens, body.logprobs, body.logprobs if body.echo else None)
+        return Prepared(prompts, texts, params, echo, score_only)
 
     async def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
         self.check_model(body.model)
@@ -165,42 +188,38 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(outputs: Sequence[RequestOutput]) -> dict[str, int]:
+def usage(outputs: Sequence[RequestOutput], score_only: bool = False) -> dict[str, int]:
     prompt = sum(len(o.prompt_token_ids) for o in outputs)
-    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    completion = 0 if score_only else sum(len(c.token_ids) for o in outputs for c in o.outputs)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def finish_reason(reason: str | None, error: str | None) -> str | None:
+def finish_reason(reason: str | None, error: str | None, score_only: bool = False) -> str | None:
     if reason == "abort":
         return "error" if error else "abort"
-    return reason
+    return "length" if score_only and reason is not None else reason
 
 
-def completion_logprobs(tokenizer: Any, lps: list[TokenLogprobs] | None, start: int = 0) -> dict[str, Any] | None:
-    if lps is None:
-        return None
-    lps = lps[start:]
-    text = [tokenizer.decode([lp.token_id]) if tokenizer else str(lp.token_id) for lp in lps]
-    offsets, pos = [], 0
-    for t in text:
-        offsets.append(pos)
-        pos += len(t)
-    return {"tokens": text, "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{(tokenizer.decode([t]) if tokenizer else str(t)): v for t, v in lp.top}
-                             for lp in lps], "text_offset": offsets}
+def completion_choice(prepared: Prepared, prompt_index: int, out: RequestOutput, c: CompletionOutput,
+                      tokens: TokenBytes | None) -> dict[str, Any]:
+    """One choice of a /v1/completions response: the echoed prompt (when asked), then the completion."""
+    echo = prepared.echo[prompt_index] if prepared.echo is not None else ""
+    entries: list[Entry] = []
+    if c.logprobs is not None and prepared.echo is not None:
+        entries = echoed(out.prompt_token_ids, out.prompt_logprobs)
+    if c.logprobs is not None and not prepared.score_only:
+        entries += generated(c.logprobs)
+    return {"index": prompt_index * prepared.params.n + c.index,
+            "text": echo + ("" if prepared.score_only else c.text),
+            "logprobs": completion_logprobs(tokens, entries) if c.logprobs is not None else None,
+            "finish_reason": finish_reason(c.finish_reason, out.error, prepared.score_only),
+            "stop_reason": None if prepared.score_only else c.stop_reason}
 
 
-def chat_logprobs(tokenizer: Any, lps: list[TokenLogprobs] | None, start: int = 0) -> dict[str, Any] | None:
-    if lps is None:
-        return None
-
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = tokenizer.decode([token_id]) if tokenizer else str(token_id)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
-
-    return {"content": [entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top]}
-                        for lp in lps[start:]]}
+def chat_choice(out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None) -> dict[str, Any]:
+    return {"index": c.index, "message": {"role": "assistant", "content": c.text},
+            "logprobs": chat_logprobs(tokens, generated(c.logprobs)) if c.logprobs is not None else None,
+            "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason}
 
 
 async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
