@@ -17,6 +17,12 @@ from conveyor.params import SamplingParams
 _ENGINE_FLAG_NAMES = {"seed": "engine-seed"}  # --seed is the per-request sampling seed
 
 
+def _engine_dest(name: str) -> str:
+    """Where an engine field's flag lands in the namespace: renamed flags get their own name there, so that
+    --engine-seed and the sampling --seed do not overwrite each other's values."""
+    return _ENGINE_FLAG_NAMES[name].replace("-", "_") if name in _ENGINE_FLAG_NAMES else name
+
+
 def _parse_async(value: str) -> bool | str:
     lowered = value.lower()
     if lowered in ("auto", "true", "false", "on", "off", "1", "0"):
@@ -38,26 +44,27 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + _ENGINE_FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
         help_text = (docs.get(f.name, "") + f" (default: {f.default})").replace("%", "%%")  # argparse formats help with %
+        dest = _engine_dest(f.name)
         if f.name == "async_batching":
-            group.add_argument(flag, dest=f.name, type=_parse_async, default=f.default, help=help_text)
+            group.add_argument(flag, dest=dest, type=_parse_async, default=f.default, help=help_text)
         elif f.name == "kv_cache_memory":
-            group.add_argument(flag, dest=f.name, type=_parse_size, default=f.default, help=help_text)
+            group.add_argument(flag, dest=dest, type=_parse_size, default=f.default, help=help_text)
         elif isinstance(f.default, bool):
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=f.default,
                                help=help_text)
         elif f.name in ("dtype", "device", "quantization", "kernels"):
             choices = {"dtype": list(SUPPORTED_DTYPES), "device": list(SUPPORTED_DEVICES),
                        "quantization": [q for q in SUPPORTED_QUANTIZATIONS if q],
                        "kernels": list(SUPPORTED_KERNELS)}[f.name]
-            group.add_argument(flag, dest=f.name, choices=choices, default=f.default, help=help_text)
+            group.add_argument(flag, dest=dest, choices=choices, default=f.default, help=help_text)
         elif isinstance(f.default, int) or f.name in ("max_model_len", "num_threads"):
-            group.add_argument(flag, dest=f.name, type=int, default=f.default, help=help_text)
+            group.add_argument(flag, dest=dest, type=int, default=f.default, help=help_text)
         else:
-            group.add_argument(flag, dest=f.name, default=f.default, help=help_text)
+            group.add_argument(flag, dest=dest, default=f.default, help=help_text)
 
 
 def engine_config_from(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)})
+    return EngineConfig(**{f.name: getattr(args, _engine_dest(f.name)) for f in dataclasses.fields(EngineConfig)})
 
 
 def add_sampling_flags(parser: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -157,7 +164,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         history.append({"role": "user", "content": line})
-        request_id = engine.add_request(llm.apply_chat_template(history), params)
+        prompt = _fit_history(llm, history, params.max_tokens)
+        if prompt is None:
+            history.pop()
+            print(f"conveyor: that message alone does not fit the {engine.max_model_len}-token context "
+                  f"(--max-model-len); send a shorter one", file=sys.stderr)
+            continue
+        request_id = engine.add_request(prompt, params)
         shown = 0
         text = ""
         sys.stdout.write("bot> ")
@@ -175,6 +188,28 @@ def cmd_chat(args: argparse.Namespace) -> int:
             sys.stdout.write(" [stopped]")
         sys.stdout.write("\n")
         history.append({"role": "assistant", "content": text})
+
+
+def _fit_history(llm: Any, history: list[dict[str, Any]], max_tokens: int | None) -> str | None:
+    """The templated conversation, dropping its oldest turns (never the system message or the newest user
+    message) until it leaves room for a reply: max_tokens, or half the context when that is more or unset.
+    None when even the newest message alone does not fit."""
+    engine = llm.engine
+    room = min(max_tokens or engine.max_model_len, engine.max_model_len // 2)
+    first = 1 if history and history[0]["role"] == "system" else 0
+    dropped = 0
+    while True:
+        prompt = llm.apply_chat_template(history)
+        if len(engine.tokenize(prompt)) + room <= engine.max_model_len:
+            break
+        if len(history) - first <= 1:
+            return None
+        del history[first]
+        dropped += 1
+    if dropped:
+        print(f"(the {dropped} oldest message(s) left the conversation to fit the {engine.max_model_len}-token "
+              f"context)", file=sys.stderr)
+    return prompt
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ objects (`model.spec.ModelSpec`, `core.kv_cache.CachePlan`), not here.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from typing import Literal, Union
@@ -28,6 +29,9 @@ def parse_memory_size(value: Union[int, float, str]) -> Union[int, float]:
     if isinstance(value, bool):
         raise ConfigError(f"kv_cache_memory={value!r} is not a size; give bytes (e.g. 2000000000), "
                           "a string like '2GiB', or a fraction of available memory in (0, 1]")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"kv_cache_memory={value!r} is not a size; give bytes (e.g. 2000000000), "
+                          "a string like '2GiB', or a fraction of available memory in (0, 1]")
     if isinstance(value, (int, float)):
         if value <= 0:
             raise ConfigError(f"kv_cache_memory={value!r} must be positive: bytes (e.g. 2000000000), "
@@ -41,6 +45,9 @@ def parse_memory_size(value: Union[int, float, str]) -> Union[int, float]:
         raise ConfigError(f"kv_cache_memory={value!r} is not a size I can read; use bytes, "
                           "a unit among B, KB, MB, GB, KiB, MiB, GiB (e.g. '2GiB'), or a fraction like 0.2")
     amount = float(match.group(1))
+    if amount <= 0:
+        raise ConfigError(f"kv_cache_memory={value!r} must be positive: bytes, a size like '2GiB', or a fraction "
+                          "of available memory in (0, 1]")
     if unit == "" and amount <= 1:
         return amount
     return int(amount * _SIZE_UNITS[unit])
@@ -111,6 +118,10 @@ class EngineConfig:
             raise ConfigError(f"max_model_len={self.max_model_len!r} must be an integer >= 2 (or None for the model's own)")
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(f"enable_prefix_caching={self.enable_prefix_caching!r} must be True or False")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
+            raise ConfigError(f"seed={self.seed!r} must be an integer in [0, 2**63)")
         if self.async_batching not in (True, False, "auto"):
             raise ConfigError(f"async_batching={self.async_batching!r} must be 'auto', True or False")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Sequence, Union
 
@@ -9,11 +10,12 @@ from tqdm.auto import tqdm
 
 from conveyor.config import EngineConfig
 from conveyor.engine.engine import Engine
-from conveyor.errors import InvalidRequestError
+from conveyor.errors import ConfigError, InvalidRequestError
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
 
-Prompt = Union[str, Sequence[int]]
+Prompt = Union[str, Sequence[int], dict[str, Any]]
+"""A string, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [int, ...]}."""
 Message = dict[str, Any]
 
 
@@ -21,6 +23,11 @@ class LLM:
     """`LLM()` loads the embedded SmolLM2-135M-Instruct; `LLM(model=..., **EngineConfig fields)` any other."""
 
     def __init__(self, model: str | None = None, **options: Any) -> None:
+        known = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"unknown engine option(s) {', '.join(unknown)}; the options are "
+                              f"{', '.join(sorted(known - {'model'}))}")
         self.config = EngineConfig(model=model, **options)
         self.engine = Engine(self.config)
 
@@ -30,8 +37,14 @@ class LLM:
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for one prompt or many (strings or token-id lists); outputs in input order."""
+        """Generate for one prompt or many (strings, token-id lists or vLLM's prompt dicts); outputs in input
+        order. Without sampling_params, the model's recommended settings apply (as in the server and vLLM)."""
         batch = _as_prompt_list(prompts)
+        if sampling_params is None:
+            defaults = dict(self.engine.sampling_defaults)
+            if "top_k" in defaults:
+                defaults["top_k"] = int(defaults["top_k"])
+            sampling_params = SamplingParams(**defaults)
         params = _as_params_list(sampling_params, len(batch))
         ids = []
         try:
@@ -55,8 +68,14 @@ class LLM:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise InvalidRequestError(f"model {self.engine.model_source} has no chat template; use generate() "
                                       f"with a plain prompt")
-        return tokenizer.apply_chat_template(list(conversation), tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+        try:
+            return tokenizer.apply_chat_template([_text_message(m) for m in conversation], tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt)
+        except InvalidRequestError:
+            raise
+        except Exception as exc:  # the template is the model's code: say so, not where it failed inside jinja
+            raise InvalidRequestError(f"the model's chat template rejected this conversation "
+                                      f"({type(exc).__name__}: {exc})") from None
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
@@ -83,19 +102,51 @@ class LLM:
         return [finished[i] for i in ids]
 
 
-def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[str | Sequence[int]]:
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
     items = list(prompts)
     if not items:
         raise InvalidRequestError("no prompts given; pass a string, a list of strings or a list of token-id lists")
     if all(isinstance(x, int) and not isinstance(x, bool) for x in items):
         return [items]  # one token-id list
+    batch: list[str | Sequence[int]] = []
     for i, x in enumerate(items):
+        if isinstance(x, dict):
+            x = _from_prompt_dict(i, x)
         if not isinstance(x, str) and not (isinstance(x, (list, tuple))):
-            raise InvalidRequestError(f"prompt {i} is a {type(x).__name__}; each prompt must be a string or a list "
-                                      f"of token ids")
-    return items
+            raise InvalidRequestError(f"prompt {i} is a {type(x).__name__}; each prompt must be a string, a list "
+                                      f"of token ids or a dict with 'prompt' or 'prompt_token_ids'")
+        batch.append(x)
+    return batch
+
+
+def _from_prompt_dict(i: int, prompt: dict[str, Any]) -> Any:
+    """vLLM's TextPrompt {"prompt": str} / TokensPrompt {"prompt_token_ids": [...]} -> the prompt itself."""
+    keys = set(prompt)
+    if keys == {"prompt"}:
+        return prompt["prompt"]
+    if keys == {"prompt_token_ids"}:
+        return prompt["prompt_token_ids"]
+    raise InvalidRequestError(f"prompt {i} is a dict with keys {sorted(keys)}; a prompt dict must have exactly "
+                              f"one key, 'prompt' (a string) or 'prompt_token_ids' (a list of token ids)")
+
+
+def _text_message(message: Message) -> Message:
+    """A message with its content as text: OpenAI's text parts are joined, None is empty."""
+    content = message["content"]
+    if content is None:
+        content = ""
+    elif isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise InvalidRequestError(f"message content {content!r:.80} has parts other than text; only "
+                                      f"{{'type': 'text', 'text': ...}} parts are supported")
+        content = "".join(p["text"] for p in content)
+    elif not isinstance(content, str):
+        raise InvalidRequestError(f"message content must be a string or a list of text parts, got a "
+                                  f"{type(content).__name__} ({content!r:.40})")
+    return {**message, "content": content}
 
 
 def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
@@ -113,6 +164,9 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n:
 
 
 def _as_conversations(messages: Sequence[Message] | Sequence[Sequence[Message]]) -> list[list[Message]]:
+    if isinstance(messages, (str, dict)):
+        raise InvalidRequestError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts (or a list of "
+                                  f"such lists), got a {type(messages).__name__}")
     items = list(messages)
     if not items:
         raise InvalidRequestError("no messages given; pass a list of {'role': ..., 'content': ...} dicts")

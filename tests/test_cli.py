@@ -42,7 +42,20 @@ def test_chat_exit_command() -> None:
     assert done.returncode == 0 and "bot>" not in done.stdout
 
 
+def test_chat_drops_the_oldest_turns_when_the_context_is_full() -> None:
+    script = "Hi\nTell me a long story about a dragon and a knight.\nAnd another one, please.\n" + "x " * 200 + "\n"
+    done = subprocess.run(CLI + ["chat", "--max-tokens", "16", "--kv-cache-memory", "64MiB", "--max-model-len", "96"],
+                          input=script, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("bot> ") == 3  # every message that fits got a reply, the session went on
+    assert "oldest message(s) left the conversation" in done.stderr
+    assert "does not fit the 96-token context" in done.stderr and "Traceback" not in done.stderr
+
+
 @pytest.mark.parametrize("args, fragment", [
+    (["bench", "throughput", "--num-prompts", "0"], "must be at least 1, got 0"),
+    (["bench", "throughput", "--runs", "0"], "must be at least 1, got 0"),
+    (["bench", "decode-step", "--num-seqs", "-2"], "must be at least 1, got -2"),
     (["generate", "x", "--dtype", "float64"], "invalid choice"),
     (["generate", "x", "--temperature", "-1"], "temperature=-1"),
     (["generate", "x", "--model", "/no/such/model.gguf"], "no such file or folder"),
@@ -62,3 +75,12 @@ def test_every_command_prints_its_help(command: list[str]) -> None:
     if command != ["bench", "serve"]:  # the load generator takes no engine options
         text = " ".join(done.stdout.split())
         assert "--kernels" in text and "like a GGUF Q4_1 file" in text
+
+
+def test_engine_seed_and_sampling_seed_are_separate_flags() -> None:
+    from conveyor.cli import build_parser, engine_config_from, sampling_params_from
+
+    args = build_parser().parse_args(["generate", "x", "--seed", "5"])
+    assert engine_config_from(args).seed == 0 and sampling_params_from(args).seed == 5
+    args = build_parser().parse_args(["generate", "x", "--engine-seed", "3"])
+    assert engine_config_from(args).seed == 3 and sampling_params_from(args).seed is None

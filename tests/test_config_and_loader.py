@@ -23,11 +23,22 @@ from conveyor.model.gguf_loader import unpermute_rows
     (dict(kv_cache_memory=-5), "must be positive"),
     (dict(async_batching="maybe"), "async_batching='maybe'"),
     (dict(max_model_len=1), "max_model_len=1"),
+    (dict(kv_cache_memory=float("nan")), "kv_cache_memory=nan"),
+    (dict(kv_cache_memory=float("inf")), "kv_cache_memory=inf"),
+    (dict(kv_cache_memory="0"), "must be positive"),
+    (dict(kv_cache_memory="0GiB"), "must be positive"),
+    (dict(seed=-1), "seed=-1"),
+    (dict(enable_prefix_caching="no"), "enable_prefix_caching='no'"),
 ])
 def test_bad_engine_options(kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         EngineConfig(**kwargs)
     assert fragment in str(info.value)
+
+
+def test_unknown_llm_option_lists_the_options() -> None:
+    with pytest.raises(ConfigError, match="unknown engine option.*kv_cache_size.*kv_cache_memory"):
+        LLM(kv_cache_size="1GiB")
 
 
 def test_memory_sizes() -> None:

@@ -38,6 +38,46 @@ def test_per_prompt_params_and_stop_reasons(default_llm: Any) -> None:
     stopped = outs[1].outputs[0]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == third
     assert stopped.token_ids == probe.outputs[0].token_ids[:3]
+    if third not in probe.outputs[0].token_ids[:2]:  # the stop token's text is left out, unless asked for
+        assert stopped.text == tok.decode(probe.outputs[0].token_ids[:2])
+        kept = default_llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=[third],
+                                                             include_stop_str_in_output=True), use_tqdm=False)[0]
+        assert kept.outputs[0].text == tok.decode(probe.outputs[0].token_ids[:3])
+
+
+def test_vllm_prompt_dicts_and_chat_content_parts(default_llm: Any) -> None:
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    tok = default_llm.get_tokenizer()
+    text = "The quick brown fox"
+    plain = default_llm.generate(text, greedy, use_tqdm=False)[0].outputs[0].token_ids
+    as_dicts = default_llm.generate([{"prompt": text}, {"prompt_token_ids": tok(text).input_ids}], greedy,
+                                    use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in as_dicts] == [plain, plain]
+    assert default_llm.generate({"prompt": text}, greedy, use_tqdm=False)[0].prompt == text
+    with pytest.raises(InvalidRequestError, match="'prompt' .* or 'prompt_token_ids'"):
+        default_llm.generate({"text": text}, greedy, use_tqdm=False)
+    question = [{"role": "user", "content": "Name a color."}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}]}]
+    assert default_llm.apply_chat_template(parts) == default_llm.apply_chat_template(question)
+    assert default_llm.chat(parts, greedy, use_tqdm=False)[0].outputs[0].token_ids == \
+        default_llm.chat(question, greedy, use_tqdm=False)[0].outputs[0].token_ids
+    empty_system = [{"role": "system", "content": None}] + question
+    assert default_llm.apply_chat_template(empty_system) == \
+        default_llm.apply_chat_template([{"role": "system", "content": ""}] + question)
+    for bad, fragment in (([{"role": "user", "content": 7}], "got a int"),
+                          ([{"role": "user", "content": [{"type": "image_url"}]}], "parts other than text"),
+                          ("hello", "got a str")):
+        with pytest.raises(InvalidRequestError, match=fragment):
+            default_llm.chat(bad, greedy, use_tqdm=False)
+
+
+def test_without_sampling_params_the_models_recommended_settings_apply(default_llm: Any) -> None:
+    from conveyor.model.loader import DEFAULT_MODEL_SAMPLING
+
+    out = default_llm.generate("Once upon a time", use_tqdm=False)[0]  # 16 tokens, as SamplingParams' default
+    seeded = default_llm.generate("Once upon a time", SamplingParams(**DEFAULT_MODEL_SAMPLING), use_tqdm=False)[0]
+    assert default_llm.engine.sampling_defaults == DEFAULT_MODEL_SAMPLING
+    assert len(out.outputs[0].token_ids) == len(seeded.outputs[0].token_ids)
 
 
 def test_eos_ends_with_stop_and_ignore_eos_continues(default_llm: Any) -> None:
@@ -74,7 +114,7 @@ def test_chat_many_conversations(default_llm: Any) -> None:
     ([], "no prompts"),
     ([[1, 2, 10**9]], "not an integer in [0, 49152)"),
     ([[]], "empty"),
-    ([3.5], "must be a string or a list of token ids"),
+    ([3.5], "must be a string, a list of token ids or a dict"),
     ([list(range(1, 1100))], "max_model_len is 1024"),
 ])
 def test_bad_prompts_are_refused_clearly(default_llm: Any, prompts: Any, message: str) -> None:

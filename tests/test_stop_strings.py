@@ -89,3 +89,22 @@ def test_stop_strings_ignored_before_min_tokens(tokenizer: Any) -> None:
     out, _ = _stream(tokenizer, TEXT, SamplingParams(temperature=0.0, stop=["Hello", "test"], min_tokens=3))
     full = tokenizer.decode(tokenizer(TEXT, add_special_tokens=False).input_ids)
     assert out.outputs[0].text == full[:full.find("test")] and out.outputs[0].stop_reason == "test"
+
+
+@pytest.mark.parametrize("min_tokens, stops", [(2, True), (3, False)])
+def test_a_stop_string_must_end_after_the_first_min_tokens_minus_one_tokens(tokenizer: Any, min_tokens: int,
+                                                                          stops: bool) -> None:
+    """Text made before min_tokens cannot stop a request by itself (the answer would be cut to nothing);
+    a match that ends in a later token counts, even when it begins earlier."""
+    ids = tokenizer(TEXT, add_special_tokens=False).input_ids
+    before = tokenizer.decode(ids[:min_tokens - 1])  # the text no match may end inside
+    stop = "world"
+    assert TEXT.count(stop) == 1
+    ends = TEXT.find(stop) + len(stop)
+    assert stops == (ends > len(before))
+    out, _ = _stream(tokenizer, TEXT, SamplingParams(temperature=0.0, stop=[stop], min_tokens=min_tokens))
+    full = tokenizer.decode(ids)
+    if stops:
+        assert out.outputs[0].text == full[:full.find(stop)] and out.outputs[0].stop_reason == stop
+    else:
+        assert out.outputs[0].text == full and out.outputs[0].finish_reason == "length"

@@ -26,39 +26,50 @@ def _range(text: str) -> tuple[int, int]:
     return parts[0], parts[1]
 
 
+def _count(text: str) -> int:
+    """A whole number >= 1 (prompts, runs, sequences, lengths)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     bench = commands.add_parser("bench", help="benchmarks (results as JSON, baselines, plots)")
     kinds = bench.add_subparsers(dest="bench_command", required=True)
 
     tp = kinds.add_parser("throughput", help="offline throughput; --peer runs the same workload on a peer")
     tp.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
-    tp.add_argument("--num-prompts", type=int, default=64)
+    tp.add_argument("--num-prompts", type=_count, default=64)
     tp.add_argument("--input-len", type=_range, default=(32, 256), help="prompt length or range LOW:HIGH")
     tp.add_argument("--output-len", type=_range, default=(128, 128), help="output length or range LOW:HIGH")
-    tp.add_argument("--prefix-len", type=int, default=512, help="shared-prefix workload: shared system prompt")
+    tp.add_argument("--prefix-len", type=_count, default=512, help="shared-prefix workload: shared system prompt")
     tp.add_argument("--workload-seed", type=int, default=0)
-    tp.add_argument("--runs", type=int, default=1, help="timed runs (the median is reported)")
+    tp.add_argument("--runs", type=_count, default=1, help="timed runs (the median is reported)")
     tp.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "hf-continuous", "llama-cpp"])
-    tp.add_argument("--peer-batch-size", type=int, default=32, help="hf-generate static batch size")
+    tp.add_argument("--peer-batch-size", type=_count, default=32, help="hf-generate static batch size")
     tp.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the run (Perfetto)")
     _add_result_flags(tp)
     add_engine_flags(tp)
 
     lat = kinds.add_parser("latency", help="one request: time to first token and time per output token")
-    lat.add_argument("--input-len", type=int, default=128)
+    lat.add_argument("--input-len", type=_count, default=128)
     lat.add_argument("--output-len", type=int, default=128)
-    lat.add_argument("--runs", type=int, default=3)
+    lat.add_argument("--runs", type=_count, default=3)
     lat.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "llama-cpp"])
     _add_result_flags(lat)
     add_engine_flags(lat)
 
     sv = kinds.add_parser("serve", help="load a running OpenAI-compatible server (ours or any other)")
     sv.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
-    sv.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64], help="clients (a sweep)")
+    sv.add_argument("--concurrency", type=_count, nargs="+", default=[1, 8, 32, 64], help="clients (a sweep)")
     sv.add_argument("--duration", type=float, default=None, help="seconds per concurrency level")
-    sv.add_argument("--num-requests", type=int, default=None, help="requests per level (default 4 x concurrency)")
+    sv.add_argument("--num-requests", type=_count, default=None, help="requests per level (default 4 x concurrency)")
     sv.add_argument("--input-len", type=_range, default=(32, 128))
-    sv.add_argument("--output-len", type=int, default=64)
+    sv.add_argument("--output-len", type=_count, default=64)
     sv.add_argument("--api-key", default=None)
     sv.add_argument("--model", default=None)
     sv.add_argument("--server-pid", type=int, default=None, help="sample this process's resident memory")
@@ -67,14 +78,14 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
 
     ds = kinds.add_parser("decode-step", help="one decode step: time, achieved FLOP/s and its share of the "
                                               "measured matmul peaks (float32's and the step dtype's)")
-    ds.add_argument("--num-seqs", type=int, default=64, help="running sequences, all decoding")
-    ds.add_argument("--prompt-len", type=int, default=128)
-    ds.add_argument("--steps", type=int, default=16, help="timed decode steps (the median is reported)")
+    ds.add_argument("--num-seqs", type=_count, default=64, help="running sequences, all decoding")
+    ds.add_argument("--prompt-len", type=_count, default=128)
+    ds.add_argument("--steps", type=_count, default=16, help="timed decode steps (the median is reported)")
     _add_result_flags(ds)
     add_engine_flags(ds)
 
     cmp_ = kinds.add_parser("async-vs-sync", help="async against sync batching, alternating runs, medians")
-    cmp_.add_argument("--runs", type=int, default=5, help="runs per mode per workload (alternating)")
+    cmp_.add_argument("--runs", type=_count, default=5, help="runs per mode per workload (alternating)")
     cmp_.add_argument("--trace", default=None, help="also trace one async run per workload to FILE-<w>-async.json")
     cmp_.add_argument("--out", default="benchmarks/async_vs_sync.json")
     add_engine_flags(cmp_)
@@ -211,9 +222,6 @@ def _threads(config: Any) -> int:
 def _decode_step(args: argparse.Namespace, config: Any) -> int:
     from conveyor.bench.decode_step import measure_decode_step
 
-    for name in ("num_seqs", "prompt_len", "steps"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     result = measure_decode_step(config, args.num_seqs, args.prompt_len, args.steps)
     print(json.dumps({k: v for k, v in result.items() if k != "step_ms_all"}, indent=2))
     _finish(args, result, "decode-step")

@@ -25,6 +25,10 @@ class SampleState:
     text: str = ""
     """Text shown so far: the tail that could still begin a stop string is held back."""
     logprobs: list[TokenLogprobs] | None = None
+    stop_floor: int = 0
+    """A stop string must end past this many characters: text made before min_tokens cannot stop alone."""
+    cut_at: int | None = None
+    """Where the text ends when a stop token (or EOS) ended it: its own text is left out, as in vLLM."""
 
 
 @dataclass
@@ -91,13 +95,19 @@ class OutputProcessor:
             request = state.request
             self.scheduler.commit_token(request, token_id)
             self.num_generated_tokens += 1
+            text_before = len(state.detokenizer.text)
             state.detokenizer.add(token_id)
+            if request.num_output_tokens < request.params.min_tokens:
+                state.stop_floor = len(state.detokenizer.text)
             if state.logprobs is not None and lp is not None:
                 state.logprobs.append(lp)
             group = self._group_of[request.request_id]
             if group.first_token_time is None:
                 group.first_token_time = now
             status = self._stop_status(state, token_id)
+            ended_by_token = status is RequestStatus.FINISHED_STOPPED and not isinstance(request.stop_reason, str)
+            if ended_by_token and not request.params.include_stop_str_in_output:
+                state.cut_at = text_before  # EOS or a stop token id: its text is not output
             if status is not None:
                 self.scheduler.finish(request, status)
             self._update_text(state)
@@ -125,7 +135,8 @@ class OutputProcessor:
         text = state.detokenizer.text
         longest = max(len(s) for s in p.stop)
         search_from = max(0, len(state.text) - longest)
-        hits = [(i, s) for s in p.stop if (i := text.find(s, search_from)) >= 0]
+        hits = [(i, s) for s in p.stop
+                if (i := text.find(s, max(search_from, state.stop_floor - len(s) + 1))) >= 0]
         if not hits:
             return False
         index, stop = min(hits)
@@ -139,7 +150,7 @@ class OutputProcessor:
             return  # cut at the stop string already
         if request.is_finished:
             state.detokenizer.finish()
-            state.text = state.detokenizer.text
+            state.text = state.detokenizer.text if state.cut_at is None else state.detokenizer.text[:state.cut_at]
             return
         text = state.detokenizer.text
         stops = request.params.stop
