@@ -40,6 +40,8 @@ def _parse_size(value: str) -> str | float:
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig field, typed from its default, documented from its docstring."""
     docs = field_docs()
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="log engine details to stderr (also accepted before the command)")
     group = parser.add_argument_group("engine options")
     for f in dataclasses.fields(EngineConfig):
         flag = "--" + _ENGINE_FLAG_NAMES.get(f.name, f.name.replace("_", "-"))
@@ -76,13 +78,17 @@ def add_sampling_flags(parser: argparse.ArgumentParser, max_tokens: int) -> None
     group.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass; 1.0 = off")
     group.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     group.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    group.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this share of the top "
+                                                                    "token's probability; 0 = off")
+    group.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                       help="a string that ends a reply (repeat the flag for several)")
     group.add_argument("--stop-token-ids", type=int, nargs="*", default=[], help="extra token ids that end a reply")
 
 
 def sampling_params_from(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                          top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos,
-                          stop_token_ids=tuple(args.stop_token_ids))
+    return SamplingParams(n=getattr(args, "n", 1), max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+                          ignore_eos=args.ignore_eos, stop=list(args.stop), stop_token_ids=tuple(args.stop_token_ids))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
     gen.add_argument("--raw", action="store_true",
                      help="send the prompt as is (default: wrap it in the model's chat template, when it has one)")
+    gen.add_argument("-n", type=int, default=1, help="completions per prompt (sample with --temperature > 0)")
     add_sampling_flags(gen, max_tokens=256)
     add_engine_flags(gen)
 
@@ -132,14 +139,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"[trace written to {args.trace}; open it in https://ui.perfetto.dev]", file=sys.stderr)
     total = 0
     for prompt, out in zip(args.prompts, outputs):
-        completion = out.outputs[0]
-        total += len(completion.token_ids)
-        if len(outputs) > 1:
-            print(f"### {prompt}")
-        print(completion.text.strip() if not args.raw else completion.text)
-        ttft = out.metrics.get("ttft_s")
-        print(f"[{len(completion.token_ids)} tokens, finish_reason={completion.finish_reason}"
-              + (f", time to first token {ttft * 1000:.0f} ms" if ttft is not None else "") + "]", file=sys.stderr)
+        for completion in out.outputs:
+            total += len(completion.token_ids)
+            if len(outputs) > 1 or len(out.outputs) > 1:
+                print(f"### {prompt}" + (f" [sample {completion.index + 1}]" if len(out.outputs) > 1 else ""))
+            print(completion.text.strip() if not args.raw else completion.text)
+            ttft = out.metrics.get("ttft_s")
+            print(f"[{len(completion.token_ids)} tokens, finish_reason={completion.finish_reason}"
+                  + (f", time to first token {ttft * 1000:.0f} ms" if ttft is not None else "") + "]",
+                  file=sys.stderr)
     print(f"[{total} tokens in {elapsed:.2f} s: {total / elapsed:.1f} tokens/s]", file=sys.stderr)
     return 0
 

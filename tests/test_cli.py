@@ -84,3 +84,12 @@ def test_engine_seed_and_sampling_seed_are_separate_flags() -> None:
     assert engine_config_from(args).seed == 0 and sampling_params_from(args).seed == 5
     args = build_parser().parse_args(["generate", "x", "--engine-seed", "3"])
     assert engine_config_from(args).seed == 3 and sampling_params_from(args).seed is None
+
+
+def test_generate_with_n_stop_and_verbose_after_the_command() -> None:
+    done = subprocess.run(CLI + ["generate", "Count: one, two,", "--raw", "-n", "2", "--temperature", "0.8",
+                                 "--seed", "1", "--stop", "five", "--max-tokens", "12", "-v"] + SMALL,
+                          capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr
+    assert "[sample 1]" in done.stdout and "[sample 2]" in done.stdout and "five" not in done.stdout
+    assert "engine ready" in done.stderr  # -v after the command turns on the engine's log

@@ -78,6 +78,9 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     (CHAT, {"messages": MSG, "tool_choice": "auto"}, 400, "tool_choice"),
     (CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400, None),  # without stream
     (CHAT, b"", 400, None),
+    (CHAT, {"messages": MSG + [{"role": "tool", "content": "42", "tool_call_id": "c1"}]}, 400, "messages.1"),
+    (CHAT, {"messages": MSG + [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]}, 400,
+     "messages.1"),
     (COMPLETIONS, b"x" * 70000, 413, None),
     ("/v1/nonexistent", {}, 404, None),
 ]

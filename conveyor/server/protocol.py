@@ -100,6 +100,14 @@ class ChatMessage(BaseModel):
                     raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
         return value
 
+    @model_validator(mode="after")
+    def _no_tool_turns(self) -> "ChatMessage":
+        extra = self.model_extra or {}
+        if self.role == "tool" or extra.get("tool_calls") or extra.get("function_call"):
+            raise ValueError("tool calling is not supported, so tool results and assistant tool_calls cannot be "
+                             "part of the conversation")
+        return self
+
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part["text"] for part in self.content)
