@@ -156,7 +156,8 @@ def sample(logits: torch.Tensor, t: SamplingTensors) -> SampleOutput:
     counter-based noise. Everything is computed in float32, except a batch that is only plain
     greedy rows: its argmax is taken in the model's dtype, which gives the same ids (widening to
     float32 is exact and keeps the order and the ties) without the float32 copy of the logits
-    (bfloat16, 64 x 49,152: 2.2 -> 1.1 ms, tests/test_sampler.py checks the ids)."""
+    (bfloat16, 64 x 49,152, medians of 60 alternating calls: 1.38 -> 1.18 ms; tests/test_sampler.py
+    checks the ids)."""
     if t.all_greedy and t.bias is None and t.suppress is None and t.penalties is None and t.num_logprobs is None:
         return SampleOutput(_first_argmax(logits))
     logits = logits.float()  # [rows, vocab]
