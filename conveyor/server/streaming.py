@@ -19,9 +19,35 @@ def sse_response(body: AsyncIterator[str]) -> StreamingResponse:
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def stream_completion(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
-                            tokens: TokenBytes | None, include_usage: bool,
-                            state: ServerState) -> AsyncIterator[str]:
+async def _terminated(chunks: AsyncIterator[str], state: ServerState) -> AsyncIterator[str]:
+    """The chunks, then exactly one end: `[DONE]`, after an SSE error event when the stream failed."""
+    try:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]  # its requests are aborted, whatever ended us
+        state.metrics.requests.labels("ok").inc()
+    except (asyncio.CancelledError, GeneratorExit):  # the client went away: nothing more to send
+        raise
+    except BaseException as exc:
+        state.metrics.requests.labels("error").inc()
+        yield stream_error(exc) if not isinstance(exc, RuntimeError) else stream_error(as_api_error(str(exc)))
+    yield "data: [DONE]\n\n"
+
+
+def stream_completion(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
+                      tokens: TokenBytes | None, include_usage: bool, state: ServerState) -> AsyncIterator[str]:
+    return _terminated(_completion_chunks(streams, prepared, rid, model, tokens, include_usage), state)
+
+
+def stream_chat(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
+                tokens: TokenBytes | None, include_usage: bool, state: ServerState) -> AsyncIterator[str]:
+    return _terminated(_chat_chunks(streams, prepared, rid, model, tokens, include_usage), state)
+
+
+async def _completion_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
+                             tokens: TokenBytes | None, include_usage: bool) -> AsyncIterator[str]:
     """Chunks of every choice as they grow. A choice's first chunk carries the echoed prompt (with its
     logprobs) when asked; text_offset counts the characters of the choice sent before."""
     n = prepared.params.n
@@ -30,50 +56,42 @@ async def stream_completion(streams: list[AsyncIterator[RequestOutput]], prepare
     sent_lp: dict[int, int] = {}
     finals: dict[int, RequestOutput] = {}
     created = now()
-    try:
-        async for i, out in merged(streams):
-            for c in out.outputs:
-                index = i * n + c.index
-                reason = finish_reason(c.finish_reason, out.error, prepared.score_only)
-                if out.error is not None and c.finish_reason == "abort":
-                    raise RuntimeError(out.error)
-                first = index not in sent_chars
-                if first and prepared.echo is not None and not c.token_ids and reason is None:
-                    continue  # the echo (and the prompt's logprobs) goes out once the prompt is computed
-                echo = prepared.echo[i] if first and prepared.echo is not None else ""
-                start = sent_text.get(index, 0)
-                text = "" if prepared.score_only else c.text[start:]
-                if not echo and not text and reason is None:
-                    continue
-                logprobs = None
-                if c.logprobs is not None:
-                    entries: list[Entry] = echoed(out.prompt_token_ids, out.prompt_logprobs) if echo else []
-                    if not prepared.score_only:
-                        entries += generated(c.logprobs[sent_lp.get(index, 0):])
-                    logprobs = completion_logprobs(tokens, entries, sent_chars.get(index, 0))
-                sent_chars[index] = sent_chars.get(index, 0) + len(echo) + len(text)
-                sent_text[index], sent_lp[index] = len(c.text), len(c.logprobs or [])
-                yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                           "choices": [{"index": index, "text": echo + text, "logprobs": logprobs,
-                                        "finish_reason": reason,
-                                        "stop_reason": c.stop_reason if reason and not prepared.score_only
-                                        else None}]})
-            if out.finished:
-                finals[i] = out
-        if include_usage:
-            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                       "usage": usage(list(finals.values()), prepared.score_only)})
-        state.metrics.requests.labels("ok").inc()
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:
-        state.metrics.requests.labels("error").inc()
-        yield stream_error(exc) if not isinstance(exc, RuntimeError) else stream_error(as_api_error(str(exc)))
-    yield "data: [DONE]\n\n"
+    async for i, out in merged(streams):
+        for c in out.outputs:
+            index = i * n + c.index
+            reason = finish_reason(c.finish_reason, out.error, prepared.score_only)
+            if out.error is not None and c.finish_reason == "abort":
+                raise RuntimeError(out.error)
+            first = index not in sent_chars
+            if first and prepared.echo is not None and not c.token_ids and reason is None:
+                continue  # the echo (and the prompt's logprobs) goes out once the prompt is computed
+            echo = prepared.echo[i] if first and prepared.echo is not None else ""
+            start = sent_text.get(index, 0)
+            text = "" if prepared.score_only else c.text[start:]
+            if not echo and not text and reason is None:
+                continue
+            logprobs = None
+            if c.logprobs is not None:
+                entries: list[Entry] = echoed(out.prompt_token_ids, out.prompt_logprobs) if echo else []
+                if not prepared.score_only:
+                    entries += generated(c.logprobs[sent_lp.get(index, 0):])
+                logprobs = completion_logprobs(tokens, entries, sent_chars.get(index, 0))
+            sent_chars[index] = sent_chars.get(index, 0) + len(echo) + len(text)
+            sent_text[index], sent_lp[index] = len(c.text), len(c.logprobs or [])
+            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                       "choices": [{"index": index, "text": echo + text, "logprobs": logprobs,
+                                    "finish_reason": reason,
+                                    "stop_reason": c.stop_reason if reason and not prepared.score_only
+                                    else None}]})
+        if out.finished:
+            finals[i] = out
+    if include_usage:
+        yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
+                   "usage": usage(list(finals.values()), prepared.score_only)})
 
 
-async def stream_chat(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
-                      tokens: TokenBytes | None, include_usage: bool, state: ServerState) -> AsyncIterator[str]:
+async def _chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
+                       tokens: TokenBytes | None, include_usage: bool) -> AsyncIterator[str]:
     created = now()
     base: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
     for index in range(prepared.params.n):
@@ -82,32 +100,24 @@ async def stream_chat(streams: list[AsyncIterator[RequestOutput]], prepared: Pre
     sent_text: dict[int, int] = {}
     sent_lp: dict[int, int] = {}
     final = None
-    try:
-        async for _, out in merged(streams):
-            for c in out.outputs:
-                start, lp_start = sent_text.get(c.index, 0), sent_lp.get(c.index, 0)
-                reason = finish_reason(c.finish_reason, out.error)
-                if out.error is not None and c.finish_reason == "abort":
-                    raise RuntimeError(out.error)
-                if len(c.text) <= start and reason is None:
-                    continue
-                sent_text[c.index], sent_lp[c.index] = len(c.text), len(c.logprobs or [])
-                delta = {"content": c.text[start:]} if len(c.text) > start else {}
-                logprobs = chat_logprobs(tokens, generated(c.logprobs[lp_start:])) if c.logprobs is not None \
-                    else None
-                yield sse(base | {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs,
-                                               "finish_reason": reason}]})
-            if out.finished:
-                final = out
-        if include_usage and final is not None:
-            yield sse(base | {"choices": [], "usage": usage([final])})
-        state.metrics.requests.labels("ok").inc()
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:
-        state.metrics.requests.labels("error").inc()
-        yield stream_error(exc) if not isinstance(exc, RuntimeError) else stream_error(as_api_error(str(exc)))
-    yield "data: [DONE]\n\n"
+    async for _, out in merged(streams):
+        for c in out.outputs:
+            start, lp_start = sent_text.get(c.index, 0), sent_lp.get(c.index, 0)
+            reason = finish_reason(c.finish_reason, out.error)
+            if out.error is not None and c.finish_reason == "abort":
+                raise RuntimeError(out.error)
+            if len(c.text) <= start and reason is None:
+                continue
+            sent_text[c.index], sent_lp[c.index] = len(c.text), len(c.logprobs or [])
+            delta = {"content": c.text[start:]} if len(c.text) > start else {}
+            logprobs = chat_logprobs(tokens, generated(c.logprobs[lp_start:])) if c.logprobs is not None \
+                else None
+            yield sse(base | {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs,
+                                           "finish_reason": reason}]})
+        if out.finished:
+            final = out
+    if include_usage and final is not None:
+        yield sse(base | {"choices": [], "usage": usage([final])})
 
 
 def as_api_error(message: str) -> APIError:
