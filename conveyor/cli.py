@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from conveyor.config import (SUPPORTED_KERNELS, SUPPORTED_DEVICES, SUPPORTED_DTYPES,
                              SUPPORTED_QUANTIZATIONS, EngineConfig, field_docs)
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConveyorError, InvalidRequestError
 from conveyor.params import SamplingParams
 
 _ENGINE_FLAG_NAMES = {"seed": "engine-seed"}  # --seed is the per-request sampling seed
@@ -172,13 +172,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not line.strip():
             continue
         history.append({"role": "user", "content": line})
-        prompt = _fit_history(llm, history, params.max_tokens)
-        if prompt is None:
+        try:
+            prompt = _fit_history(llm, history, params.max_tokens)
+            if prompt is None:
+                raise InvalidRequestError(f"that message alone does not fit the {engine.max_model_len}-token "
+                                          f"context (--max-model-len); send a shorter one")
+            request_id = engine.add_request(prompt, params)
+        except InvalidRequestError as exc:  # this message is refused; the conversation goes on without it
             history.pop()
-            print(f"conveyor: that message alone does not fit the {engine.max_model_len}-token context "
-                  f"(--max-model-len); send a shorter one", file=sys.stderr)
+            print(f"conveyor: {exc}", file=sys.stderr)
             continue
-        request_id = engine.add_request(prompt, params)
         shown = 0
         text = ""
         sys.stdout.write("bot> ")
@@ -199,24 +202,25 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _fit_history(llm: Any, history: list[dict[str, Any]], max_tokens: int | None) -> str | None:
-    """The templated conversation, dropping its oldest turns (never the system message or the newest user
-    message) until it leaves room for a reply: max_tokens, or half the context when that is more or unset.
-    None when even the newest message alone does not fit."""
+    """The templated conversation, dropping its oldest exchanges (user message and reply together, never the
+    system message or the newest message) until it leaves room for a reply: max_tokens, or half the context
+    when that is less. Trims `history` only when the result fits; None (history untouched) when even the
+    newest message alone does not."""
     engine = llm.engine
     room = min(max_tokens or engine.max_model_len, engine.max_model_len // 2)
     first = 1 if history and history[0]["role"] == "system" else 0
-    dropped = 0
+    kept = list(history)
     while True:
-        prompt = llm.apply_chat_template(history)
+        prompt = llm.apply_chat_template(kept)
         if len(engine.tokenize(prompt)) + room <= engine.max_model_len:
             break
-        if len(history) - first <= 1:
+        if len(kept) - first <= 1:
             return None
-        del history[first]
-        dropped += 1
-    if dropped:
-        print(f"(the {dropped} oldest message(s) left the conversation to fit the {engine.max_model_len}-token "
-              f"context)", file=sys.stderr)
+        del kept[first:first + 2 if len(kept) - first > 2 else first + 1]  # an exchange: user, then its reply
+    if len(kept) < len(history):
+        print(f"(the {len(history) - len(kept)} oldest message(s) left the conversation to fit the "
+              f"{engine.max_model_len}-token context)", file=sys.stderr)
+        history[:] = kept
     return prompt
 
 

@@ -88,8 +88,8 @@ class EngineConfig:
     """Reuse KV blocks of identical prompt prefixes across requests."""
     async_batching: Union[bool, Literal["auto"]] = "auto"
     """Overlap host work with device compute: 'auto', True or False."""
-    seed: int = 0
-    """Seed for requests that give none of their own."""
+    seed: int | None = 0
+    """Seed of the seeds given to requests that bring none of their own; None = a random one."""
     num_threads: int | None = None
     """CPU threads for torch; None = torch's default."""
 
@@ -120,8 +120,9 @@ class EngineConfig:
             object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
         if not isinstance(self.enable_prefix_caching, bool):
             raise ConfigError(f"enable_prefix_caching={self.enable_prefix_caching!r} must be True or False")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
-            raise ConfigError(f"seed={self.seed!r} must be an integer in [0, 2**63)")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed < 2**63):
+            raise ConfigError(f"seed={self.seed!r} must be an integer in [0, 2**63), or None for a random one")
         if self.async_batching not in (True, False, "auto"):
             raise ConfigError(f"async_batching={self.async_batching!r} must be 'auto', True or False")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):

@@ -68,11 +68,9 @@ class LLM:
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise InvalidRequestError(f"model {self.engine.model_source} has no chat template; use generate() "
                                       f"with a plain prompt")
+        messages = [_text_message(m) for m in conversation]
         try:
-            return tokenizer.apply_chat_template([_text_message(m) for m in conversation], tokenize=False,
-                                                 add_generation_prompt=add_generation_prompt)
-        except InvalidRequestError:
-            raise
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
         except Exception as exc:  # the template is the model's code: say so, not where it failed inside jinja
             raise InvalidRequestError(f"the model's chat template rejected this conversation "
                                       f"({type(exc).__name__}: {exc})") from None
@@ -134,7 +132,9 @@ def _from_prompt_dict(i: int, prompt: dict[str, Any]) -> Any:
 
 def _text_message(message: Message) -> Message:
     """A message with its content as text: OpenAI's text parts are joined, None is empty."""
-    content = message["content"]
+    if not isinstance(message, dict) or "role" not in message:
+        raise InvalidRequestError(f"message {message!r:.80} must be a dict with 'role' and 'content'")
+    content = message.get("content")
     if content is None:
         content = ""
     elif isinstance(content, list):
@@ -142,7 +142,7 @@ def _text_message(message: Message) -> Message:
                    for p in content):
             raise InvalidRequestError(f"message content {content!r:.80} has parts other than text; only "
                                       f"{{'type': 'text', 'text': ...}} parts are supported")
-        content = "".join(p["text"] for p in content)
+        content = "\n".join(p["text"] for p in content)  # as vLLM (and the server) join text parts
     elif not isinstance(content, str):
         raise InvalidRequestError(f"message content must be a string or a list of text parts, got a "
                                   f"{type(content).__name__} ({content!r:.40})")

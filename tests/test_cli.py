@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -93,3 +94,24 @@ def test_generate_with_n_stop_and_verbose_after_the_command() -> None:
     assert done.returncode == 0, done.stderr
     assert "[sample 1]" in done.stdout and "[sample 2]" in done.stdout and "five" not in done.stdout
     assert "engine ready" in done.stderr  # -v after the command turns on the engine's log
+
+
+def test_fit_history_drops_whole_exchanges_and_keeps_history_when_a_message_cannot_fit(default_llm: Any) -> None:
+    from conveyor.cli import _fit_history
+
+    context = default_llm.engine.max_model_len  # 1024 for the shared test LLM
+    long = "word " * 300  # about 300 tokens
+    history = [{"role": "system", "content": "Be brief."}]
+    for i in range(3):
+        history += [{"role": "user", "content": f"{i} {long}"}, {"role": "assistant", "content": f"reply {i}"}]
+    history.append({"role": "user", "content": "last question"})
+    before = list(history)
+    prompt = _fit_history(default_llm, history, max_tokens=64)
+    assert prompt is not None and len(default_llm.engine.tokenize(prompt)) + 64 <= context
+    assert history[0] == before[0] and history[-1] == before[-1]
+    assert history[1]["role"] == "user" and history[1:] == before[-len(history) + 1:]  # whole exchanges left
+    assert len(history) < len(before)
+    kept = list(history)
+    history.append({"role": "user", "content": "word " * 2000})
+    assert _fit_history(default_llm, history, max_tokens=64) is None
+    assert history[:-1] == kept  # nothing was dropped for a message that cannot fit

@@ -56,8 +56,9 @@ def test_vllm_prompt_dicts_and_chat_content_parts(default_llm: Any) -> None:
     assert default_llm.generate({"prompt": text}, greedy, use_tqdm=False)[0].prompt == text
     with pytest.raises(InvalidRequestError, match="'prompt' .* or 'prompt_token_ids'"):
         default_llm.generate({"text": text}, greedy, use_tqdm=False)
-    question = [{"role": "user", "content": "Name a color."}]
-    parts = [{"role": "user", "content": [{"type": "text", "text": "Name a "}, {"type": "text", "text": "color."}]}]
+    question = [{"role": "user", "content": "Name a color.\nOne word."}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name a color."},
+                                          {"type": "text", "text": "One word."}]}]  # joined with "\n", as vLLM
     assert default_llm.apply_chat_template(parts) == default_llm.apply_chat_template(question)
     assert default_llm.chat(parts, greedy, use_tqdm=False)[0].outputs[0].token_ids == \
         default_llm.chat(question, greedy, use_tqdm=False)[0].outputs[0].token_ids
@@ -66,7 +67,8 @@ def test_vllm_prompt_dicts_and_chat_content_parts(default_llm: Any) -> None:
         default_llm.apply_chat_template([{"role": "system", "content": ""}] + question)
     for bad, fragment in (([{"role": "user", "content": 7}], "got a int"),
                           ([{"role": "user", "content": [{"type": "image_url"}]}], "parts other than text"),
-                          ("hello", "got a str")):
+                          ("hello", "got a str"),
+                          ([{"role": "user"}], "must be a dict with 'role' and 'content'")):
         with pytest.raises(InvalidRequestError, match=fragment):
             default_llm.chat(bad, greedy, use_tqdm=False)
 

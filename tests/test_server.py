@@ -79,6 +79,15 @@ def test_chat_stream_with_n_and_stop(client: openai.OpenAI) -> None:
     assert all("5" not in t for t in texts.values())
 
 
+def test_streamed_choices_end_once_each(client: openai.OpenAI) -> None:
+    for stream in (client.completions.create(model=MODEL, prompt="Say", max_tokens=8, n=3, temperature=1.0,
+                                             seed=3, stream=True),
+                   client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hi"}],
+                                                  max_tokens=8, n=3, temperature=1.0, seed=3, stream=True)):
+        ends = [c.choices[0].index for c in stream if c.choices and c.choices[0].finish_reason is not None]
+        assert sorted(ends) == [0, 1, 2]
+
+
 def test_n_and_seed_non_streaming(client: openai.OpenAI) -> None:
     kwargs: dict[str, Any] = dict(model=MODEL, prompt="Once upon a time", max_tokens=16, temperature=1.0, seed=42,
                                   n=3)
@@ -133,6 +142,11 @@ def test_echo_gives_the_prompt_and_its_logprobs(client: openai.OpenAI, default_l
     assert [o for c in chunks for o in c.choices[0].logprobs.text_offset] == lp.text_offset
     streamed = list(client.completions.create(**ask, stream=True))
     assert [o for c in streamed for o in c.choices[0].logprobs.text_offset] == plain.choices[0].logprobs.text_offset
+    held = dict(ask, max_tokens=12, stop=["zzzz"])  # a stop string holds text back while streaming
+    whole = client.completions.create(**held).choices[0].logprobs
+    pieces = list(client.completions.create(**held, stream=True))
+    assert [o for c in pieces for o in c.choices[0].logprobs.text_offset] == whole.text_offset
+    assert [t for c in pieces for t in c.choices[0].logprobs.tokens] == whole.tokens
     # max_tokens=0 with echo scores the prompt without generating
     scored = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=0)
     assert scored.choices[0].text == prompt and scored.choices[0].finish_reason == "length"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.server.logprobs import TokenBytes, chat_logprobs, completion_logprobs, echoed
+from conveyor.server.logprobs import TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, echoed
 
 TEXT = "Repeat: 😀 😃 日本語, café — naïve <|im_end|> done"
 
@@ -41,8 +41,16 @@ def test_completion_offsets_count_characters_where_they_complete(tokenizer: Any)
     tokens = TokenBytes(tokenizer)
     ids = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     entries = [(i, -1.0, [(i, -1.0)]) for i in ids]
-    lp = completion_logprobs(tokens, entries, offset=7)
+    counter = TextOffsets()
+    counter.chars = 7  # seven characters of this choice went out before
+    lp = completion_logprobs(tokens, entries, counter)
     offsets = lp["text_offset"]
+    halves = TextOffsets()
+    halves.chars = 7
+    cut = 3  # after " \\xf0\\x9f\\x98", inside the first emoji: a streamed chunk can end there
+    split = completion_logprobs(tokens, entries[:cut], halves)["text_offset"] + \
+        completion_logprobs(tokens, entries[cut:], halves)["text_offset"]
+    assert split == offsets
     assert offsets[0] == 7 and offsets == sorted(offsets)
     ascii_prefix = tokenizer("Repeat:", add_special_tokens=False)["input_ids"]
     expected = [7 + len(tokenizer.decode(ascii_prefix[:k])) for k in range(len(ascii_prefix))]

@@ -96,7 +96,8 @@ async def _respond(state: ServerState, serving: Serving, request: Request,
     rid = new_id(id_prefix)
     streams = await serving.admit(prepared, rid)
     state.metrics.prompt_tokens.inc(sum(len(p) for p in prepared.prompts))
-    tokens = serving.token_bytes
+    wants_logprobs = prepared.params.logprobs is not None or prepared.params.prompt_logprobs is not None
+    tokens = await asyncio.to_thread(lambda: serving.token_bytes) if wants_logprobs else None  # built once
     if body.stream:
         return sse_response(stream(streams, prepared, rid, state.options.model_name, tokens, _include_usage(body),
                                    state))
@@ -104,8 +105,9 @@ async def _respond(state: ServerState, serving: Serving, request: Request,
         outputs = await _until_disconnect(request, serving.collect(streams))
         _raise_if_failed(outputs)
         body_choices = choices(outputs, tokens)
-    except BaseException:
-        state.metrics.requests.labels("error").inc()
+    except BaseException as exc:
+        gone = isinstance(exc, asyncio.CancelledError) or isinstance(exc, APIError) and exc.status == 499
+        state.metrics.requests.labels("abort" if gone else "error").inc()
         raise
     state.metrics.requests.labels("ok").inc()
     return JSONResponse({"id": rid, "object": object_name, "created": now(), "model": state.options.model_name,

@@ -94,18 +94,31 @@ def echoed(prompt_ids: Sequence[int], prompt_lps: Sequence[TokenLogprobs | None]
     return entries
 
 
-def completion_logprobs(tokens: TokenBytes | None, entries: list[Entry], offset: int = 0) -> dict[str, Any]:
-    """/v1/completions `logprobs`; offset: characters of this choice's text sent before these tokens."""
+class TextOffsets:
+    """Characters before each token of one choice, counted from the tokens' own bytes (a character counts
+    where its last byte arrives), so that streamed chunks continue where the previous one stopped even
+    while text is held back."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+
+    def advance(self, raw: bytes) -> int:
+        """-> the offset of a token with these bytes; moves past it."""
+        offset = self.chars
+        self.chars += len(self._decoder.decode(raw))
+        return offset
+
+
+def completion_logprobs(tokens: TokenBytes | None, entries: list[Entry],
+                        offsets: TextOffsets | None = None) -> dict[str, Any]:
+    """/v1/completions `logprobs`; offsets: the choice's running count when it is streamed in chunks."""
     texts = [tokens.of(t)[1] if tokens else str(t) for t, _, _ in entries]
-    offsets, chars = [], offset
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")  # a character counts where it completes
-    for t, _, _ in entries:
-        offsets.append(chars)
-        chars += len(decoder.decode(tokens.of(t)[0] if tokens else str(t).encode()))
+    counter = offsets if offsets is not None else TextOffsets()
     return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in entries],
             "top_logprobs": [None if top is None else {(tokens.of(i)[1] if tokens else str(i)): v for i, v in top}
                              for _, _, top in entries],
-            "text_offset": offsets}
+            "text_offset": [counter.advance(tokens.of(t)[0] if tokens else str(t).encode()) for t, _, _ in entries]}
 
 
 def chat_logprobs(tokens: TokenBytes | None, entries: list[Entry]) -> dict[str, Any]:

@@ -30,7 +30,8 @@ class Metrics:
                              buckets=_LATENCY_BUCKETS)
         self.prompt_tokens = Counter("conveyor_prompt_tokens", "Prompt tokens admitted", registry=r)
         self.generation_tokens = Counter("conveyor_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("conveyor_requests", "Finished HTTP generation requests", ["status"], registry=r)
+        self.requests = Counter("conveyor_requests", "Finished HTTP generation requests by status: ok, error, "
+                                "abort (the client went away)", ["status"], registry=r)
         self._generated_seen = 0
 
     def observe(self, timings: StreamTimings) -> None:

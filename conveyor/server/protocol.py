@@ -110,7 +110,7 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(part["text"] for part in self.content)
+            return "\n".join(part["text"] for part in self.content)  # as vLLM joins text parts
         return self.content or ""
 
 

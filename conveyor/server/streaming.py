@@ -10,7 +10,8 @@ from fastapi.responses import StreamingResponse
 from conveyor.outputs import RequestOutput
 from conveyor.server.errors import APIError
 from conveyor.server.guard import ServerState
-from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completion_logprobs, echoed, generated
+from conveyor.server.logprobs import (Entry, TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, echoed,
+                                      generated)
 from conveyor.server.serving import Prepared, finish_reason, merged, now, sse, stream_error, usage
 
 
@@ -29,6 +30,7 @@ async def _terminated(chunks: AsyncIterator[str], state: ServerState) -> AsyncIt
             await chunks.aclose()  # type: ignore[attr-defined]  # its requests are aborted, whatever ended us
         state.metrics.requests.labels("ok").inc()
     except (asyncio.CancelledError, GeneratorExit):  # the client went away: nothing more to send
+        state.metrics.requests.labels("abort").inc()
         raise
     except BaseException as exc:
         state.metrics.requests.labels("error").inc()
@@ -51,33 +53,38 @@ async def _completion_chunks(streams: list[AsyncIterator[RequestOutput]], prepar
     """Chunks of every choice as they grow. A choice's first chunk carries the echoed prompt (with its
     logprobs) when asked; text_offset counts the characters of the choice sent before."""
     n = prepared.params.n
-    sent_chars: dict[int, int] = {}  # characters of each choice sent so far, echo included
+    offsets: dict[int, TextOffsets] = {}  # per choice; present once its first chunk went out
     sent_text: dict[int, int] = {}  # characters of each completion's text sent so far
     sent_lp: dict[int, int] = {}
+    ended: set[int] = set()  # choices whose finish_reason was sent (later outputs still list them)
     finals: dict[int, RequestOutput] = {}
     created = now()
     async for i, out in merged(streams):
         for c in out.outputs:
             index = i * n + c.index
+            if index in ended:
+                continue
             reason = finish_reason(c.finish_reason, out.error, prepared.score_only)
             if out.error is not None and c.finish_reason == "abort":
                 raise RuntimeError(out.error)
-            first = index not in sent_chars
-            if first and prepared.echo is not None and not c.token_ids and reason is None:
+            echoing = index not in offsets and prepared.echo is not None
+            if echoing and not c.token_ids and reason is None:
                 continue  # the echo (and the prompt's logprobs) goes out once the prompt is computed
-            echo = prepared.echo[i] if first and prepared.echo is not None else ""
+            echo = prepared.echo[i] if echoing and prepared.echo is not None else ""
             start = sent_text.get(index, 0)
             text = "" if prepared.score_only else c.text[start:]
-            if not echo and not text and reason is None:
+            if not echoing and not text and reason is None:
                 continue
             logprobs = None
             if c.logprobs is not None:
-                entries: list[Entry] = echoed(out.prompt_token_ids, out.prompt_logprobs) if echo else []
+                entries: list[Entry] = echoed(out.prompt_token_ids, out.prompt_logprobs) if echoing else []
                 if not prepared.score_only:
                     entries += generated(c.logprobs[sent_lp.get(index, 0):])
-                logprobs = completion_logprobs(tokens, entries, sent_chars.get(index, 0))
-            sent_chars[index] = sent_chars.get(index, 0) + len(echo) + len(text)
+                logprobs = completion_logprobs(tokens, entries, offsets.setdefault(index, TextOffsets()))
+            offsets.setdefault(index, TextOffsets())
             sent_text[index], sent_lp[index] = len(c.text), len(c.logprobs or [])
+            if reason is not None:
+                ended.add(index)
             yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
                        "choices": [{"index": index, "text": echo + text, "logprobs": logprobs,
                                     "finish_reason": reason,
@@ -99,9 +106,12 @@ async def _chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Pr
                                        "logprobs": None, "finish_reason": None}]})
     sent_text: dict[int, int] = {}
     sent_lp: dict[int, int] = {}
+    ended: set[int] = set()  # choices whose finish_reason was sent (later outputs still list them)
     final = None
     async for _, out in merged(streams):
         for c in out.outputs:
+            if c.index in ended:
+                continue
             start, lp_start = sent_text.get(c.index, 0), sent_lp.get(c.index, 0)
             reason = finish_reason(c.finish_reason, out.error)
             if out.error is not None and c.finish_reason == "abort":
@@ -109,6 +119,8 @@ async def _chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Pr
             if len(c.text) <= start and reason is None:
                 continue
             sent_text[c.index], sent_lp[c.index] = len(c.text), len(c.logprobs or [])
+            if reason is not None:
+                ended.add(c.index)
             delta = {"content": c.text[start:]} if len(c.text) > start else {}
             logprobs = chat_logprobs(tokens, generated(c.logprobs[lp_start:])) if c.logprobs is not None \
                 else None
