@@ -74,7 +74,7 @@ def _linears(runs: int, row_counts: list[int]) -> None:
     engine = Engine(EngineConfig(dtype="float32"))
     shapes = [(p.out_features, p.in_features) for layer in engine.runner.model.layers
               for p in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
-    kernels = engine.runner.model.kernels
+    kernels = engine.runner.model.layers[0].qkv.kernels  # the native kernels its float32 projections use
     engine.close()
     gen = torch.Generator().manual_seed(0)
     weights = [torch.randn(out_features, in_features, generator=gen) * 0.05 for out_features, in_features in shapes]

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.native import NativeKernels
-from conveyor.model.layers import RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
+from conveyor.model.layers import RotaryEmbedding, apply_rotary, rms_norm
+from conveyor.model.ops import layer_ops
 from conveyor.model.quant import make_lm_head, make_projection
 from conveyor.model.spec import ModelSpec
 
@@ -24,8 +25,8 @@ class LlamaModel:
         self.dtype = w["embed"].dtype
         self.rotary = RotaryEmbedding(spec.rope, spec.head_dim, max_positions, device)
         self.scale = spec.head_dim ** -0.5
-        self.kernels = kernels
-        """Native CPU kernels (model/native.py), or None for torch's ops."""
+        self.ops = layer_ops(kernels)
+        """The small per-layer ops: native CPU kernels (model/native.py) when given, else torch's."""
         self.embed = w["embed"]  # [vocab, hidden]
         self.final_norm = w["final_norm"]
         self.lm_head = make_lm_head(w.get("lm_head", w["embed"]), quantization,
@@ -35,52 +36,32 @@ class LlamaModel:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden] (before the final norm)."""
-        spec = self.spec
+        spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         n = input_ids.shape[0]
         cos, sin = self.rotary.tables(positions, self.dtype)  # [num_tokens, 1, head_dim] each
         h = F.embedding(input_ids, self.embed)  # [num_tokens, hidden]
         delta: torch.Tensor | None = None  # the previous layer's MLP output, not yet added to h
-        decode_op = self.kernels.decode_attention if self.kernels is not None else None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            h, x = self._add_norm(h, delta, layer.input_norm)  # h += delta; x = norm(h)
+            h, x = ops.add_norm(h, delta, layer.input_norm, eps)  # h += delta; x = norm(h)
             qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
-            kv_written = False
             v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.num_kv_heads, spec.head_dim)  # [tokens, kv_heads, d]
-            if layer.q_norm is not None and layer.k_norm is not None:
+            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: per-head norms before rotary
                 q, k, _ = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-                q = rms_norm(q.view(n, spec.num_heads, spec.head_dim), layer.q_norm, spec.rms_norm_eps)
-                k = rms_norm(k.view(n, spec.num_kv_heads, spec.head_dim), layer.k_norm, spec.rms_norm_eps)
-                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            elif self.kernels is not None:  # rotary and the cache write in one native pass
-                qk = self.kernels.rotary_and_cache(qkv, cos.view(n, -1), sin.view(n, -1), k_cache, v_cache,
-                                                   batch.slot_mapping, spec.num_heads, spec.num_kv_heads)
-                q, k = qk[:, :spec.num_heads], qk[:, spec.num_heads:]  # [tokens, heads | kv_heads, head_dim]
-                kv_written = True
-            else:  # Q and K heads side by side in qkv: rotated in one pass
-                qk = qkv[:, :spec.q_size + spec.kv_size].view(n, spec.num_heads + spec.num_kv_heads, spec.head_dim)
-                qk = apply_rotary(qk, cos, sin)  # [num_tokens, heads + kv_heads, head_dim]
-                q, k = qk[:, :spec.num_heads], qk[:, spec.num_heads:]
-            attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, decode_op,
+                q = rms_norm(q.view(n, spec.num_heads, spec.head_dim), layer.q_norm, eps)
+                k = rms_norm(k.view(n, spec.num_kv_heads, spec.head_dim), layer.k_norm, eps)
+                q, k, kv_written = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), False
+            else:
+                q, k, kv_written = ops.rotate_and_write(qkv, cos, sin, k_cache, v_cache, batch.slot_mapping, spec)
+            attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, ops.decode_attention,
                                    kv_written)  # [num_tokens, heads * head_dim]
-            h, x = self._add_norm(h, layer.o_proj(attn), layer.post_norm)
-            gate_up = layer.gate_up(x)  # [num_tokens, 2 * intermediate]
-            act = self.kernels.silu_and_mul(gate_up) if self.kernels is not None else silu_and_mul(gate_up)
-            delta = layer.down(act)  # [num_tokens, hidden]
+            h, x = ops.add_norm(h, layer.o_proj(attn), layer.post_norm, eps)
+            delta = layer.down(ops.silu_and_mul(layer.gate_up(x)))  # [num_tokens, hidden]
         return h if delta is None else h + delta
-
-    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None,
-                  weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """-> (h + delta, rms_norm(h + delta) * weight); the native kernel adds into h in place."""
-        if self.kernels is not None:
-            return h, self.kernels.add_rms_norm(h, delta, weight, self.spec.rms_norm_eps)
-        if delta is not None:
-            h = h + delta
-        return h, rms_norm(h, weight, self.spec.rms_norm_eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [rows, hidden] (only the rows that sample) -> [rows, vocab] logits in the model's dtype
         (the sampler widens them to float32 where it processes them)."""
-        _, x = self._add_norm(hidden.contiguous(), None, self.final_norm)
+        _, x = self.ops.add_norm(hidden.contiguous(), None, self.final_norm, self.spec.rms_norm_eps)
         return self.lm_head(x)
 
 
