@@ -12,9 +12,12 @@ any of the steps above), which is vLLM's documented default ("raw_logprobs").
 
 from __future__ import annotations
 
-from typing import Any, Union
+import math
+import operator
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, field_validator,
+                      model_validator)
 
 from conveyor.errors import InvalidRequestError
 
@@ -24,6 +27,26 @@ MAX_STOP_STRING_CHARS = 1024
 MAX_LOGPROBS = 20
 MAX_N = 128
 MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def _whole_number(value: Any) -> Any:
+    """An integer field takes integers (numpy's too), never a bool, a string or a float."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ValueError(f"must be a whole number, got a {type(value).__name__}")
+    return operator.index(value)
+
+
+def _real_number(value: Any) -> Any:
+    """A float field takes numbers (integers too), never a bool or a string, and no NaN."""
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise ValueError(f"must be a number, got a {type(value).__name__}")
+    if math.isnan(float(value)):
+        raise ValueError("must be a number, got NaN")
+    return float(value)
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
+RealNumber = Annotated[float, BeforeValidator(_real_number)]
 
 
 class SamplingParams(BaseModel):
@@ -37,26 +60,26 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    max_tokens: int | None = Field(default=16, ge=1, le=10_000_000)
+    n: WholeNumber = Field(default=1, ge=1, le=MAX_N)
+    max_tokens: WholeNumber | None = Field(default=16, ge=1, le=10_000_000)
     """None: generate until EOS, a stop condition or max_model_len."""
-    min_tokens: int = Field(default=0, ge=0)
-    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
-    top_k: int = Field(default=0, ge=-1)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
-    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    min_tokens: WholeNumber = Field(default=0, ge=0)
+    temperature: RealNumber = Field(default=1.0, ge=0.0, le=100.0)
+    top_k: WholeNumber = Field(default=0, ge=-1)
+    top_p: RealNumber = Field(default=1.0, gt=0.0, le=1.0)
+    min_p: RealNumber = Field(default=0.0, ge=0.0, le=1.0)
+    presence_penalty: RealNumber = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: RealNumber = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: RealNumber = Field(default=1.0, gt=0.0, le=10.0)
+    seed: WholeNumber | None = Field(default=None, ge=0, lt=2**63)
     stop: tuple[str, ...] = Field(default=(), max_length=MAX_STOP_STRINGS)
-    stop_token_ids: tuple[int, ...] = Field(default=(), max_length=MAX_STOP_TOKEN_IDS)
-    include_stop_str_in_output: bool = False
-    ignore_eos: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    stop_token_ids: tuple[WholeNumber, ...] = Field(default=(), max_length=MAX_STOP_TOKEN_IDS)
+    include_stop_str_in_output: StrictBool = False
+    ignore_eos: StrictBool = False
+    logprobs: WholeNumber | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: WholeNumber | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     logit_bias: dict[int, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS_ENTRIES)
-    skip_special_tokens: bool = True
+    skip_special_tokens: StrictBool = True
 
     def __init__(self, **data: Any) -> None:
         try:

@@ -143,8 +143,22 @@ def test_mismatched_params_list_admits_nothing(default_llm: Any) -> None:
     (dict(seed=-1), "seed=-1"),
     (dict(stop_token_ids=[-3]), "stop_token_ids"),
     (dict(max_token=5), "no field 'max_token'"),
+    (dict(n=True), "n=True is invalid: must be a whole number, got a bool"),
+    (dict(seed="7"), "seed='7' is invalid: must be a whole number, got a str"),
+    (dict(max_tokens=3.0), "max_tokens=3.0 is invalid: must be a whole number"),
+    (dict(temperature=float("nan")), "temperature=nan is invalid: must be a number, got NaN"),
+    (dict(temperature="0.5"), "must be a number, got a str"),
+    (dict(ignore_eos="yes"), "ignore_eos='yes'"),
 ])
 def test_sampling_params_validation(kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**kwargs)
     assert fragment in str(info.value)
+
+
+def test_sampling_params_take_numpy_numbers_and_ints_for_floats() -> None:
+    import numpy as np
+
+    p = SamplingParams(n=np.int64(2), max_tokens=np.int32(5), temperature=1, top_p=np.float32(0.5), seed=np.uint8(3))
+    assert (p.n, p.max_tokens, p.temperature, p.top_p, p.seed) == (2, 5, 1.0, 0.5, 3)
+    assert type(p.n) is int and type(p.temperature) is float
