@@ -26,10 +26,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
 
 def parse_memory_size(value: Union[int, float, str]) -> Union[int, float]:
     """'2GiB' -> 2147483648; 0.25 -> 0.25 (a fraction of available memory); 10**9 -> 10**9."""
-    if isinstance(value, bool):
-        raise ConfigError(f"kv_cache_memory={value!r} is not a size; give bytes (e.g. 2000000000), "
-                          "a string like '2GiB', or a fraction of available memory in (0, 1]")
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, bool) or isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"kv_cache_memory={value!r} is not a size; give bytes (e.g. 2000000000), "
                           "a string like '2GiB', or a fraction of available memory in (0, 1]")
     if isinstance(value, (int, float)):

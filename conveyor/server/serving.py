@@ -200,18 +200,25 @@ def finish_reason(reason: str | None, error: str | None, score_only: bool = Fals
     return "length" if score_only and reason is not None else reason
 
 
+def completion_entries(prepared: Prepared, out: RequestOutput, c: CompletionOutput, with_echo: bool,
+                       start: int = 0) -> list[Entry]:
+    """A completion choice's logprob positions: the prompt's when it is echoed here, then the generated
+    tokens from `start` on (none when only scoring the prompt)."""
+    assert c.logprobs is not None
+    entries = echoed(out.prompt_token_ids, out.prompt_logprobs) if with_echo else []
+    return entries if prepared.score_only else entries + generated(c.logprobs[start:])
+
+
 def completion_choice(prepared: Prepared, prompt_index: int, out: RequestOutput, c: CompletionOutput,
                       tokens: TokenBytes | None) -> dict[str, Any]:
     """One choice of a /v1/completions response: the echoed prompt (when asked), then the completion."""
     echo = prepared.echo[prompt_index] if prepared.echo is not None else ""
-    entries: list[Entry] = []
-    if c.logprobs is not None and prepared.echo is not None:
-        entries = echoed(out.prompt_token_ids, out.prompt_logprobs)
-    if c.logprobs is not None and not prepared.score_only:
-        entries += generated(c.logprobs)
+    logprobs = None
+    if c.logprobs is not None:
+        logprobs = completion_logprobs(tokens, completion_entries(prepared, out, c, prepared.echo is not None))
     return {"index": prompt_index * prepared.params.n + c.index,
             "text": echo + ("" if prepared.score_only else c.text),
-            "logprobs": completion_logprobs(tokens, entries) if c.logprobs is not None else None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason(c.finish_reason, out.error, prepared.score_only),
             "stop_reason": None if prepared.score_only else c.stop_reason}
 

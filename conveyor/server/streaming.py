@@ -10,9 +10,9 @@ from fastapi.responses import StreamingResponse
 from conveyor.outputs import RequestOutput
 from conveyor.server.errors import APIError
 from conveyor.server.guard import ServerState
-from conveyor.server.logprobs import (Entry, TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, echoed,
-                                      generated)
-from conveyor.server.serving import Prepared, finish_reason, merged, now, sse, stream_error, usage
+from conveyor.server.logprobs import TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, generated
+from conveyor.server.serving import (Prepared, completion_entries, finish_reason, merged, now, sse, stream_error,
+                                     usage)
 
 
 def sse_response(body: AsyncIterator[str]) -> StreamingResponse:
@@ -75,13 +75,11 @@ async def _completion_chunks(streams: list[AsyncIterator[RequestOutput]], prepar
             text = "" if prepared.score_only else c.text[start:]
             if not echoing and not text and reason is None:
                 continue
+            counter = offsets.setdefault(index, TextOffsets())
             logprobs = None
             if c.logprobs is not None:
-                entries: list[Entry] = echoed(out.prompt_token_ids, out.prompt_logprobs) if echoing else []
-                if not prepared.score_only:
-                    entries += generated(c.logprobs[sent_lp.get(index, 0):])
-                logprobs = completion_logprobs(tokens, entries, offsets.setdefault(index, TextOffsets()))
-            offsets.setdefault(index, TextOffsets())
+                entries = completion_entries(prepared, out, c, echoing, sent_lp.get(index, 0))
+                logprobs = completion_logprobs(tokens, entries, counter)
             sent_text[index], sent_lp[index] = len(c.text), len(c.logprobs or [])
             if reason is not None:
                 ended.add(index)
