@@ -27,7 +27,7 @@ class _SamplingFields(BaseModel):
     temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = Field(default=None, ge=0, lt=2**63)
+    seed: Optional[int] = Field(default=None, ge=-2**63, lt=2**63)  # int64, as OpenAI and vLLM
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, float]] = None
