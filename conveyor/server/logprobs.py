@@ -113,11 +113,15 @@ class TextOffsets:
 def completion_logprobs(tokens: TokenBytes | None, entries: list[Entry],
                         offsets: TextOffsets | None = None) -> dict[str, Any]:
     """/v1/completions `logprobs`; offsets: the choice's running count when it is streamed in chunks."""
-    texts = [tokens.of(t)[1] if tokens else str(t) for t, _, _ in entries]
+    def name(token_id: int) -> str:
+        return tokens.of(token_id)[1] if tokens else str(token_id)
+
+    texts = [name(t) for t, _, _ in entries]
     counter = offsets if offsets is not None else TextOffsets()
     return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in entries],
-            "top_logprobs": [None if top is None else {(tokens.of(i)[1] if tokens else str(i)): v for i, v in top}
-                             for _, _, top in entries],
+            # the chosen token first, then the top-N: up to N + 1 entries (OpenAI's legacy API and vLLM do so)
+            "top_logprobs": [None if top is None else {name(i): v for i, v in [(t, lp), *top]}
+                             for t, lp, top in entries],
             "text_offset": [counter.advance(tokens.of(t)[0] if tokens else str(t).encode()) for t, _, _ in entries]}
 
 
