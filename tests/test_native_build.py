@@ -101,7 +101,7 @@ def test_concurrent_first_starts_build_once(tmp_path: Path) -> None:
 
 def test_leftovers_of_a_killed_build_do_not_block(tmp_path: Path) -> None:
     """A build killed midway leaves its build folder (with torch's own 'lock' file, which makes torch's loader
-    wait forever) and perhaps a stale lock file: the next start rebuilds."""
+    wait forever) and perhaps a stale lock file: the next start rebuilds; so does a damaged cached library."""
     cache = tmp_path / "extensions"
     source = _checkout(tmp_path, "clone")
     _run(["-c", LOAD_TINY, str(source)], cache, tmp_path)
@@ -111,6 +111,9 @@ def test_leftovers_of_a_killed_build_do_not_block(tmp_path: Path) -> None:
     (entry / "build" / f"{entry.name}.so").write_bytes(b"half a library")
     log = _run(["-c", LOAD_TINY, str(source)], cache, tmp_path).stderr
     assert BUILD_LINE in log
+    (entry / f"{entry.name}.so").write_bytes(b"not a library")  # a damaged cached build is built again
+    log = _run(["-c", LOAD_TINY, str(source)], cache, tmp_path).stderr
+    assert "does not load" in log and BUILD_LINE in log
 
 
 def test_real_kernels_from_two_package_copies_share_one_build(tmp_path: Path) -> None:

@@ -193,6 +193,13 @@ def test_prompt_logprobs_match_offline(server: ServerProcess, default_llm: Any) 
     chat = _post(server, "/v1/chat/completions", {"messages": QUESTION, "max_tokens": 1, "prompt_logprobs": 0}).json()
     assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"] and chat["prompt_logprobs"][0] is None
     assert all(len(p) == 1 for p in chat["prompt_logprobs"][1:])
+    both = _post(server, "/v1/completions", {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1,
+                                             "prompt_logprobs": 3, "return_token_ids": True}).json()["choices"][0]
+    assert both["token_ids"] == [] and both["text"] == prompt  # scoring only: nothing generated is shown
+    assert all(len(top) <= 2 for top in both["logprobs"]["top_logprobs"][1:])  # echo keeps its own logprobs=1
+    assert all(3 <= len(p) <= 4 for p in both["prompt_logprobs"][1:])
+    assert both["logprobs"]["token_logprobs"][1:] == [p[str(t)]["logprob"] for t, p in
+                                                      zip(offline.prompt_token_ids[1:], both["prompt_logprobs"][1:])]
     refused = _post(server, "/v1/completions", {"prompt": prompt, "prompt_logprobs": 1, "stream": True})
     assert refused.status_code == 400 and "stream" in refused.json()["error"]["message"]
 
@@ -309,6 +316,11 @@ def test_tokenize_detokenize_tokenizer_info(server: ServerProcess, default_llm: 
     bad = _post(server, "/detokenize", {"tokens": [1, 10**9]})
     assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]
     assert _post(server, "/tokenize", {"prompt": "x", "model": "other"}).status_code == 404
+    for body in ({}, {"prompt": "x", "messages": QUESTION}):
+        unclear = _post(server, "/tokenize", body)
+        assert unclear.status_code == 400 and "either `prompt`" in unclear.json()["error"]["message"]
+    assert _post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"] == \
+        tokenizer(text, add_special_tokens=False)["input_ids"]
     info = httpx.get(server.url + "/tokenizer_info", timeout=30).json()
     assert info["eos_token"] == tokenizer.eos_token and info["model_max_length"] == 2048
     assert info["vocab_size"] >= len(tokenizer) - len(info["added_tokens_decoder"])

@@ -102,14 +102,20 @@ def cached_extension(prefix: str, sources: Sequence[Path], headers: Sequence[Pat
     root = cache_root()
     library = root / name / f"{name}.so"
     if library.exists():
-        logger.info("%s: loading %s", what, library)
-        return _import(name, library)
+        try:
+            return _import(name, library)
+        except ImportError:
+            pass  # looked at again under the lock below
     if before_build is not None:
         before_build()
     (root / name).mkdir(parents=True, exist_ok=True)
     with _exclusive(root / f"{name}.lock", what):
-        if library.exists():  # built by the process we waited for
-            return _import(name, library)
+        if library.exists():  # built by the process we waited for, or a cached build that did not load
+            try:
+                return _import(name, library)
+            except ImportError as exc:
+                logger.warning("%s: the cached build %s does not load (%s); building it again", what, library, exc)
+                library.unlink()
         return _build(name, sources, cflags, ldflags, library, what)
 
 

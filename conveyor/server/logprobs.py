@@ -84,13 +84,15 @@ def generated(lps: Sequence[TokenLogprobs]) -> list[Entry]:
     return [(lp.token_id, lp.logprob, lp.top) for lp in lps]
 
 
-def echoed(prompt_ids: Sequence[int], prompt_lps: Sequence[TokenLogprobs | None] | None) -> list[Entry]:
-    """The prompt's positions: the first has no logprob (nothing precedes it)."""
+def echoed(prompt_ids: Sequence[int], prompt_lps: Sequence[TokenLogprobs | None] | None,
+           top: int | None = None) -> list[Entry]:
+    """The prompt's positions: the first has no logprob (nothing precedes it). top: alternatives kept per
+    position (the engine computed more when prompt_logprobs asked for more than logprobs)."""
     lps = list(prompt_lps or [])
     entries: list[Entry] = []
     for j, token_id in enumerate(prompt_ids):
         lp = lps[j] if j < len(lps) else None
-        entries.append((token_id, None, None) if lp is None else (token_id, lp.logprob, lp.top))
+        entries.append((token_id, None, None) if lp is None else (token_id, lp.logprob, lp.top[:top]))
     return entries
 
 

@@ -222,7 +222,7 @@ def completion_entries(prepared: Prepared, out: RequestOutput, c: CompletionOutp
     """A completion choice's logprob positions: the prompt's when it is echoed here, then the generated
     tokens from `start` on (none when only scoring the prompt)."""
     assert c.logprobs is not None
-    entries = echoed(out.prompt_token_ids, out.prompt_logprobs) if with_echo else []
+    entries = echoed(out.prompt_token_ids, out.prompt_logprobs, prepared.params.logprobs) if with_echo else []
     return entries if prepared.score_only else entries + generated(c.logprobs[start:])
 
 
@@ -238,7 +238,7 @@ def completion_choice(prepared: Prepared, prompt_index: int, out: RequestOutput,
             "logprobs": logprobs,
             "finish_reason": finish_reason(c.finish_reason, out.error, prepared.score_only),
             "stop_reason": None if prepared.score_only else c.stop_reason} | prompt_fields(prepared, out) \
-        | choice_token_ids(prepared.extras, c)
+        | choice_token_ids(prepared.extras, c, len(c.token_ids) if prepared.score_only else 0)
 
 
 def prompt_fields(prepared: Prepared, out: RequestOutput) -> dict[str, Any]:

@@ -84,7 +84,7 @@ async def _completion_chunks(streams: list[AsyncIterator[RequestOutput]], prepar
             if c.logprobs is not None:
                 entries = completion_entries(prepared, out, c, echoing, sent_lp.get(index, 0))
                 logprobs = completion_logprobs(tokens, entries, counter)
-            ids = choice_token_ids(extras, c, sent_ids.get(index, 0))
+            ids = choice_token_ids(extras, c, len(c.token_ids) if prepared.score_only else sent_ids.get(index, 0))
             sent_text[index], sent_lp[index], sent_ids[index] = len(c.text), len(c.logprobs or []), len(c.token_ids)
             if reason is not None:
                 ended.add(index)

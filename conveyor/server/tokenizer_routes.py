@@ -4,10 +4,10 @@ POST /detokenize, GET /tokenizer_info. Same request and response shapes as vLLM'
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from conveyor.server.errors import APIError
 from conveyor.server.protocol import ChatMessage
@@ -16,23 +16,25 @@ from conveyor.server.serving import Serving, generation_prompt
 MAX_TOKENS_TO_DECODE = 1_000_000
 
 
-class TokenizePromptRequest(BaseModel):
+class TokenizeRequest(BaseModel):
+    """vLLM's two forms in one: a `prompt`, or chat `messages` rendered by the chat template."""
+
     model_config = ConfigDict(extra="forbid")
     model: Optional[str] = None
-    prompt: str
-    add_special_tokens: bool = True
-    return_token_strs: bool = False
-
-
-class TokenizeChatRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: Optional[str] = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = Field(default=None, min_length=1)
+    add_special_tokens: Optional[bool] = None
+    """Default: true for a prompt; false for messages (the chat template writes them), as vLLM."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    add_special_tokens: bool = False
-    """The chat template writes the special tokens itself (as vLLM's default)."""
     return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send either `prompt` (text) or `messages` (a chat), not " +
+                             ("both" if self.prompt is not None else "neither"))
+        return self
 
 
 class DetokenizeRequest(BaseModel):
@@ -54,14 +56,15 @@ def tokenizer_routes(serving: Serving) -> APIRouter:
         return found
 
     @router.post("/tokenize")
-    async def tokenize(body: Union[TokenizePromptRequest, TokenizeChatRequest]) -> dict[str, Any]:
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         serving.check_model(body.model)
         tok = tokenizer()
-        if isinstance(body, TokenizeChatRequest):
+        if body.messages is not None:
             text = serving.chat_text(body.messages, generation_prompt(body), body.continue_final_message)
         else:
-            text = body.prompt
-        encoded = await asyncio.to_thread(tok, text, add_special_tokens=body.add_special_tokens)
+            text = body.prompt or ""
+        special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
+        encoded = await asyncio.to_thread(tok, text, add_special_tokens=special)
         ids = list(encoded["input_ids"])
         return {"count": len(ids), "max_model_len": serving.engine.engine.max_model_len, "tokens": ids,
                 "token_strs": tok.convert_ids_to_tokens(ids) if body.return_token_strs else None}
