@@ -71,7 +71,9 @@ class SamplingParams(BaseModel):
     presence_penalty: RealNumber = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: RealNumber = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: RealNumber = Field(default=1.0, gt=0.0, le=10.0)
-    seed: WholeNumber | None = Field(default=None, ge=0, lt=2**63)
+    seed: WholeNumber | None = Field(default=None, ge=-2**63, lt=2**63)
+    """Any 64-bit signed integer, as OpenAI and vLLM accept (negative ones too); the draws hash all 64 bits
+    (two's complement), so every seed draws its own sequence."""
     stop: tuple[str, ...] = Field(default=(), max_length=MAX_STOP_STRINGS)
     stop_token_ids: tuple[WholeNumber, ...] = Field(default=(), max_length=MAX_STOP_TOKEN_IDS)
     include_stop_str_in_output: StrictBool = False

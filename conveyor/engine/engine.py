@@ -33,8 +33,13 @@ T = TypeVar("T")
 
 
 def sample_seed(seed: int, index: int) -> int:
-    """Seed of sample `index` of a request: sample 0 keeps the request's seed."""
-    return seed if index == 0 else (seed + index * 0x9E3779B97F4A7C15) % 2**63
+    """Seed of sample `index` of a request (any int64 seed): sample 0 keeps the request's seed; the others stay
+    on its side of zero (a negative seed s mirrors -1 - s), so distinct seeds never share a sample's seed."""
+    if index == 0:
+        return seed
+    if seed < 0:
+        return -1 - sample_seed(-1 - seed, index)
+    return (seed + index * 0x9E3779B97F4A7C15) % 2**63
 
 
 class Engine:

@@ -6,15 +6,16 @@ carries all n completions and is finished once every sample is.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from conveyor.core.plan import StepPlan, StepResult, TokenLogprobs
+from conveyor.core.plan import StepPlan, StepResult
 from conveyor.core.request import Request, RequestStatus
 from conveyor.core.scheduler import Scheduler
 from conveyor.engine.detokenizer import IncrementalDetokenizer
-from conveyor.outputs import CompletionOutput, RequestOutput
+from conveyor.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
 
 @dataclass
@@ -24,7 +25,7 @@ class SampleState:
     detokenizer: IncrementalDetokenizer
     text: str = ""
     """Text shown so far: the tail that could still begin a stop string is held back."""
-    logprobs: list[TokenLogprobs] | None = None
+    logprobs: list[PositionLogprobs] | None = None
     stop_floor: int = 0
     """A stop string must end past this many characters: text made before min_tokens cannot stop alone."""
     cut_at: int | None = None
@@ -39,7 +40,7 @@ class GroupState:
     samples: list[SampleState]
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
-    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
     error: str | None = None
 
     @property
@@ -56,6 +57,9 @@ class OutputProcessor:
         self._sample_of: dict[str, SampleState] = {}
         self._group_of: dict[str, GroupState] = {}
         self.num_generated_tokens = 0
+        decode = functools.lru_cache(maxsize=65536)(lambda token_id: str(tokenizer.decode([token_id])))
+        self._decode: Callable[[int], str] | None = decode if tokenizer is not None else None
+        """Token id -> text, for the decoded_token of vLLM-shaped logprobs (computed when read)."""
 
     def track(self, request_id: str, prompt: str | None, samples: list[Request]) -> None:
         p = samples[0].params
@@ -86,7 +90,8 @@ class OutputProcessor:
                 continue
             for j, value in enumerate(values):  # value j is about prompt token start + j + 1
                 if value is not None and seq.start_position + j + 1 == len(group.prompt_logprobs):
-                    group.prompt_logprobs.append(value)  # a recompute after preemption adds nothing twice
+                    # a recompute after preemption adds nothing twice
+                    group.prompt_logprobs.append(PositionLogprobs.of(value, self._decode))
         logprobs = result.logprobs or [None] * len(result.sampled_token_ids)
         for seq, token_id, lp in zip(plan.sampling_seqs, result.sampled_token_ids, logprobs):
             state = self._sample_of.get(seq.request_id)
@@ -100,7 +105,7 @@ class OutputProcessor:
             if request.num_output_tokens < request.params.min_tokens:
                 state.stop_floor = len(state.detokenizer.text)
             if state.logprobs is not None and lp is not None:
-                state.logprobs.append(lp)
+                state.logprobs.append(PositionLogprobs.of(lp, self._decode))
             group = self._group_of[request.request_id]
             if group.first_token_time is None:
                 group.first_token_time = now

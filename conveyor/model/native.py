@@ -15,9 +15,10 @@ cost more in dispatch than in arithmetic. csrc/ holds:
     than torch's GEMM).
 
 It is built for the CPU at hand (-march=native), so the build's name carries a hash of the
-source, the CPU's feature flags and torch's version: another CPU or a changed source builds
-anew (about 25 s on 2 cores), an unchanged one loads from torch's extension cache
-(~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR). `-ffast-math` applies to the compile
+sources, the CPU's feature flags and torch's and Python's versions (never the checkout's path): another
+CPU or a changed source builds anew (40-200 s on 2 cores, logged at WARNING), an unchanged one loads
+from the extension cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) whichever checkout or
+venv asks; concurrent first starts build once (native_build.py). `-ffast-math` applies to the compile
 step only (it lets expf vectorize); it is not passed to the link step, so the process's
 floating-point mode (denormals) is untouched.
 """
@@ -25,7 +26,6 @@ floating-point mode (denormals) is untouched.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import shutil
@@ -36,6 +36,7 @@ from typing import Callable, Protocol
 import torch
 
 from conveyor.errors import ConfigError
+from conveyor.model.native_build import cached_extension
 
 logger = logging.getLogger(__name__)
 
@@ -105,27 +106,6 @@ class NoToolchain(NativeUnavailable):
     that was attempted and failed raises plain NativeUnavailable."""
 
 
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
-def _build_name() -> str:
-    digest = hashlib.sha1()
-    for source in _SOURCES + _HEADERS:
-        digest.update(source.read_bytes())
-    digest.update(" ".join(_CFLAGS + _LDFLAGS).encode())
-    digest.update(_cpu_flags().encode())
-    digest.update(torch.__version__.encode())
-    return f"conveyor_kernels_{digest.hexdigest()[:12]}"
-
-
 def _ensure_ninja_on_path() -> None:
     """torch's builder runs `ninja` from PATH; the pip package installs it beside this interpreter,
     which is not on PATH when the venv's python is run without activating the venv."""
@@ -136,6 +116,15 @@ def _ensure_ninja_on_path() -> None:
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
 
 
+def _require_toolchain() -> None:
+    """Only a build needs these; a cached build loads without them."""
+    _ensure_ninja_on_path()
+    missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
+    if missing:
+        raise NoToolchain(f"building the native kernels needs {' and '.join(missing)} on PATH "
+                          f"(install a C++ compiler such as g++, and `pip install ninja`)")
+
+
 @functools.cache
 def load_kernels() -> NativeKernels:
     """The compiled kernels; raises NativeUnavailable (with the reason and the fix) where they cannot be had."""
@@ -143,17 +132,11 @@ def load_kernels() -> NativeKernels:
 
     if platform.system() != "Linux":
         raise NoToolchain(f"native kernels are built on Linux only (this is {platform.system()})")
-    _ensure_ninja_on_path()
-    missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
-    if missing:
-        raise NoToolchain(f"building the native kernels needs {' and '.join(missing)} on PATH "
-                          f"(install a C++ compiler such as g++, and `pip install ninja`)")
-    from torch.utils.cpp_extension import load
-
-    name = _build_name()
-    logger.info("native kernels: loading %s (built once per machine, ~40 s on 2 cores)", name)
     try:
-        module = load(name, [str(s) for s in _SOURCES], extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
+        module = cached_extension("conveyor_kernels", _SOURCES, _HEADERS, _CFLAGS, _LDFLAGS, "native kernels",
+                                  before_build=_require_toolchain)
+    except NoToolchain:
+        raise
     except Exception as exc:  # compiler errors arrive as RuntimeError / CalledProcessError / OSError
         text = str(exc).strip().splitlines()
         raise NativeUnavailable(f"building the native kernels failed: {text[-1] if text else exc!r}") from exc

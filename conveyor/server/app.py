@@ -15,8 +15,12 @@ from conveyor.server.errors import APIError, error_response, install_error_handl
 from conveyor.server.guard import GuardMiddleware, ServerState
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.logprobs import TokenBytes
-from conveyor.server.serving import Prepared, Serving, chat_choice, completion_choice, new_id, now, usage
+from conveyor.server.request_id import RequestIdMiddleware, response_id
+from conveyor.server.serving import (Prepared, Serving, chat_choice, completion_choice, new_id, now, prompt_fields,
+                                     usage)
 from conveyor.server.streaming import sse_response, stream_chat, stream_completion
+from conveyor.server.tokenizer_routes import tokenizer_routes
+from conveyor.server.vllm_extras import TokenIdNames
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -27,7 +31,9 @@ def build_app(state: ServerState) -> FastAPI:
         origins = list(state.options.allowed_origins)
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials="*" not in origins,
                            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["Authorization", "Content-Type"])
-    app.add_middleware(GuardMiddleware, state=state)  # outermost: runs before CORS and routing
+    app.add_middleware(GuardMiddleware, state=state)  # runs before CORS and routing
+    app.add_middleware(RequestIdMiddleware)  # outermost: every response, refusals too, carries X-Request-Id
+    app.include_router(tokenizer_routes(serving))  # /tokenize, /detokenize, /tokenizer_info (as vLLM)
 
     created = now()
 
@@ -80,7 +86,7 @@ def build_app(state: ServerState) -> FastAPI:
         prepared = await serving.prepare_chat(body)
 
         def choices(outputs: list[RequestOutput], tokens: TokenBytes | None) -> list[dict[str, Any]]:
-            return [chat_choice(outputs[0], c, tokens) for c in outputs[0].outputs]
+            return [chat_choice(outputs[0], c, tokens, prepared.extras) for c in outputs[0].outputs]
 
         return await _respond(state, serving, request, body, prepared, "chatcmpl", "chat.completion",
                               stream_chat, choices)
@@ -93,11 +99,13 @@ async def _respond(state: ServerState, serving: Serving, request: Request,
                    object_name: str, stream: Callable[..., AsyncIterator[str]],
                    choices: Callable[[list[RequestOutput], TokenBytes | None], list[dict[str, Any]]]) -> Response:
     """Admit a prepared request, then stream it as SSE or collect it into one response body."""
-    rid = new_id(id_prefix)
-    streams = await serving.admit(prepared, rid)
+    streams = await serving.admit(prepared, new_id(id_prefix))  # the engine's ids stay unique
+    rid = response_id(request, id_prefix)
     state.metrics.prompt_tokens.inc(sum(len(p) for p in prepared.prompts))
     wants_logprobs = prepared.params.logprobs is not None or prepared.params.prompt_logprobs is not None
     tokens = await asyncio.to_thread(lambda: serving.token_bytes) if wants_logprobs else None  # built once
+    if prepared.extras.tokens_as_ids:
+        tokens = TokenIdNames(tokens)
     if body.stream:
         return sse_response(stream(streams, prepared, rid, state.options.model_name, tokens, _include_usage(body),
                                    state))
@@ -111,7 +119,8 @@ async def _respond(state: ServerState, serving: Serving, request: Request,
         raise
     state.metrics.requests.labels("ok").inc()
     return JSONResponse({"id": rid, "object": object_name, "created": now(), "model": state.options.model_name,
-                         "choices": body_choices, "usage": usage(outputs, prepared.score_only)})
+                         "choices": body_choices, "usage": usage(outputs, prepared.score_only)}
+                        | (prompt_fields(prepared, outputs[0]) if object_name == "chat.completion" else {}))
 
 
 def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:

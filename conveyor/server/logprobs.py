@@ -84,13 +84,15 @@ def generated(lps: Sequence[TokenLogprobs]) -> list[Entry]:
     return [(lp.token_id, lp.logprob, lp.top) for lp in lps]
 
 
-def echoed(prompt_ids: Sequence[int], prompt_lps: Sequence[TokenLogprobs | None] | None) -> list[Entry]:
-    """The prompt's positions: the first has no logprob (nothing precedes it)."""
+def echoed(prompt_ids: Sequence[int], prompt_lps: Sequence[TokenLogprobs | None] | None,
+           top: int | None = None) -> list[Entry]:
+    """The prompt's positions: the first has no logprob (nothing precedes it). top: alternatives kept per
+    position (the engine computed more when prompt_logprobs asked for more than logprobs)."""
     lps = list(prompt_lps or [])
     entries: list[Entry] = []
     for j, token_id in enumerate(prompt_ids):
         lp = lps[j] if j < len(lps) else None
-        entries.append((token_id, None, None) if lp is None else (token_id, lp.logprob, lp.top))
+        entries.append((token_id, None, None) if lp is None else (token_id, lp.logprob, lp.top[:top]))
     return entries
 
 
@@ -113,11 +115,15 @@ class TextOffsets:
 def completion_logprobs(tokens: TokenBytes | None, entries: list[Entry],
                         offsets: TextOffsets | None = None) -> dict[str, Any]:
     """/v1/completions `logprobs`; offsets: the choice's running count when it is streamed in chunks."""
-    texts = [tokens.of(t)[1] if tokens else str(t) for t, _, _ in entries]
+    def name(token_id: int) -> str:
+        return tokens.of(token_id)[1] if tokens else str(token_id)
+
+    texts = [name(t) for t, _, _ in entries]
     counter = offsets if offsets is not None else TextOffsets()
     return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in entries],
-            "top_logprobs": [None if top is None else {(tokens.of(i)[1] if tokens else str(i)): v for i, v in top}
-                             for _, _, top in entries],
+            # the chosen token first, then the top-N: up to N + 1 entries (OpenAI's legacy API and vLLM do so)
+            "top_logprobs": [None if top is None else {name(i): v for i, v in [(t, lp), *top]}
+                             for t, lp, top in entries],
             "text_offset": [counter.advance(tokens.of(t)[0] if tokens else str(t).encode()) for t, _, _ in entries]}
 
 

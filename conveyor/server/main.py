@@ -17,6 +17,7 @@ from conveyor.config import EngineConfig
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.server.app import build_app
 from conveyor.server.guard import ServerOptions, ServerState
+from conveyor.server.vllm_metrics import export_vllm_names
 
 logger = logging.getLogger("conveyor.serve")
 
@@ -33,6 +34,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
     g.add_argument("--allowed-origins", nargs="*", default=[], help="CORS origins (off by default)")
     g.add_argument("--max-body-bytes", type=int, default=4 * 2**20)
+    g.add_argument("--vllm-metrics", action="store_true", help="also export the main metrics under vLLM's names "
+                   "(vllm:*, labelled model_name), for dashboards made for vLLM")
 
 
 def model_name(config: EngineConfig) -> str:
@@ -93,6 +96,8 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
                                               max_body_bytes=args.max_body_bytes,
                                               request_timeout=args.request_timeout, allowed_origins=origins))
     engine._on_timings = state.metrics.observe
+    if args.vllm_metrics:
+        export_vllm_names(state.metrics, state.options.model_name)
     engine.start()  # loads the model in the background; /health says 503 until it is ready
     app = build_app(state)
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",

@@ -33,6 +33,8 @@ class Metrics:
         self.requests = Counter("conveyor_requests", "Finished HTTP generation requests by status: ok, error, "
                                 "abort (the client went away)", ["status"], registry=r)
         self._generated_seen = 0
+        self.extra_registries: list[CollectorRegistry] = []
+        """Rendered after this one (vllm_metrics.py: the same series under vLLM's names)."""
 
     def observe(self, timings: StreamTimings) -> None:
         for v in timings.ttft:
@@ -55,4 +57,4 @@ class Metrics:
             if stats.num_generated_tokens > self._generated_seen:
                 self.generation_tokens.inc(stats.num_generated_tokens - self._generated_seen)
                 self._generated_seen = stats.num_generated_tokens
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + b"".join(generate_latest(r) for r in self.extra_registries)

@@ -6,6 +6,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from conveyor.server.vllm_extras import VllmChatFields, VllmFields
+
 MAX_N = 16
 MAX_STOP = 16
 
@@ -15,9 +17,11 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
     include_obfuscation: bool = False
     """OpenAI pads chunks against side channels when true; accepted and ignored (no padding here)."""
+    continuous_usage_stats: bool = False
+    """vLLM's: usage (this choice's tokens so far) in every chunk, not only in the last one."""
 
 
-class _SamplingFields(BaseModel):
+class _SamplingFields(VllmFields):
     """Fields shared by completions and chat completions."""
 
     model_config = ConfigDict(extra="forbid")
@@ -27,7 +31,7 @@ class _SamplingFields(BaseModel):
     temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = Field(default=None, ge=0, lt=2**63)
+    seed: Optional[int] = Field(default=None, ge=-2**63, lt=2**63)  # int64, as OpenAI and vLLM
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: Optional[dict[str, float]] = None
@@ -114,7 +118,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_SamplingFields, VllmChatFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(default=None, ge=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)

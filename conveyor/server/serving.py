@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
 from conveyor.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
@@ -15,7 +15,8 @@ from conveyor.outputs import CompletionOutput, RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.server.errors import APIError, param_of, sse_error
 from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completion_logprobs, echoed, generated
-from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
+from conveyor.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from conveyor.server.vllm_extras import ResponseExtras, choice_token_ids, extras_of, prompt_logprobs_json
 
 
 @dataclass
@@ -27,6 +28,8 @@ class Prepared:
     """/v1/completions with echo: the text each prompt is echoed as, before its completion."""
     score_only: bool = False
     """echo with max_tokens=0: the prompt (and its logprobs) only; the one token generated is dropped."""
+    extras: ResponseExtras = field(default_factory=ResponseExtras)
+    """What vLLM's request fields add to the response (vllm_extras.py)."""
 
 
 class Serving:
@@ -130,21 +133,15 @@ class Serving:
             tokenizer = self._core.tokenizer
             echo = [t if t is not None else tokenizer.decode(ids) if tokenizer is not None else ""
                     for t, ids in zip(texts, prompts)]
-        params = self._params(body, max_tokens, body.logprobs, body.logprobs if body.echo else None)
-        return Prepared(prompts, texts, params, echo, score_only)
+        _no_streamed_prompt_logprobs(body)
+        wanted = [n for n in (body.logprobs if body.echo else None, body.prompt_logprobs) if n is not None]
+        params = self._params(body, max_tokens, body.logprobs, max(wanted) if wanted else None)
+        return Prepared(prompts, texts, params, echo, score_only, extras_of(body))
 
     async def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
         self.check_model(body.model)
-        tokenizer = self._core.tokenizer
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=body.add_generation_prompt)
-        except Exception as exc:
-            raise APIError(400, f"the chat template rejected these messages: {type(exc).__name__}", "messages") \
-                from None
+        add_generation_prompt = generation_prompt(body)
+        text = self.chat_text(body.messages, add_generation_prompt, body.continue_final_message)
         ids = await self._tokenize(text, add_special_tokens=False)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -152,7 +149,27 @@ class Serving:
         top = body.top_logprobs if body.top_logprobs is not None else 0
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-        return Prepared([ids], [text], self._params(body, max_tokens, top if body.logprobs else None))
+        _no_streamed_prompt_logprobs(body)
+        last = body.messages[-1]
+        role = "assistant" if add_generation_prompt else last.role  # as vLLM: the role whose turn it is
+        extras = extras_of(body, role, last.text() if body.echo and last.role == role else "")
+        return Prepared([ids], [text], self._params(body, max_tokens, top if body.logprobs else None,
+                                                    body.prompt_logprobs), extras=extras)
+
+    def chat_text(self, messages: list[ChatMessage], add_generation_prompt: bool,
+                  continue_final_message: bool = False) -> str:
+        """The conversation rendered by the model's chat template (400 when it has none or refuses)."""
+        tokenizer = self._core.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
+        try:
+            text: str = tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in messages],
+                                                      tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                      continue_final_message=continue_final_message)
+        except Exception as exc:
+            raise APIError(400, f"the chat template rejected these messages: {type(exc).__name__}", "messages") \
+                from None
+        return text
 
     # ---- engine -> responses ----------------------------------------------------------
     async def admit(self, prepared: Prepared, base_id: str) -> list[AsyncIterator[RequestOutput]]:
@@ -205,7 +222,7 @@ def completion_entries(prepared: Prepared, out: RequestOutput, c: CompletionOutp
     """A completion choice's logprob positions: the prompt's when it is echoed here, then the generated
     tokens from `start` on (none when only scoring the prompt)."""
     assert c.logprobs is not None
-    entries = echoed(out.prompt_token_ids, out.prompt_logprobs) if with_echo else []
+    entries = echoed(out.prompt_token_ids, out.prompt_logprobs, prepared.params.logprobs) if with_echo else []
     return entries if prepared.score_only else entries + generated(c.logprobs[start:])
 
 
@@ -220,13 +237,44 @@ def completion_choice(prepared: Prepared, prompt_index: int, out: RequestOutput,
             "text": echo + ("" if prepared.score_only else c.text),
             "logprobs": logprobs,
             "finish_reason": finish_reason(c.finish_reason, out.error, prepared.score_only),
-            "stop_reason": None if prepared.score_only else c.stop_reason}
+            "stop_reason": None if prepared.score_only else c.stop_reason} | prompt_fields(prepared, out) \
+        | choice_token_ids(prepared.extras, c, len(c.token_ids) if prepared.score_only else 0)
 
 
-def chat_choice(out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None) -> dict[str, Any]:
-    return {"index": c.index, "message": {"role": "assistant", "content": c.text},
+def prompt_fields(prepared: Prepared, out: RequestOutput) -> dict[str, Any]:
+    """vLLM's prompt_token_ids / prompt_logprobs of a response (chat) or of a choice (completions), when asked."""
+    extras = prepared.extras
+    fields: dict[str, Any] = {}
+    if extras.return_token_ids:
+        fields["prompt_token_ids"] = list(out.prompt_token_ids)
+    if extras.prompt_logprobs is not None:
+        fields["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, extras.prompt_logprobs)
+    return fields
+
+
+def generation_prompt(body: Any) -> bool:
+    """Whether to render the assistant's turn opening: add_generation_prompt, off when continue_final_message
+    is on (unless both were asked for explicitly, which is refused)."""
+    if body.continue_final_message and body.add_generation_prompt and "add_generation_prompt" in body.model_fields_set:
+        raise APIError(400, "continue_final_message continues the last message, so it cannot be combined with "
+                            "add_generation_prompt=true (which opens a new one); set one of them to false",
+                       "continue_final_message")
+    return bool(body.add_generation_prompt and not body.continue_final_message)
+
+
+def _no_streamed_prompt_logprobs(body: CompletionRequest | ChatCompletionRequest) -> None:
+    if body.prompt_logprobs is not None and body.stream:
+        raise APIError(400, "prompt_logprobs is not available when streaming (as in vLLM); ask without "
+                            "stream" + (", or use echo with logprobs" if isinstance(body, CompletionRequest) else ""),
+                       "prompt_logprobs")
+
+
+def chat_choice(out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None,
+                extras: ResponseExtras = ResponseExtras()) -> dict[str, Any]:
+    return {"index": c.index, "message": {"role": extras.role, "content": extras.chat_echo + c.text},
             "logprobs": chat_logprobs(tokens, generated(c.logprobs)) if c.logprobs is not None else None,
-            "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason}
+            "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason} \
+        | choice_token_ids(extras, c)
 
 
 async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

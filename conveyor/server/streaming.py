@@ -13,6 +13,7 @@ from conveyor.server.guard import ServerState
 from conveyor.server.logprobs import TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, generated
 from conveyor.server.serving import (Prepared, completion_entries, finish_reason, merged, now, sse, stream_error,
                                      usage)
+from conveyor.server.vllm_extras import choice_token_ids, running_usage
 
 
 def sse_response(body: AsyncIterator[str]) -> StreamingResponse:
@@ -56,8 +57,10 @@ async def _completion_chunks(streams: list[AsyncIterator[RequestOutput]], prepar
     offsets: dict[int, TextOffsets] = {}  # per choice; present once its first chunk went out
     sent_text: dict[int, int] = {}  # characters of each completion's text sent so far
     sent_lp: dict[int, int] = {}
+    sent_ids: dict[int, int] = {}  # tokens of each completion whose ids went out (return_token_ids)
     ended: set[int] = set()  # choices whose finish_reason was sent (later outputs still list them)
     finals: dict[int, RequestOutput] = {}
+    extras = prepared.extras
     created = now()
     async for i, out in merged(streams):
         for c in out.outputs:
@@ -75,19 +78,24 @@ async def _completion_chunks(streams: list[AsyncIterator[RequestOutput]], prepar
             text = "" if prepared.score_only else c.text[start:]
             if not echoing and not text and reason is None:
                 continue
+            first = index not in offsets
             counter = offsets.setdefault(index, TextOffsets())
             logprobs = None
             if c.logprobs is not None:
                 entries = completion_entries(prepared, out, c, echoing, sent_lp.get(index, 0))
                 logprobs = completion_logprobs(tokens, entries, counter)
-            sent_text[index], sent_lp[index] = len(c.text), len(c.logprobs or [])
+            ids = choice_token_ids(extras, c, len(c.token_ids) if prepared.score_only else sent_ids.get(index, 0))
+            sent_text[index], sent_lp[index], sent_ids[index] = len(c.text), len(c.logprobs or []), len(c.token_ids)
             if reason is not None:
                 ended.add(index)
+            prompt_ids = {"prompt_token_ids": list(out.prompt_token_ids)} if first and extras.return_token_ids else {}
             yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
                        "choices": [{"index": index, "text": echo + text, "logprobs": logprobs,
                                     "finish_reason": reason,
                                     "stop_reason": c.stop_reason if reason and not prepared.score_only
-                                    else None}]})
+                                    else None} | prompt_ids | ids]}
+                      | running_usage(extras, len(out.prompt_token_ids),
+                                      0 if prepared.score_only else len(c.token_ids)))
         if out.finished:
             finals[i] = out
     if include_usage:
@@ -99,11 +107,19 @@ async def _chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Pr
                        tokens: TokenBytes | None, include_usage: bool) -> AsyncIterator[str]:
     created = now()
     base: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
+    extras = prepared.extras
+    prompt_len = len(prepared.prompts[0])
     for index in range(prepared.params.n):
-        yield sse(base | {"choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                       "logprobs": None, "finish_reason": None}]})
+        opening = {"prompt_token_ids": list(prepared.prompts[0])} if index == 0 and extras.return_token_ids else {}
+        yield sse(base | opening | {"choices": [{"index": index, "delta": {"role": extras.role, "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]}
+                  | running_usage(extras, prompt_len, 0))
+    for index in range(prepared.params.n if extras.chat_echo else 0):  # echo: the last message, then the reply
+        yield sse(base | {"choices": [{"index": index, "delta": {"content": extras.chat_echo}, "logprobs": None,
+                                       "finish_reason": None}]} | running_usage(extras, prompt_len, 0))
     sent_text: dict[int, int] = {}
     sent_lp: dict[int, int] = {}
+    sent_ids: dict[int, int] = {}
     ended: set[int] = set()  # choices whose finish_reason was sent (later outputs still list them)
     final = None
     async for _, out in merged(streams):
@@ -116,14 +132,17 @@ async def _chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Pr
                 raise RuntimeError(out.error)
             if len(c.text) <= start and reason is None:
                 continue
-            sent_text[c.index], sent_lp[c.index] = len(c.text), len(c.logprobs or [])
+            ids = choice_token_ids(extras, c, sent_ids.get(c.index, 0))
+            sent_text[c.index], sent_lp[c.index], sent_ids[c.index] = len(c.text), len(c.logprobs or []), \
+                len(c.token_ids)
             if reason is not None:
                 ended.add(c.index)
             delta = {"content": c.text[start:]} if len(c.text) > start else {}
             logprobs = chat_logprobs(tokens, generated(c.logprobs[lp_start:])) if c.logprobs is not None \
                 else None
             yield sse(base | {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs,
-                                           "finish_reason": reason}]})
+                                           "finish_reason": reason} | ids]}
+                      | running_usage(extras, prompt_len, len(c.token_ids)))
         if out.finished:
             final = out
     if include_usage and final is not None:

@@ -1,0 +1,92 @@
+"""vLLM's tokenizer endpoints: POST /tokenize (a prompt, or chat messages through the chat template),
+POST /detokenize, GET /tokenizer_info. Same request and response shapes as vLLM's."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from conveyor.server.errors import APIError
+from conveyor.server.protocol import ChatMessage
+from conveyor.server.serving import Serving, generation_prompt
+
+MAX_TOKENS_TO_DECODE = 1_000_000
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's two forms in one: a `prompt`, or chat `messages` rendered by the chat template."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = Field(default=None, min_length=1)
+    add_special_tokens: Optional[bool] = None
+    """Default: true for a prompt; false for messages (the chat template writes them), as vLLM."""
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _prompt_or_messages(self) -> "TokenizeRequest":
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("send either `prompt` (text) or `messages` (a chat), not " +
+                             ("both" if self.prompt is not None else "neither"))
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    tokens: list[int] = Field(max_length=MAX_TOKENS_TO_DECODE)
+
+
+def tokenizer_routes(serving: Serving) -> APIRouter:
+    router = APIRouter()
+
+    def tokenizer() -> Any:
+        if not serving.engine.is_ready:
+            raise APIError(503, "the model is still loading; retry shortly", code="loading",
+                           headers={"Retry-After": "2"})
+        found = serving.engine.engine.tokenizer if serving.engine.engine is not None else None
+        if found is None:
+            raise APIError(400, "this model has no tokenizer, so it cannot tokenize or detokenize text", "model")
+        return found
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        serving.check_model(body.model)
+        tok = tokenizer()
+        if body.messages is not None:
+            text = serving.chat_text(body.messages, generation_prompt(body), body.continue_final_message)
+        else:
+            text = body.prompt or ""
+        special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
+        encoded = await asyncio.to_thread(tok, text, add_special_tokens=special)
+        ids = list(encoded["input_ids"])
+        return {"count": len(ids), "max_model_len": serving.engine.engine.max_model_len, "tokens": ids,
+                "token_strs": tok.convert_ids_to_tokens(ids) if body.return_token_strs else None}
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        serving.check_model(body.model)
+        tok = tokenizer()
+        vocab = serving.engine.engine.spec.vocab_size
+        bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
+        return {"prompt": await asyncio.to_thread(tok.decode, body.tokens)}
+
+    @router.get("/tokenizer_info")
+    async def tokenizer_info() -> dict[str, Any]:
+        tok = tokenizer()
+        return {"tokenizer_class": type(tok).__name__, "vocab_size": serving.engine.engine.spec.vocab_size,
+                "model_max_length": serving.engine.engine.max_model_len,
+                **{name: getattr(tok, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")},
+                "added_tokens_decoder": {str(i): str(getattr(t, "content", t))
+                                         for i, t in (getattr(tok, "added_tokens_decoder", None) or {}).items()},
+                "chat_template": getattr(tok, "chat_template", None)}
+
+    return router

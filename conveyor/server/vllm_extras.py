@@ -1,0 +1,139 @@
+"""vLLM's extensions to the OpenAI API: the request fields Conveyor honours (mixed into protocol.py's
+models), the ones it refuses by name, and the response fields they add.
+
+Honoured: prompt_logprobs, return_token_ids (prompt_token_ids and token_ids in responses),
+return_tokens_as_token_ids, stream_options.continuous_usage_stats (protocol.py), and for chat: echo,
+continue_final_message, add_generation_prompt. Refused with a 400 that says so: beam search
+(use_beam_search, length_penalty other than 1), prompt embeddings, and -1 ("the whole vocabulary") as a
+logprobs count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from conveyor.outputs import CompletionOutput, PositionLogprobs
+from conveyor.params import MAX_LOGPROBS
+from conveyor.server.logprobs import TokenBytes
+
+
+class VllmFields(BaseModel):
+    """vLLM's fields of both /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    """Logprobs of each prompt token (and its top-N alternatives), in vLLM's shape; not when streaming."""
+    return_token_ids: bool = False
+    """Add prompt_token_ids and each choice's generated token_ids to the response."""
+    return_tokens_as_token_ids: bool = False
+    """Name tokens in logprobs as 'token_id:<id>' (for tokens that are not valid UTF-8 on their own)."""
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    prompt_embeds: Optional[Any] = None
+
+    @field_validator("logprobs", "top_logprobs", "prompt_logprobs", mode="before", check_fields=False)
+    @classmethod
+    def _no_whole_vocabulary(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value == -1:
+            raise ValueError(f"-1 (the logprobs of the whole vocabulary) is not supported; ask for 0 to "
+                             f"{MAX_LOGPROBS} alternatives per token")
+        return value
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("beam search is not supported; sample n completions (with a seed) instead")
+        return value
+
+    @field_validator("length_penalty")
+    @classmethod
+    def _no_length_penalty(cls, value: float) -> float:
+        if value != 1.0:
+            raise ValueError("length_penalty applies to beam search, which is not supported; leave it at 1")
+        return value
+
+    @field_validator("prompt_embeds")
+    @classmethod
+    def _no_prompt_embeds(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError("prompt embeddings are not supported; send the prompt as text or token ids")
+        return value
+
+
+class VllmChatFields(BaseModel):
+    """vLLM's fields of /v1/chat/completions only (add_generation_prompt is in protocol.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    echo: bool = False
+    """Start the reply with the last message's content when that message has the reply's role."""
+    continue_final_message: bool = False
+    """Render the last message open-ended, so that the reply continues it (needs add_generation_prompt off)."""
+
+
+@dataclass(frozen=True)
+class ResponseExtras:
+    """What vLLM's fields ask of a response, decided once when the request is prepared."""
+
+    return_token_ids: bool = False
+    tokens_as_ids: bool = False
+    prompt_logprobs: int | None = None
+    """How many alternatives per prompt position to report (the engine may compute more, for echo)."""
+    continuous_usage: bool = False
+    """Usage in every streamed chunk (stream_options.continuous_usage_stats)."""
+    role: str = "assistant"
+    """Chat: the reply's role: assistant, or with add_generation_prompt off the last message's role (as vLLM)."""
+    chat_echo: str = ""
+    """Chat with echo: the text the reply starts with."""
+
+
+def extras_of(body: Any, role: str = "assistant", chat_echo: str = "") -> ResponseExtras:
+    options = body.stream_options
+    return ResponseExtras(return_token_ids=body.return_token_ids, tokens_as_ids=body.return_tokens_as_token_ids,
+                          prompt_logprobs=body.prompt_logprobs,
+                          continuous_usage=bool(options is not None and options.continuous_usage_stats),
+                          role=role, chat_echo=chat_echo)
+
+
+class TokenIdNames(TokenBytes):
+    """TokenBytes whose display text is 'token_id:<id>' (return_tokens_as_token_ids); the bytes stay real."""
+
+    def __init__(self, inner: TokenBytes | None) -> None:  # noqa: super().__init__ not called: wraps inner
+        self.inner = inner
+
+    def of(self, token_id: int) -> tuple[bytes, str]:
+        raw = self.inner.of(token_id)[0] if self.inner is not None else str(token_id).encode()
+        return raw, f"token_id:{token_id}"
+
+
+def prompt_logprobs_json(positions: Sequence[PositionLogprobs | None] | None, top: int) -> list[Any] | None:
+    """vLLM's prompt_logprobs: None for the first position, then {"<id>": {logprob, rank, decoded_token}} for
+    the prompt token and its `top` most likely alternatives."""
+    if positions is None:
+        return None
+    result: list[Any] = []
+    for position in positions:
+        if position is None:
+            result.append(None)
+            continue
+        ids = [position.token_id] + [i for i, _ in position.top[:top] if i != position.token_id]
+        result.append({str(i): vars(position[i]) for i in ids})
+    return result
+
+
+def running_usage(extras: ResponseExtras, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """continuous_usage_stats: the usage of one streamed choice so far, for its chunk (nothing when not asked)."""
+    if not extras.continuous_usage:
+        return {}
+    return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens}}
+
+
+def choice_token_ids(extras: ResponseExtras, c: CompletionOutput, start: int = 0) -> dict[str, Any]:
+    """A choice's generated token ids from `start` on, when return_token_ids asked for them."""
+    return {"token_ids": list(c.token_ids[start:])} if extras.return_token_ids else {}
