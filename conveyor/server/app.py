@@ -17,6 +17,7 @@ from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.logprobs import TokenBytes
 from conveyor.server.serving import Prepared, Serving, chat_choice, completion_choice, new_id, now, usage
 from conveyor.server.streaming import sse_response, stream_chat, stream_completion
+from conveyor.server.ui import mount_ui
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -85,6 +86,7 @@ def build_app(state: ServerState) -> FastAPI:
         return await _respond(state, serving, request, body, prepared, "chatcmpl", "chat.completion",
                               stream_chat, choices)
 
+    mount_ui(app, state, serve_page=state.options.ui)
     return app
 
 
