@@ -23,6 +23,7 @@ from conveyor.engine.stats import EngineStats
 from conveyor.errors import ConveyorError
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
+from conveyor.runtime.timeline import Span
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,19 @@ class AsyncEngine:
             return len(self._streams)
 
     def stats(self) -> EngineStats | None:
+        """The engine's counters after its latest step (None while the model loads)."""
         return self._stats
+
+    def recent_spans(self, since: float | None = None, window_s: float = 5.0) -> tuple[float, list[Span]]:
+        """The engine clock's time now and the host / device spans that ended after `since` (that
+        clock), or in the last `window_s` seconds when `since` is None. Reads the engine's bounded
+        timeline only, so it is safe from any thread and costs the engine nothing; (0.0, []) while
+        the model loads."""
+        engine = self.engine
+        if engine is None or not self._ready.is_set():
+            return 0.0, []
+        now = engine.timeline.now()
+        return now, engine.timeline.since(now - window_s if since is None else since)
 
     # ---- requests ---------------------------------------------------------------------
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,

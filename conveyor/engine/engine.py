@@ -26,6 +26,7 @@ from conveyor.runtime.device import detect_device, resolve_async_batching
 from conveyor.runtime.overlap import HostOverlapExecutor
 from conveyor.runtime.pipelined import InflightStep, PipelinedExecutor
 from conveyor.runtime.sync import SyncExecutor
+from conveyor.runtime.timeline import StepTimeline
 from conveyor.runtime.trace import Tracer
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,9 @@ class Engine:
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.blocks)
         self.outputs = OutputProcessor(self.scheduler, self.tokenizer, loaded.spec.eos_token_ids)
-        self.tracer = Tracer(enabled=False)
+        self.timeline = StepTimeline()
+        """The latest host and device spans (a bounded ring, always on); safe to read from any thread."""
+        self.tracer = Tracer(enabled=False, timeline=self.timeline)
         self.executor: SyncExecutor | PipelinedExecutor | HostOverlapExecutor
         if not self.async_batching:
             self.executor = SyncExecutor(self.runner, self.tracer)
@@ -302,6 +305,7 @@ class Engine:
                            kv_blocks_total=b.num_blocks, kv_blocks_free=b.num_free_blocks,
                            kv_blocks_cached=b.num_cached_blocks, prefix_hit_tokens=b.prefix_hit_tokens,
                            prefix_query_tokens=b.prefix_queries_tokens,
+                           num_preempted_waiting=sum(1 for r in s.waiting if r.num_preemptions),
                            num_generated_tokens=self.outputs.num_generated_tokens,
                            async_batching=self.async_batching, device_busy_s=self.executor.device_busy_s,
                            active_s=self._active_s)

@@ -17,10 +17,22 @@ class EngineStats:
     kv_blocks_cached: int
     prefix_hit_tokens: int
     prefix_query_tokens: int
+    num_preempted_waiting: int
+    """Waiting requests that were preempted (their KV freed) and wait to be recomputed."""
     num_generated_tokens: int
     async_batching: bool
     device_busy_s: float
     active_s: float
+
+    @property
+    def kv_blocks_used(self) -> int:
+        """Blocks held by requests (neither free nor kept only as evictable prefix cache)."""
+        return self.kv_blocks_total - self.kv_blocks_free
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache / prompt tokens looked up (0 before any lookup)."""
+        return self.prefix_hit_tokens / self.prefix_query_tokens if self.prefix_query_tokens else 0.0
 
     @property
     def device_idle_fraction(self) -> float:

@@ -25,4 +25,5 @@ class Executor:
         finally:
             end = time.perf_counter()
             self.device_busy_s += end - start
-            self.tracer.add("forward+sample", DEVICE_LANE, start, end, step=plan.step_id, tokens=plan.num_tokens)
+            self.tracer.add("forward+sample", DEVICE_LANE, start, end, plan.step_id, len(plan.seqs), plan.num_tokens,
+                            len(plan.sampling_seqs))

@@ -74,7 +74,9 @@ class PipelinedExecutor(Executor):
         busy = step.started.elapsed_time(step.finished) / 1000.0
         self.device_busy_s += busy
         end = time.perf_counter()
-        self.tracer.add("forward+sample", DEVICE_LANE, end - busy, end, step=step.plan.step_id)
+        plan = step.plan
+        self.tracer.add("forward+sample", DEVICE_LANE, end - busy, end, plan.step_id, len(plan.seqs), plan.num_tokens,
+                        len(plan.sampling_seqs))
         assert step.host_output is not None
         return to_result(step.plan, step.host_output)
 

@@ -21,6 +21,7 @@ from conveyor.server.serving import (Prepared, Serving, chat_choice, completion_
 from conveyor.server.streaming import sse_response, stream_chat, stream_completion
 from conveyor.server.tokenizer_routes import tokenizer_routes
 from conveyor.server.vllm_extras import TokenIdNames
+from conveyor.server.ui import mount_ui
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -91,6 +92,7 @@ def build_app(state: ServerState) -> FastAPI:
         return await _respond(state, serving, request, body, prepared, "chatcmpl", "chat.completion",
                               stream_chat, choices)
 
+    mount_ui(app, state, serve_page=state.options.ui)
     return app
 
 

@@ -49,7 +49,7 @@ def param_of(exc: InvalidRequestError) -> str | None:
 
 
 def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
-    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query")]
     param = ".".join(loc) or None
     if err.get("type") == "json_invalid":
         return "the request body is not valid JSON: " + str(err.get("msg", "")), None

@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.server.errors import error_response
 from conveyor.server.metrics import Metrics
+from conveyor.server.ui import is_page_path
 
 OPEN_PATHS = ("/health", "/metrics", "/version")
 """Paths served without an API key (as vLLM guards only /v1): probes and Prometheus scrapes."""
@@ -23,6 +24,8 @@ class ServerOptions:
     max_body_bytes: int = 4 * 2**20
     request_timeout: float | None = None
     allowed_origins: tuple[str, ...] = ()
+    ui: bool = True
+    """Serve the web page at / and /ui/ (off with --no-ui)."""
 
 
 @dataclass
@@ -47,7 +50,8 @@ class GuardMiddleware:
             return
         path = scope.get("raw_path", scope["path"].encode()).split(b"?", 1)[0].decode("latin-1")
         opts = self.state.options
-        if opts.api_keys and path not in OPEN_PATHS and scope["method"] != "OPTIONS":
+        public = path in OPEN_PATHS or (opts.ui and is_page_path(path))
+        if opts.api_keys and not public and scope["method"] != "OPTIONS":
             given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             token = given[7:] if given.lower().startswith("bearer ") else ""
             ok = False

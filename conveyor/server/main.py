@@ -36,6 +36,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-body-bytes", type=int, default=4 * 2**20)
     g.add_argument("--vllm-metrics", action="store_true", help="also export the main metrics under vLLM's names "
                    "(vllm:*, labelled model_name), for dashboards made for vLLM")
+    g.add_argument("--no-ui", action="store_true", help="do not serve the web page (playground and engine view) "
+                                                        "at /; the API, /v1/engine/status included, stays")
 
 
 def model_name(config: EngineConfig) -> str:
@@ -94,7 +96,8 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     engine = AsyncEngine(config, max_queued_requests=args.max_queued_requests)
     state = ServerState(engine, ServerOptions(model_name=args.served_model_name or model_name(config), api_keys=keys,
                                               max_body_bytes=args.max_body_bytes,
-                                              request_timeout=args.request_timeout, allowed_origins=origins))
+                                              request_timeout=args.request_timeout, allowed_origins=origins,
+                                              ui=not args.no_ui))
     engine._on_timings = state.metrics.observe
     if args.vllm_metrics:
         export_vllm_names(state.metrics, state.options.model_name)
@@ -103,7 +106,8 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                            timeout_graceful_shutdown=5), state, args.shutdown_timeout)
     print(f"conveyor: serving {state.options.model_name} on http://{args.host}:{args.port} "
-          f"(OpenAI API under /v1; GET /health turns 200 once the model is loaded)", flush=True)
+          f"(OpenAI API under /v1; GET /health turns 200 once the model is loaded"
+          f"{'' if args.no_ui else '; the web page at /'})", flush=True)
     watcher = threading.Thread(target=_exit_if_engine_fails, args=(engine, server), daemon=True)
     watcher.start()
     server.run()
