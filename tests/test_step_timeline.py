@@ -31,6 +31,8 @@ def test_ring_keeps_the_newest_spans_and_filters_by_end_time() -> None:
     assert [s.step for s in timeline.since(5.5)] == [6, 7]  # ended strictly after 5.5
     assert timeline.since(100.0) == []
     assert kept[0].start == pytest.approx(3.0) and kept[0].end == pytest.approx(3.5)  # on the timeline's clock
+    timeline.add("prepare", HOST_LANE, base + 7.0, base + 7.2, step=8)  # another thread's span, appended late
+    assert [s.step for s in timeline.since(7.1)] == [7, 8]
 
 
 def test_ring_refuses_a_useless_capacity() -> None:
