@@ -31,6 +31,8 @@ def test_ring_keeps_the_newest_spans_and_filters_by_end_time() -> None:
     assert [s.step for s in timeline.since(5.5)] == [6, 7]  # ended strictly after 5.5
     assert timeline.since(100.0) == []
     assert kept[0].start == pytest.approx(3.0) and kept[0].end == pytest.approx(3.5)  # on the timeline's clock
+    timeline.add("prepare", HOST_LANE, base + 7.0, base + 7.2, step=8)  # another thread's span, appended late
+    assert [s.step for s in timeline.since(7.1)] == [7, 8]
 
 
 def test_ring_refuses_a_useless_capacity() -> None:
@@ -83,3 +85,21 @@ def test_engine_records_every_step(tiny_llama: str, async_batching: bool) -> Non
     assert max(s.num_seqs for s in device) > 1  # continuous batching: several sequences in a step
     assert all(s.num_tokens <= 24 for s in device)  # the token budget held (chunked prefill)
     assert all(0 <= s.start <= s.end <= engine.timeline.now() for s in spans)
+
+
+def test_preempted_requests_are_counted_while_they_wait(tiny_llama: str) -> None:
+    llm = LLM(model=tiny_llama, block_size=4, max_model_len=96, kv_cache_memory=26 * 4 * 512, max_num_seqs=12)
+    engine = llm.engine
+    rng = random.Random(5)
+    for i in range(12):
+        engine.add_request([rng.randrange(2, 512) for _ in range(rng.randrange(10, 40))],
+                           SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    seen = []
+    while engine.has_work():
+        engine.step()
+        stats = engine.stats()
+        assert 0 <= stats.num_preempted_waiting <= stats.num_waiting
+        assert stats.kv_blocks_used == stats.kv_blocks_total - stats.kv_blocks_free >= 0
+        seen.append(stats.num_preempted_waiting)
+    assert engine.stats().num_preemptions > 0 and max(seen) > 0  # the cache was too small for all twelve
+    assert seen[-1] == 0 and engine.stats().kv_blocks_used == 0

@@ -13,6 +13,10 @@ from collections import deque
 from typing import NamedTuple
 
 HOST_LANE, DEVICE_LANE = 1, 2
+_ORDER_SLACK_S = 1.0
+"""Spans are appended as they end, so the ring is sorted by end time up to the moment between a
+thread reading the clock and taking the lock (microseconds); a reader walking back from the newest
+stops once spans ended this much earlier than asked."""
 
 
 class Span(NamedTuple):
@@ -52,7 +56,14 @@ class StepTimeline:
             self._spans.append(span)
 
     def since(self, t: float) -> list[Span]:
-        """Spans that ended after time `t` (timeline clock), oldest first. Thread-safe."""
+        """Spans that ended after time `t` (timeline clock), oldest first. Thread-safe; the cost
+        grows with the spans returned, not with the ring's size."""
+        found: list[Span] = []
         with self._lock:
-            spans = list(self._spans)
-        return [s for s in spans if s.end > t]  # appended as they end: near-sorted, threads may interleave
+            for span in reversed(self._spans):
+                if span.end > t:
+                    found.append(span)
+                elif span.end < t - _ORDER_SLACK_S:
+                    break
+        found.reverse()
+        return found

@@ -6,7 +6,7 @@ import { COLORS, barChart, lineChart, timeline } from "./charts.js";
 
 const POLL_MS = 500;
 const HISTORY_S = 60;       // counters kept and plotted
-const TIMELINE_S = 2;       // timeline window
+const TIMELINE_S = [2, 10]; // timeline window: 2 s, widened to show ~8 steps when steps are long
 const SPANS_KEPT_S = 10;    // spans kept for the batch-size bars
 const BARS = 60;            // steps shown as bars
 const $ = (id) => document.getElementById(id);
@@ -78,7 +78,9 @@ function draw(status) {
   if ($("engine").offsetParent === null) return;  // hidden (the playground tab on a narrow screen)
   const now = status.now;
   const h = state.history;
-  timeline($("c-timeline"), spans, now, TIMELINE_S);
+  const seconds = timelineSeconds(steps);
+  set("timeline-seconds", String(seconds));
+  timeline($("c-timeline"), spans, now, seconds);
   lineChart($("c-tps"), [{ points: h.map((p) => [p.t, p.tps]), color: COLORS.tps }], now, HISTORY_S);
   lineChart($("c-requests"), ["running", "waiting", "preempted"].map((k) => (
     { points: h.map((p) => [p.t, p[k]]), color: COLORS[k] })), now, HISTORY_S);
@@ -88,6 +90,13 @@ function draw(status) {
     { points: h.map((p) => [p.t, p.used]), color: COLORS.used },
     { points: h.map((p) => [p.t, 100 * p.prefix]), color: COLORS.prefix, right: true },
   ], now, HISTORY_S, { yMax: total, rightMax: 100 });
+}
+
+/** Long enough to show about 8 steps (a slow machine's steps can take a second each). */
+function timelineSeconds(steps) {
+  const durations = steps.slice(-8).map((x) => x.end - x.start).sort((a, b) => a - b);
+  const median = durations.length ? durations[Math.floor(durations.length / 2)] : 0;
+  return Math.min(TIMELINE_S[1], Math.max(TIMELINE_S[0], Math.ceil(8 * median)));
 }
 
 async function poll() {
@@ -127,7 +136,6 @@ export function resumeEngineView() {
 
 export function initEngineView() {
   legend();
-  set("timeline-seconds", String(TIMELINE_S));
   onUnauthorized(() => { state.paused = true; });
   const loop = async () => {
     await poll();
