@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from conveyor.core.plan import TokenLogprobs
 
@@ -18,6 +19,8 @@ class CompletionOutput:
     """The stop token id or stop string that ended generation (None for EOS and length)."""
     logprobs: list[TokenLogprobs] | None = None
     """Per generated token, when SamplingParams.logprobs was set: raw-model logprobs."""
+    tool_calls: list[Any] | None = None
+    """`LLM.chat(..., tools=...)`: the conveyor.tools.ToolCall objects found in the reply (None when none)."""
 
     @property
     def cumulative_logprob(self) -> float | None:

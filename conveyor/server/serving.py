@@ -16,6 +16,8 @@ from conveyor.params import SamplingParams
 from conveyor.server.errors import APIError, param_of, sse_error
 from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completion_logprobs, echoed, generated
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
+from conveyor.server.structured import chat_constraint, request_constraint
+from conveyor.tools import ToolParser, ToolPlan, parser_for, render_conversation
 
 
 @dataclass
@@ -27,6 +29,11 @@ class Prepared:
     """/v1/completions with echo: the text each prompt is echoed as, before its completion."""
     score_only: bool = False
     """echo with max_tokens=0: the prompt (and its logprobs) only; the one token generated is dropped."""
+    tools: ToolPlan | None = None
+    """Chat with tools: how replies become tool calls."""
+    parser: ToolParser | None = None
+    constraint_param: str | None = None
+    """The request field the output constraint came from (named in errors about it)."""
 
 
 class Serving:
@@ -55,7 +62,8 @@ class Serving:
                                 f"(see GET /v1/models)", "model", "model_not_found")
 
     def _params(self, body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
-                logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+                logprobs: int | None, prompt_logprobs: int | None = None,
+                constraint: tuple[dict[str, Any] | None, str | None] = (None, None)) -> SamplingParams:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         defaults = self._core.sampling_defaults  # the model's recommended settings fill what is left out
         temperature = body.temperature if body.temperature is not None else defaults.get("temperature", 1.0)
@@ -70,9 +78,11 @@ class Serving:
                 stop_token_ids=body.stop_token_ids or [], include_stop_str_in_output=body.include_stop_str_in_output,
                 ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=logprobs,
                 logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
-                skip_special_tokens=body.skip_special_tokens, prompt_logprobs=prompt_logprobs)
+                skip_special_tokens=body.skip_special_tokens, prompt_logprobs=prompt_logprobs,
+                structured_outputs=constraint[0])
         except InvalidRequestError as exc:
-            raise APIError(400, str(exc), param_of(exc)) from None
+            param = param_of(exc)
+            raise APIError(400, str(exc), constraint[1] if param == "structured_outputs" else param) from None
 
     async def _tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         tokenizer = self._core.tokenizer
@@ -130,18 +140,23 @@ class Serving:
             tokenizer = self._core.tokenizer
             echo = [t if t is not None else tokenizer.decode(ids) if tokenizer is not None else ""
                     for t, ids in zip(texts, prompts)]
-        params = self._params(body, max_tokens, body.logprobs, body.logprobs if body.echo else None)
-        return Prepared(prompts, texts, params, echo, score_only)
+        constraint = request_constraint(body)
+        params = self._params(body, max_tokens, body.logprobs, body.logprobs if body.echo else None, constraint)
+        return Prepared(prompts, texts, params, echo, score_only, constraint_param=constraint[1])
 
     async def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
         self.check_model(body.model)
         tokenizer = self._core.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        tools, constraint, source = chat_constraint(body)
+        parser = parser_for(self._core.config.tool_call_parser, tokenizer.chat_template)
+        messages, template_args = render_conversation([m.as_dict() for m in body.messages],
+                                                      tools.tools if tools.offers_tools else None,
+                                                      tokenizer.chat_template, parser)
         try:
             text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=body.add_generation_prompt)
+                                                 add_generation_prompt=body.add_generation_prompt, **template_args)
         except Exception as exc:
             raise APIError(400, f"the chat template rejected these messages: {type(exc).__name__}", "messages") \
                 from None
@@ -152,7 +167,8 @@ class Serving:
         top = body.top_logprobs if body.top_logprobs is not None else 0
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-        return Prepared([ids], [text], self._params(body, max_tokens, top if body.logprobs else None))
+        params = self._params(body, max_tokens, top if body.logprobs else None, None, (constraint, source))
+        return Prepared([ids], [text], params, tools=tools, parser=parser, constraint_param=source)
 
     # ---- engine -> responses ----------------------------------------------------------
     async def admit(self, prepared: Prepared, base_id: str) -> list[AsyncIterator[RequestOutput]]:
@@ -169,7 +185,9 @@ class Serving:
             if isinstance(exc, EngineDeadError):
                 raise APIError(503, "the engine has stopped; restart the server", code="engine_dead") from None
             if isinstance(exc, InvalidRequestError):
-                raise APIError(400, str(exc), param_of(exc)) from None
+                param = param_of(exc)
+                raise APIError(400, str(exc), prepared.constraint_param if param == "structured_outputs"
+                               else param) from None
             raise
         return streams
 
@@ -223,10 +241,19 @@ def completion_choice(prepared: Prepared, prompt_index: int, out: RequestOutput,
             "stop_reason": None if prepared.score_only else c.stop_reason}
 
 
-def chat_choice(out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None) -> dict[str, Any]:
-    return {"index": c.index, "message": {"role": "assistant", "content": c.text},
+def chat_choice(out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None,
+                prepared: Prepared | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": c.text}
+    reason = finish_reason(c.finish_reason, out.error)
+    if prepared is not None and prepared.tools is not None and prepared.tools.offers_tools \
+            and prepared.parser is not None and reason == "stop":
+        content, calls = prepared.tools.read_reply(c.text, prepared.parser)
+        if calls:
+            message = {"role": "assistant", "content": content, "tool_calls": [call.to_openai() for call in calls]}
+            reason = "tool_calls"
+    return {"index": c.index, "message": message,
             "logprobs": chat_logprobs(tokens, generated(c.logprobs)) if c.logprobs is not None else None,
-            "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason}
+            "finish_reason": reason, "stop_reason": c.stop_reason}
 
 
 async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
