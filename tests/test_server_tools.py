@@ -124,14 +124,14 @@ def test_named_tool_choice_streamed_and_reassembled(client: openai.OpenAI) -> No
 
 
 def test_conversation_with_a_tool_result_continues(client: openai.OpenAI) -> None:
-    first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                           max_tokens=60, temperature=0)
-    call = first.choices[0].message.tool_calls[0]
-    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "clear"}'}]
-    reply = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=40,
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'}]
+    reply = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=30,
                                            temperature=0)
     choice = reply.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert choice.message.content or choice.message.tool_calls
-    assert reply.usage.prompt_tokens > first.usage.prompt_tokens  # the call and its result reached the model
+    alone = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=1)
+    assert reply.usage.prompt_tokens > alone.usage.prompt_tokens + 20  # the call and its result reached the model
