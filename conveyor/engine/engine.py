@@ -15,6 +15,7 @@ from conveyor.core.kv_cache import BlockManager
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.core.request import Request
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
+from conveyor.engine.grammars import EngineGrammars
 from conveyor.engine.output import OutputProcessor
 from conveyor.engine.stats import EngineStats
 from conveyor.errors import InvalidRequestError
@@ -27,8 +28,6 @@ from conveyor.runtime.overlap import HostOverlapExecutor
 from conveyor.runtime.pipelined import InflightStep, PipelinedExecutor
 from conveyor.runtime.sync import SyncExecutor
 from conveyor.runtime.trace import Tracer
-from conveyor.structured.backend import GrammarBackend, GrammarMatcher
-from conveyor.structured.bitmask import bitmask_words
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,7 +76,9 @@ class Engine:
         from that thread, while the forward pass is still running, instead of returning them from
         the `step()` that ends after the forward (one step earlier for streaming clients). It must
         be thread-safe; outputs of one request still arrive in order, before step() returns."""
-        self._grammars: GrammarBackend | None = None
+        self.grammars = EngineGrammars(self.tokenizer, self.spec, config.structured_output_timeout,
+                                       self.model_source)
+        """Structured output: the grammar backend, per-sample matchers and each step's masks."""
         self._active_s = 0.0
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
@@ -108,7 +109,7 @@ class Engine:
             raise InvalidRequestError(f"n={params.n} samples cannot run together: max_num_seqs is "
                                       f"{self.config.max_num_seqs}; lower n or raise max_num_seqs")
         self._check_vocab(params)
-        matchers = self._grammar_matchers(params)
+        matchers = self.grammars.matchers(params)
         request_id = request_id if request_id is not None else str(next(self._ids))
         sample_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         taken = [i for i in (request_id, *sample_ids) if i in self.outputs.groups or self.scheduler.get(i)]
@@ -127,40 +128,8 @@ class Engine:
         self.outputs.track(request_id, text, samples, matchers)
         return request_id
 
-    @property
-    def grammars(self) -> GrammarBackend:
-        """The structured-output backend (llguidance), built on first use (it indexes the vocabulary once)."""
-        if self._grammars is None:
-            if self.tokenizer is None:
-                raise InvalidRequestError(f"SamplingParams.structured_outputs needs a tokenizer, and model "
-                                          f"{self.model_source} has none")
-            from conveyor.structured.guidance import GuidanceBackend
-
-            self._grammars = GuidanceBackend(self.tokenizer, self.spec.vocab_size, self.spec.eos_token_ids,
-                                             self.config.structured_output_timeout)
-        return self._grammars
-
-    def _grammar_matchers(self, params: SamplingParams) -> list[GrammarMatcher] | None:
-        """One matcher per sample, from the compiled (cached) grammar; raises InvalidRequestError."""
-        if params.structured_outputs is None:
-            return None
-        grammar = self.grammars.compile(params.structured_outputs)
-        return [grammar.new_matcher() for _ in range(params.n)]
-
     def _fill_grammar(self, plan: StepPlan, prepared: PreparedStep) -> None:
-        """Compute the step's grammar masks from the committed tokens (every token before the ones this
-        step samples must be committed by now) and hand them to the step."""
-        if prepared.grammar is None or prepared.grammar.is_set:
-            return
-        try:
-            matchers = self.outputs.matchers_of(plan)
-            bitmask = torch.empty((len(matchers), bitmask_words(self.spec.vocab_size)), dtype=torch.int32)
-            with self.tracer.span("grammar", step=plan.step_id, rows=len(matchers)):
-                self.grammars.fill_bitmask(matchers, bitmask)
-            prepared.grammar.set(bitmask)
-        except BaseException as exc:
-            prepared.grammar.fail(exc)
-            raise
+        self.grammars.fill(plan, prepared, self.outputs, self.tracer)
 
     def _check_vocab(self, params: SamplingParams) -> None:
         vocab = self.spec.vocab_size
