@@ -97,3 +97,12 @@ def test_llm_chat_with_required_tools_gives_valid_calls(default_llm: Any) -> Non
     with pytest.raises(InvalidRequestError, match="tool_choice"):
         default_llm.chat(ask, SamplingParams(structured_outputs={"regex": "a"}), tools=[WEATHER],
                          tool_choice="required")
+
+
+def test_streamed_content_stops_where_a_call_could_begin() -> None:
+    from conveyor.server.tool_stream import _safe_end
+
+    assert _safe_end("Hello there", "<tool_call>") == len("Hello there")
+    assert _safe_end("Hello <tool", "<tool_call>") == len("Hello ")  # could be the start of a call: held
+    assert _safe_end("Hi <tool_call>{", "<tool_call>") == len("Hi ")
+    assert _safe_end("a < b", "<tool_call>") == len("a < b")
