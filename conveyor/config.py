@@ -19,6 +19,7 @@ SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
 SUPPORTED_QUANTIZATIONS = (None, "int4")
 SUPPORTED_DEVICES = ("auto", "cpu", "cuda")
 SUPPORTED_KERNELS = ("auto", "native", "torch")
+SUPPORTED_TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
                "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -89,6 +90,12 @@ class EngineConfig:
     """Seed of the seeds given to requests that bring none of their own; None = a random one."""
     num_threads: int | None = None
     """CPU threads for torch; None = torch's default."""
+    structured_output_timeout: float = 10.0
+    """Seconds a structured-output grammar (JSON schema, regex, choice, EBNF) may take to compile; a
+    slower one is refused with an error naming it. Compiled grammars are cached per schema."""
+    tool_call_parser: str = "auto"
+    """How tool calls are written by the model: 'auto' (chosen from the chat template), 'hermes'
+    (Hermes / Qwen <tool_call> JSON), 'llama3_json' (Llama 3.x JSON) or 'mistral' ([TOOL_CALLS])."""
 
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:
@@ -124,6 +131,12 @@ class EngineConfig:
             raise ConfigError(f"async_batching={self.async_batching!r} must be 'auto', True or False")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"num_threads={self.num_threads!r} must be a positive integer (or None)")
+        timeout = self.structured_output_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+            raise ConfigError(f"structured_output_timeout={timeout!r} must be a number of seconds in (0, 3600]")
+        if self.tool_call_parser not in SUPPORTED_TOOL_CALL_PARSERS:
+            raise ConfigError(f"tool_call_parser={self.tool_call_parser!r} is not supported; choose one of "
+                              f"{', '.join(SUPPORTED_TOOL_CALL_PARSERS)}")
 
     def replace(self, **changes: object) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

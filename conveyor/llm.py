@@ -13,6 +13,7 @@ from conveyor.engine.engine import Engine
 from conveyor.errors import ConfigError, InvalidRequestError
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
+from conveyor.tools import ToolParser, ToolPlan, parser_for, plan_tools, render_conversation
 
 Prompt = Union[str, Sequence[int], dict[str, Any]]
 """A string, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [int, ...]}."""
@@ -34,6 +35,13 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def _default_params(self) -> SamplingParams:
+        """The model's recommended sampling settings (as in the server and vLLM)."""
+        defaults = dict(self.engine.sampling_defaults)
+        if "top_k" in defaults:
+            defaults["top_k"] = int(defaults["top_k"])
+        return SamplingParams(**defaults)
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -41,10 +49,7 @@ class LLM:
         order. Without sampling_params, the model's recommended settings apply (as in the server and vLLM)."""
         batch = _as_prompt_list(prompts)
         if sampling_params is None:
-            defaults = dict(self.engine.sampling_defaults)
-            if "top_k" in defaults:
-                defaults["top_k"] = int(defaults["top_k"])
-            sampling_params = SamplingParams(**defaults)
+            sampling_params = self._default_params()
         params = _as_params_list(sampling_params, len(batch))
         ids = []
         try:
@@ -57,20 +62,43 @@ class LLM:
 
     def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them, then generate."""
-        conversations = _as_conversations(messages)
-        prompts = [self.apply_chat_template(c, add_generation_prompt) for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+             use_tqdm: bool = True, add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None,
+             tool_choice: str | dict[str, Any] | None = None,
+             parallel_tool_calls: bool | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate.
 
-    def apply_chat_template(self, conversation: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        With `tools` (OpenAI's shape) the template is shown them; `tool_choice` is OpenAI's ("auto" by
+        default; "required" and a named function constrain the reply to valid calls). Each completion's
+        `tool_calls` then holds the calls found in it (None when it made none)."""
+        conversations = _as_conversations(messages)
+        plan = plan_tools(tools, tool_choice, parallel_tool_calls)
+        parser = parser_for(self.config.tool_call_parser, getattr(self.engine.tokenizer, "chat_template", None))
+        prompts = [self.apply_chat_template(c, add_generation_prompt, plan, parser) for c in conversations]
+        if plan.constraint is not None:
+            sampling_params = [_constrained(p, plan.constraint)
+                               for p in _as_params_list(sampling_params or self._default_params(), len(prompts))]
+        outputs = self.generate(prompts, sampling_params, use_tqdm)
+        if plan.offers_tools:
+            for out in outputs:
+                for c in out.outputs:
+                    if c.finish_reason == "stop":
+                        content, calls = plan.read_reply(c.text, parser)
+                        c.tool_calls = calls or None
+        return outputs
+
+    def apply_chat_template(self, conversation: Sequence[Message], add_generation_prompt: bool = True,
+                            tools: ToolPlan | None = None, parser: ToolParser | None = None) -> str:
         tokenizer = self.engine.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise InvalidRequestError(f"model {self.engine.model_source} has no chat template; use generate() "
                                       f"with a plain prompt")
         messages = [_text_message(m) for m in conversation]
+        parser = parser or parser_for(self.config.tool_call_parser, tokenizer.chat_template)
+        messages, template_args = render_conversation(messages, tools.tools if tools and tools.offers_tools
+                                                      else None, tokenizer.chat_template, parser)
         try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                 **template_args)
         except Exception as exc:  # the template is the model's code: say so, not where it failed inside jinja
             raise InvalidRequestError(f"the model's chat template rejected this conversation "
                                       f"({type(exc).__name__}: {exc})") from None
@@ -147,6 +175,13 @@ def _text_message(message: Message) -> Message:
         raise InvalidRequestError(f"message content must be a string or a list of text parts, got a "
                                   f"{type(content).__name__} ({content!r:.40})")
     return {**message, "content": content}
+
+
+def _constrained(params: SamplingParams, constraint: dict[str, Any]) -> SamplingParams:
+    if params.structured_outputs is not None:
+        raise InvalidRequestError("SamplingParams.structured_outputs cannot be combined with tool_choice 'required' "
+                                  "or a named function: that tool choice already constrains the reply")
+    return params.clone(structured_outputs=constraint)
 
 
 def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:

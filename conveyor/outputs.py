@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from conveyor.core.plan import TokenLogprobs
 
@@ -62,6 +62,8 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None = None
     """Per generated token, when SamplingParams.logprobs was set: raw-model logprobs, each both Conveyor's
     TokenLogprobs and vLLM's {token_id: Logprob} (see PositionLogprobs)."""
+    tool_calls: list[Any] | None = None
+    """`LLM.chat(..., tools=...)`: the conveyor.tools.ToolCall objects found in the reply (None when none)."""
 
     @property
     def cumulative_logprob(self) -> float | None:

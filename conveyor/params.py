@@ -20,6 +20,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
                       model_validator)
 
 from conveyor.errors import InvalidRequestError
+from conveyor.structured.spec import StructuredOutputs
 
 MAX_STOP_TOKEN_IDS = 256
 MAX_STOP_STRINGS = 64
@@ -82,10 +83,14 @@ class SamplingParams(BaseModel):
     prompt_logprobs: WholeNumber | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     logit_bias: dict[int, float] = Field(default_factory=dict, max_length=MAX_LOGIT_BIAS_ENTRIES)
     skip_special_tokens: StrictBool = True
+    structured_outputs: StructuredOutputs | None = None
+    """A grammar the output must follow: {"json": schema} | {"json_object": True} | {"regex": ...} |
+    {"choice": [...]} | {"grammar": EBNF}. vLLM's older guided_json / guided_regex / guided_choice /
+    guided_grammar keywords are accepted and mean the same."""
 
     def __init__(self, **data: Any) -> None:
         try:
-            super().__init__(**data)
+            super().__init__(**_guided_fields(data))
         except ValidationError as exc:
             raise InvalidRequestError(_explain(exc)) from None
 
@@ -128,6 +133,13 @@ class SamplingParams(BaseModel):
     def _cross_field(self) -> "SamplingParams":
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens} is larger than max_tokens={self.max_tokens}")
+        if self.structured_outputs is not None:
+            if self.min_tokens:
+                raise ValueError(f"SamplingParams.min_tokens={self.min_tokens} cannot be combined with structured_outputs: the "
+                                 f"grammar decides where the output ends (a complete output may be shorter)")
+            if self.ignore_eos:
+                raise ValueError("SamplingParams.ignore_eos=True cannot be combined with structured_outputs: the grammar decides "
+                                 "where the output ends")
         return self
 
     @property
@@ -143,6 +155,22 @@ class SamplingParams(BaseModel):
         return SamplingParams(**{**self.model_dump(), **changes})
 
 
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def _guided_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's older guided_* keywords -> structured_outputs (only one constraint at a time)."""
+    given = {k: data[k] for k in _GUIDED if data.get(k) is not None}
+    if not given:
+        return {k: v for k, v in data.items() if k not in _GUIDED}
+    if data.get("structured_outputs") is not None or len(given) > 1:
+        raise InvalidRequestError(f"SamplingParams.structured_outputs: give one constraint, got "
+                                  f"{', '.join(sorted(given) + (['structured_outputs'] if data.get('structured_outputs') is not None else []))}")
+    (name, value), = given.items()
+    rest = {k: v for k, v in data.items() if k not in _GUIDED}
+    return rest | {"structured_outputs": {_GUIDED[name]: value}}
+
+
 def _explain(exc: ValidationError) -> str:
     """One readable sentence per invalid field: field, value seen, allowed range."""
     parts = []
@@ -156,7 +184,7 @@ def _explain(exc: ValidationError) -> str:
             allowed = ", ".join(SamplingParams.model_fields)
             parts.append(f"SamplingParams has no field {name!r}; known fields: {allowed}")
         elif name == "SamplingParams" or not err["loc"]:
-            parts.append(f"SamplingParams is invalid: {reason}")
+            parts.append(reason if reason.startswith("SamplingParams.") else f"SamplingParams is invalid: {reason}")
         else:
             parts.append(f"SamplingParams.{name}={seen!r} is invalid: {reason[0].lower() + reason[1:]}")
     return "; ".join(parts)

@@ -73,12 +73,25 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     (COMPLETIONS, {"prompt": {"nested": "object"}}, 400, "prompt"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
     (COMPLETIONS, {"prompt": [True, False]}, 400, "prompt"),
-    (CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}, 400, "response_format"),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    (CHAT, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
+                                                  {"type": "objekt"}}}}, 400, "response_format"),
+    (CHAT, {"messages": MSG, "response_format": {"type": "yaml"}}, 400, "response_format"),
+    (COMPLETIONS, {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {
+        "type": "array", "minItems": 3, "maxItems": 1}}}}, 400, "response_format"),
+    (COMPLETIONS, {"prompt": "x", "guided_regex": "(unclosed"}, 400, "guided_regex"),
+    (CHAT, {"messages": MSG, "response_format": {"type": "json_object"}, "guided_regex": "a+"}, 400, "guided_regex"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"nom": "f"}}]}, 400, "tools"),
     (CHAT, {"messages": MSG, "tool_choice": "auto"}, 400, "tool_choice"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+            "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}],
+            "response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "objekt"}}}], "tool_choice": "required"}, 400, "tools"),
     (CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400, None),  # without stream
     (CHAT, b"", 400, None),
-    (CHAT, {"messages": MSG + [{"role": "tool", "content": "42", "tool_call_id": "c1"}]}, 400, "messages.1"),
     (CHAT, {"messages": MSG + [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]}, 400,
      "messages.1"),
     (COMPLETIONS, b"x" * 70000, 413, None),

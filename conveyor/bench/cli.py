@@ -84,6 +84,16 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     _add_result_flags(ds)
     add_engine_flags(ds)
 
+    so = kinds.add_parser("structured", help="structured output's cost: a decode step with every row JSON-constrained "
+                                             "against the unconstrained step (async and sync), and compile times")
+    so.add_argument("--num-seqs", type=_count, default=64, help="running sequences, all decoding")
+    so.add_argument("--prompt-len", type=_count, default=64)
+    so.add_argument("--steps", type=_count, default=8, help="timed decode steps per round and kind")
+    so.add_argument("--rounds", type=_count, default=3, help="alternating rounds (unconstrained, then JSON)")
+    so.add_argument("--num-schemas", type=_count, default=200, help="random schemas whose compile time is measured")
+    _add_result_flags(so)
+    add_engine_flags(so)
+
     cmp_ = kinds.add_parser("async-vs-sync", help="async against sync batching, alternating runs, medians")
     cmp_.add_argument("--runs", type=_count, default=5, help="runs per mode per workload (alternating)")
     cmp_.add_argument("--trace", default=None, help="also trace one async run per workload to FILE-<w>-async.json")
@@ -118,6 +128,8 @@ def cmd_bench(args: argparse.Namespace, config: Any) -> int:
         return _latency(args, config)
     if args.bench_command == "decode-step":
         return _decode_step(args, config)
+    if args.bench_command == "structured":
+        return _structured(args, config)
     return _throughput(args, config)
 
 
@@ -225,6 +237,18 @@ def _decode_step(args: argparse.Namespace, config: Any) -> int:
     result = measure_decode_step(config, args.num_seqs, args.prompt_len, args.steps)
     print(json.dumps({k: v for k, v in result.items() if k != "step_ms_all"}, indent=2))
     _finish(args, result, "decode-step")
+    return 0
+
+
+def _structured(args: argparse.Namespace, config: Any) -> int:
+    from conveyor.bench.structured import measure_compile_times, measure_step_cost
+
+    result = measure_step_cost(config, args.num_seqs, args.prompt_len, args.steps, args.rounds)
+    result["compile"] = measure_compile_times(config, args.num_schemas)
+    shown = {k: v for k, v in result.items() if k not in ("modes", "schemas")}
+    shown["modes"] = {m: {k: v for k, v in r.items() if not k.endswith("_all_ms")} for m, r in result["modes"].items()}
+    print(json.dumps(shown, indent=2))
+    _finish(args, result, "structured")
     return 0
 
 

@@ -31,6 +31,8 @@ class SamplingSpec:
     """Prompt + output ids (PLACEHOLDER_TOKEN for in-flight ones), only when a penalty is on."""
     num_prompt_tokens: int = 0
     logprobs: int | None = None
+    constrained: bool = False
+    """A grammar restricts this row's token (structured output): its mask comes with the step."""
 
     @property
     def has_penalties(self) -> bool:

@@ -188,7 +188,7 @@ class Scheduler:
             min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
             repetition_penalty=p.repetition_penalty, logit_bias=tuple(sorted(p.logit_bias.items())),
             suppress_token_ids=suppress, history=history, num_prompt_tokens=request.num_prompt_tokens,
-            logprobs=p.logprobs)
+            logprobs=p.logprobs, constrained=p.structured_outputs is not None)
 
     def _fork(self, parent: Request, parent_seq: ScheduledSeq) -> list[ScheduledSeq]:
         """Samples 1..n-1 of an n > 1 request join now: they share the parent's prompt blocks and

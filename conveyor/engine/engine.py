@@ -15,6 +15,7 @@ from conveyor.core.kv_cache import BlockManager
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.core.request import Request
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
+from conveyor.engine.grammars import EngineGrammars
 from conveyor.engine.output import OutputProcessor
 from conveyor.engine.stats import EngineStats
 from conveyor.errors import InvalidRequestError
@@ -83,6 +84,9 @@ class Engine:
         from that thread, while the forward pass is still running, instead of returning them from
         the `step()` that ends after the forward (one step earlier for streaming clients). It must
         be thread-safe; outputs of one request still arrive in order, before step() returns."""
+        self.grammars = EngineGrammars(self.tokenizer, self.spec, config.structured_output_timeout,
+                                       self.model_source)
+        """Structured output: the grammar backend, per-sample matchers and each step's masks."""
         self._active_s = 0.0
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
@@ -113,6 +117,7 @@ class Engine:
             raise InvalidRequestError(f"n={params.n} samples cannot run together: max_num_seqs is "
                                       f"{self.config.max_num_seqs}; lower n or raise max_num_seqs")
         self._check_vocab(params)
+        matchers = self.grammars.matchers(params)
         request_id = request_id if request_id is not None else str(next(self._ids))
         sample_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         taken = [i for i in (request_id, *sample_ids) if i in self.outputs.groups or self.scheduler.get(i)]
@@ -128,8 +133,11 @@ class Engine:
                 fork_parent=None if i == 0 else samples[0].request_id))
         for request in samples:
             self.scheduler.add(request)
-        self.outputs.track(request_id, text, samples)
+        self.outputs.track(request_id, text, samples, matchers)
         return request_id
+
+    def _fill_grammar(self, plan: StepPlan, prepared: PreparedStep) -> None:
+        self.grammars.fill(plan, prepared, self.outputs, self.tracer)
 
     def _check_vocab(self, params: SamplingParams) -> None:
         vocab = self.spec.vocab_size
@@ -183,7 +191,7 @@ class Engine:
             plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
-        result = self.executor.wait(self.executor.submit(plan))
+        result = self.executor.wait(self.executor.submit(plan, lambda prepared: self._fill_grammar(plan, prepared)))
         with self.tracer.span("commit", step=plan.step_id):
             return self.outputs.commit(plan, result)
 
@@ -196,17 +204,35 @@ class Engine:
         current = self._inflight
         with self.tracer.span("schedule"):
             plan = self.scheduler.schedule()
-        following = None if plan.is_empty else executor.submit(plan)
+        early: list[RequestOutput] = []
+        if current is not None and any(s.sampling.constrained for s in plan.sampling_seqs if s.sampling):
+            # Grammar masks need the in-flight step's tokens: finish it before launching this one.
+            # (Here the CUDA pipeline loses its overlap for constrained steps; see README.)
+            early = self._finish_inflight(current, plan.step_id)
+            current = None
+        following = None if plan.is_empty else executor.submit(plan, lambda p: self._fill_grammar(plan, p))
         if following is not None:
             self.scheduler.inflight_step = plan.step_id
         if current is None:  # the pipeline was empty: this call only fills it
             self._inflight = following
-            return []
+            if following is None:
+                self.scheduler.inflight_step = None
+            return early
         result = executor.wait(current)
         self.blocks.release_held(current.plan.step_id)
         self._inflight = following
         if following is None:
             self.scheduler.inflight_step = None
+        with self.tracer.span("commit", step=current.plan.step_id):
+            return self.outputs.commit(current.plan, result)
+
+    def _finish_inflight(self, current: InflightStep, next_step: int) -> list[RequestOutput]:
+        """Wait for and commit the in-flight step before `next_step` (planned, not launched) goes out;
+        blocks this commit frees are held until `next_step` has run, as it may still read them."""
+        result = self.executor.wait(current)
+        self.blocks.release_held(current.plan.step_id)
+        self._inflight = None
+        self.scheduler.inflight_step = next_step
         with self.tracer.span("commit", step=current.plan.step_id):
             return self.outputs.commit(current.plan, result)
 
@@ -237,8 +263,8 @@ class Engine:
                 return outputs
         plan = self._ready[0]
 
-        def host_work() -> tuple[list[RequestOutput], tuple[StepPlan, PreparedStep] | None]:
-            committed = self._commit_pending()
+        def host_work(committed: list[RequestOutput]) -> tuple[list[RequestOutput],
+                                                               tuple[StepPlan, PreparedStep] | None]:
             if self.output_sink is not None and committed:  # out now, not when this forward ends
                 self.output_sink(committed)
                 committed = []
@@ -261,13 +287,26 @@ class Engine:
                 return True
         return False
 
-    def _run_ready(self, executor: HostOverlapExecutor, host_work: Callable[[], T]) -> T:
-        """Run the prepared step while `host_work` runs on the host thread; the step's result
-        waits in `_pending` for the next commit. Returns what host_work returned."""
+    def _run_ready(self, executor: HostOverlapExecutor, after_commit: Callable[[list[RequestOutput]], T]) -> T:
+        """Run the prepared step while the host thread commits the step before it, fills this step's
+        grammar masks (the forward waits for them only when it reaches sampling), then runs
+        `after_commit(committed outputs)`. The step's result waits in `_pending` for the next commit.
+        Returns what after_commit returned."""
         assert self._ready is not None
         plan, prepared = self._ready
         self._ready = None
         self.scheduler.inflight_step = plan.step_id
+
+        def host_work() -> T:
+            try:
+                committed = self._commit_pending()
+                self._fill_grammar(plan, prepared)
+            finally:
+                if prepared.grammar is not None:  # never leave the forward waiting for masks that cannot come
+                    prepared.grammar.fail(RuntimeError(f"step {plan.step_id}: the host failed before its grammar "
+                                                       f"masks were ready"))
+            return after_commit(committed)
+
         result, host_result = executor.run_with_host(plan, prepared, host_work)
         self.blocks.release_held(plan.step_id)
         self._pending = (plan, result)
@@ -276,7 +315,7 @@ class Engine:
     def drain(self) -> list[RequestOutput]:
         """Finish the step in flight, if any, without launching another."""
         if isinstance(self.executor, HostOverlapExecutor):
-            outputs = [] if self._ready is None else self._run_ready(self.executor, self._commit_pending)
+            outputs = [] if self._ready is None else self._run_ready(self.executor, lambda committed: committed)
             self.scheduler.inflight_step = None
             return outputs + self._commit_pending()
         if self._inflight is None:

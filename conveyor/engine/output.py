@@ -16,6 +16,7 @@ from conveyor.core.request import Request, RequestStatus
 from conveyor.core.scheduler import Scheduler
 from conveyor.engine.detokenizer import IncrementalDetokenizer
 from conveyor.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from conveyor.structured.backend import GrammarMatcher
 
 
 @dataclass
@@ -30,6 +31,8 @@ class SampleState:
     """A stop string must end past this many characters: text made before min_tokens cannot stop alone."""
     cut_at: int | None = None
     """Where the text ends when a stop token (or EOS) ended it: its own text is left out, as in vLLM."""
+    matcher: GrammarMatcher | None = None
+    """Structured output: this sample's grammar state, advanced once per committed token."""
 
 
 @dataclass
@@ -61,13 +64,15 @@ class OutputProcessor:
         self._decode: Callable[[int], str] | None = decode if tokenizer is not None else None
         """Token id -> text, for the decoded_token of vLLM-shaped logprobs (computed when read)."""
 
-    def track(self, request_id: str, prompt: str | None, samples: list[Request]) -> None:
+    def track(self, request_id: str, prompt: str | None, samples: list[Request],
+              matchers: list[GrammarMatcher] | None = None) -> None:
         p = samples[0].params
         group = GroupState(request_id, prompt, samples[0].prompt_token_ids, [])
         for i, request in enumerate(samples):
             state = SampleState(i, request, IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
                                                                    p.skip_special_tokens),
-                                logprobs=[] if p.logprobs is not None else None)
+                                logprobs=[] if p.logprobs is not None else None,
+                                matcher=matchers[i] if matchers else None)
             group.samples.append(state)
             self._sample_of[request.request_id] = state
             self._group_of[request.request_id] = group
@@ -78,6 +83,19 @@ class OutputProcessor:
     def sample_ids(self, request_id: str) -> list[str]:
         group = self.groups.get(request_id)
         return [] if group is None else [s.request.request_id for s in group.samples]
+
+    def matchers_of(self, plan: StepPlan) -> list[GrammarMatcher | None]:
+        """The grammar state of each constrained sampled row of `plan`, in row order (None for a sample
+        that ended meanwhile: its token will be dropped, any mask does)."""
+        out: list[GrammarMatcher | None] = []
+        for seq in plan.sampling_seqs:
+            if seq.sampling is None or not seq.sampling.constrained:
+                continue
+            state = self._sample_of.get(seq.request_id)
+            live = state is not None and not state.request.is_finished \
+                and state.request.arrival_index == seq.arrival_index
+            out.append(state.matcher if live and state is not None else None)
+        return out
 
     def commit(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
         """Apply sampled tokens; finished requests leave the scheduler and free their blocks."""
@@ -113,11 +131,27 @@ class OutputProcessor:
             ended_by_token = status is RequestStatus.FINISHED_STOPPED and not isinstance(request.stop_reason, str)
             if ended_by_token and not request.params.include_stop_str_in_output:
                 state.cut_at = text_before  # EOS or a stop token id: its text is not output
+            if state.matcher is not None:
+                status = self._advance_grammar(state, token_id, status)
             if status is not None:
                 self.scheduler.finish(request, status)
             self._update_text(state)
             touched[group.request_id] = group
         return [self.output_of(g) for g in touched.values()]
+
+    def _advance_grammar(self, state: SampleState, token_id: int, status: RequestStatus | None) \
+            -> RequestStatus | None:
+        """One committed token, one grammar step. A complete grammar stops the sample ("stop"); a token the
+        grammar refuses (impossible with its mask applied) ends it with an error rather than invalid output."""
+        assert state.matcher is not None
+        if not state.matcher.accept(token_id):
+            group = self._group_of[state.request.request_id]
+            group.error = (f"structured output: the grammar refused token {token_id} "
+                           f"({state.matcher.error or 'not allowed here'})")
+            return RequestStatus.FINISHED_ERROR
+        if status is None and state.matcher.is_terminated:
+            return RequestStatus.FINISHED_STOPPED
+        return status
 
     def _stop_status(self, state: SampleState, token_id: int) -> RequestStatus | None:
         request = state.request

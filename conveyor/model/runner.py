@@ -20,12 +20,16 @@ from conveyor.model.native import resolve_kernels
 from conveyor.model.sampler import SampleOutput, SamplingTensors, raw_logprobs, sample
 from conveyor.model.sampling_inputs import build_sampling_tensors
 from conveyor.runtime.device import DeviceInfo, available_memory
+from conveyor.structured.bitmask import DeferredBitmask
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_FRACTION = 0.2
 DEFAULT_CPU_CAP = 2 * 2**30
 DEFAULT_CUDA_FRACTION = 0.8
+GRAMMAR_WAIT_S = 600.0
+"""Longest wait for a step's grammar masks (the host fills them in milliseconds; this only turns a
+bug into an error instead of a hang)."""
 
 
 def plan_kv_cache(config: EngineConfig, info: DeviceInfo, bytes_per_token: int, max_model_len: int) -> CachePlan:
@@ -67,6 +71,9 @@ class PreparedStep:
     prompt_rows: torch.Tensor | None  # [prompt_rows] rows whose next-token logprobs are asked
     prompt_targets: torch.Tensor | None  # [prompt_rows] the next prompt token of each
     prompt_top_n: int = 0
+    grammar: DeferredBitmask | None = None
+    """Grammar masks of the constrained sampled rows; the engine fills them once the tokens before
+    them are committed (under async batching: while this step's forward already runs)."""
     ready: Any = None
     """CUDA event recorded after the host-to-device copies (None on CPU)."""
 
@@ -198,7 +205,8 @@ class ModelRunner:
             source_step_id=previous.step_id if uses_previous and previous else None,
             copy_from=index([a for a, _ in plan.block_copies]), copy_to=index([b for _, b in plan.block_copies]),
             prompt_rows=index(prompt_rows), prompt_targets=index(prompt_targets),
-            prompt_top_n=max((s.num_prompt_logprobs for s in plan.seqs), default=0))
+            prompt_top_n=max((s.num_prompt_logprobs for s in plan.seqs), default=0),
+            grammar=_deferred_bitmask(sampling_seqs))
 
     # ---- device side ------------------------------------------------------------------
     def forward(self, step: PreparedStep) -> StepOutput:
@@ -236,7 +244,7 @@ class ModelRunner:
         sample_out = prompt_out = None
         if hidden is not None and step.sample_rows is not None and step.sampling is not None:
             logits = self.model.logits(hidden[step.sample_rows])  # [num_sampled, vocab]
-            sample_out = sample(logits, step.sampling)
+            sample_out = sample(logits, step.sampling, self._grammar_mask(step))
         if hidden is not None and step.prompt_rows is not None and step.prompt_targets is not None:
             logits = self.model.logits(hidden[step.prompt_rows])  # [prompt_rows, vocab]
             prompt_out = raw_logprobs(logits, step.prompt_targets, step.prompt_top_n)
@@ -244,11 +252,26 @@ class ModelRunner:
         self._last_step_id = step.step_id
         return StepOutput(sample_out, prompt_out)
 
+    def _grammar_mask(self, step: PreparedStep) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows [k] int64, bitmask [k, words] int32) on the device; waits for the host to fill it."""
+        if step.grammar is None:
+            return None
+        bitmask = step.grammar.wait(timeout_s=GRAMMAR_WAIT_S)
+        rows = torch.tensor(step.grammar.rows, dtype=torch.int64)
+        if self.info.is_cuda:
+            return rows.to(self.device, non_blocking=True), bitmask.to(self.device, non_blocking=True)
+        return rows, bitmask
+
     def fetch(self, plan: StepPlan, out: StepOutput) -> StepResult:
         """Bring a step's output to the host (the synchronous path's one sync)."""
         if self.compute_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.compute_stream)
         return to_result(plan, out)
+
+
+def _deferred_bitmask(sampling_seqs: list[Any]) -> DeferredBitmask | None:
+    rows = [i for i, s in enumerate(sampling_seqs) if s.sampling is not None and s.sampling.constrained]
+    return DeferredBitmask(rows) if rows else None
 
 
 def _logprob_rows(out: SampleOutput) -> list[TokenLogprobs]:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 
 from conveyor.core.plan import StepPlan, StepResult
-from conveyor.model.runner import ModelRunner, StepOutput, to_result
+from conveyor.model.runner import ModelRunner, PreparedStep, StepOutput, to_result
 from conveyor.model.sampler import SampleOutput
 from conveyor.runtime.base import Executor
 from conveyor.runtime.trace import DEVICE_LANE, Tracer
@@ -45,9 +45,12 @@ class PipelinedExecutor(Executor):
         self.compute_stream = runner.compute_stream
         self.d2h_stream = torch.cuda.Stream(runner.device)
 
-    def submit(self, plan: StepPlan) -> InflightStep:
+    def submit(self, plan: StepPlan, before_launch: Callable[[PreparedStep], None] | None = None) -> InflightStep:
+        """`before_launch` completes the prepared step on the host (grammar masks) before it is launched."""
         with self.tracer.span("prepare", step=plan.step_id):
             prepared = self.runner.prepare(plan, self._last_plan)
+        if before_launch is not None:
+            before_launch(prepared)
         self._last_plan = plan
         return self._launch_cuda(prepared, plan)
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+from conveyor.model.runner import PreparedStep
 
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.runtime.base import Executor
@@ -17,9 +20,12 @@ class DoneHandle:
 class SyncExecutor(Executor):
     pipelined = False
 
-    def submit(self, plan: StepPlan) -> DoneHandle:
+    def submit(self, plan: StepPlan, before_run: Callable[[PreparedStep], None] | None = None) -> DoneHandle:
+        """`before_run` completes the prepared step on the host (grammar masks) before it runs."""
         with self.tracer.span("prepare", step=plan.step_id):
             prepared = self.runner.prepare(plan)
+        if before_run is not None:
+            before_run(prepared)
         return DoneHandle(plan, self.run_here(plan, prepared))
 
     def wait(self, handle: DoneHandle) -> StepResult:

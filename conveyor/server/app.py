@@ -87,7 +87,7 @@ def build_app(state: ServerState) -> FastAPI:
         prepared = await serving.prepare_chat(body)
 
         def choices(outputs: list[RequestOutput], tokens: TokenBytes | None) -> list[dict[str, Any]]:
-            return [chat_choice(outputs[0], c, tokens, prepared.extras) for c in outputs[0].outputs]
+            return [chat_choice(outputs[0], c, tokens, prepared) for c in outputs[0].outputs]
 
         return await _respond(state, serving, request, body, prepared, "chatcmpl", "chat.completion",
                               stream_chat, choices)

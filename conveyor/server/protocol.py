@@ -51,6 +51,14 @@ class _SamplingFields(VllmFields):
     stop_token_ids: Optional[list[int]] = Field(default=None, max_length=256)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # structured output: OpenAI's response_format, vLLM's structured_outputs and older guided_* fields
+    # (read and checked in server/structured.py)
+    response_format: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[dict[str, Any], str]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
     @field_validator("stop")
     @classmethod
@@ -105,12 +113,31 @@ class ChatMessage(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _no_tool_turns(self) -> "ChatMessage":
+    def _tool_turns(self) -> "ChatMessage":
         extra = self.model_extra or {}
-        if self.role == "tool" or extra.get("tool_calls") or extra.get("function_call"):
-            raise ValueError("tool calling is not supported, so tool results and assistant tool_calls cannot be "
-                             "part of the conversation")
+        if extra.get("function_call"):
+            raise ValueError("function_call (OpenAI's deprecated form) is not supported; send tool_calls")
+        calls = extra.get("tool_calls")
+        if calls is not None:
+            if self.role != "assistant":
+                raise ValueError("only assistant messages carry tool_calls")
+            if not isinstance(calls, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("function"), dict)
+                    and isinstance(c["function"].get("name"), str) for c in calls):
+                raise ValueError("tool_calls must be a list of {'id', 'type': 'function', 'function': {'name', "
+                                 "'arguments'}}")
         return self
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message for the chat template: role, text, and tool_calls / tool_call_id / name when present."""
+        extra = self.model_extra or {}
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        for key in ("tool_calls", "tool_call_id"):
+            if extra.get(key) is not None:
+                message[key] = extra[key]
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -125,30 +152,7 @@ class ChatCompletionRequest(_SamplingFields, VllmChatFields):
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     add_generation_prompt: bool = True
-    # tool calling and structured output are not implemented: only their neutral values are accepted
-    response_format: Optional[dict[str, Any]] = None
-    tools: Optional[list[dict[str, Any]]] = None
+    # tool calling (checked in conveyor/tools/choice.py)
+    tools: Optional[list[dict[str, Any]]] = Field(default=None, max_length=128)
     tool_choice: Optional[Union[str, dict[str, Any]]] = None
     parallel_tool_calls: Optional[bool] = None
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format_only(cls, value: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-        if value is not None and value.get("type") != "text":
-            raise ValueError(f"only {{'type': 'text'}} is supported (structured output is not), "
-                             f"got type {value.get('type')!r}")
-        return value
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value: Optional[list[dict[str, Any]]]) -> Optional[list[dict[str, Any]]]:
-        if value:
-            raise ValueError(f"tool calling is not supported; send no tools (got {len(value)})")
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, value: Optional[Union[str, dict[str, Any]]]) -> Optional[Union[str, dict[str, Any]]]:
-        if value is not None and value != "none":
-            raise ValueError("tool calling is not supported; tool_choice may only be 'none'")
-        return value

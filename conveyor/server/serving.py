@@ -16,7 +16,9 @@ from conveyor.params import SamplingParams
 from conveyor.server.errors import APIError, param_of, sse_error
 from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completion_logprobs, echoed, generated
 from conveyor.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from conveyor.server.structured import chat_constraint, request_constraint
 from conveyor.server.vllm_extras import ResponseExtras, choice_token_ids, extras_of, prompt_logprobs_json
+from conveyor.tools import ToolParser, ToolPlan, parser_for, render_conversation
 
 
 @dataclass
@@ -30,6 +32,11 @@ class Prepared:
     """echo with max_tokens=0: the prompt (and its logprobs) only; the one token generated is dropped."""
     extras: ResponseExtras = field(default_factory=ResponseExtras)
     """What vLLM's request fields add to the response (vllm_extras.py)."""
+    tools: ToolPlan | None = None
+    """Chat with tools: how replies become tool calls."""
+    parser: ToolParser | None = None
+    constraint_param: str | None = None
+    """The request field the output constraint came from (named in errors about it)."""
 
 
 class Serving:
@@ -58,7 +65,8 @@ class Serving:
                                 f"(see GET /v1/models)", "model", "model_not_found")
 
     def _params(self, body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
-                logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+                logprobs: int | None, prompt_logprobs: int | None = None,
+                constraint: tuple[dict[str, Any] | None, str | None] = (None, None)) -> SamplingParams:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         defaults = self._core.sampling_defaults  # the model's recommended settings fill what is left out
         temperature = body.temperature if body.temperature is not None else defaults.get("temperature", 1.0)
@@ -73,9 +81,11 @@ class Serving:
                 stop_token_ids=body.stop_token_ids or [], include_stop_str_in_output=body.include_stop_str_in_output,
                 ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=logprobs,
                 logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
-                skip_special_tokens=body.skip_special_tokens, prompt_logprobs=prompt_logprobs)
+                skip_special_tokens=body.skip_special_tokens, prompt_logprobs=prompt_logprobs,
+                structured_outputs=constraint[0])
         except InvalidRequestError as exc:
-            raise APIError(400, str(exc), param_of(exc)) from None
+            param = param_of(exc)
+            raise APIError(400, str(exc), constraint[1] if param == "structured_outputs" else param) from None
 
     async def _tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         tokenizer = self._core.tokenizer
@@ -135,13 +145,17 @@ class Serving:
                     for t, ids in zip(texts, prompts)]
         _no_streamed_prompt_logprobs(body)
         wanted = [n for n in (body.logprobs if body.echo else None, body.prompt_logprobs) if n is not None]
-        params = self._params(body, max_tokens, body.logprobs, max(wanted) if wanted else None)
-        return Prepared(prompts, texts, params, echo, score_only, extras_of(body))
+        constraint = request_constraint(body)
+        params = self._params(body, max_tokens, body.logprobs, max(wanted) if wanted else None, constraint)
+        return Prepared(prompts, texts, params, echo, score_only, extras_of(body), constraint_param=constraint[1])
 
     async def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
         self.check_model(body.model)
         add_generation_prompt = generation_prompt(body)
-        text = self.chat_text(body.messages, add_generation_prompt, body.continue_final_message)
+        tools, constraint, source = chat_constraint(body)
+        parser = self.tool_parser()
+        text = self.chat_text(body.messages, add_generation_prompt, body.continue_final_message,
+                              tools.tools if tools.offers_tools else None, parser)
         ids = await self._tokenize(text, add_special_tokens=False)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -153,19 +167,30 @@ class Serving:
         last = body.messages[-1]
         role = "assistant" if add_generation_prompt else last.role  # as vLLM: the role whose turn it is
         extras = extras_of(body, role, last.text() if body.echo and last.role == role else "")
-        return Prepared([ids], [text], self._params(body, max_tokens, top if body.logprobs else None,
-                                                    body.prompt_logprobs), extras=extras)
+        params = self._params(body, max_tokens, top if body.logprobs else None, body.prompt_logprobs,
+                              (constraint, source))
+        return Prepared([ids], [text], params, extras=extras, tools=tools, parser=parser, constraint_param=source)
+
+    def tool_parser(self) -> ToolParser:
+        """The tool-call format of this model (--tool-call-parser, else read from its chat template)."""
+        tokenizer = self._core.tokenizer
+        return parser_for(self._core.config.tool_call_parser, getattr(tokenizer, "chat_template", None))
 
     def chat_text(self, messages: list[ChatMessage], add_generation_prompt: bool,
-                  continue_final_message: bool = False) -> str:
-        """The conversation rendered by the model's chat template (400 when it has none or refuses)."""
+                  continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
+                  parser: ToolParser | None = None) -> str:
+        """The conversation rendered by the model's chat template (400 when it has none or refuses), tool
+        calls and tool results included; `tools` are offered to the model."""
         tokenizer = self._core.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
+        rendered, template_args = render_conversation([m.as_dict() for m in messages], tools,
+                                                      tokenizer.chat_template, parser or self.tool_parser())
         try:
-            text: str = tokenizer.apply_chat_template([{"role": m.role, "content": m.text()} for m in messages],
-                                                      tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                      continue_final_message=continue_final_message)
+            text: str = tokenizer.apply_chat_template(rendered, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      continue_final_message=continue_final_message,
+                                                      **template_args)
         except Exception as exc:
             raise APIError(400, f"the chat template rejected these messages: {type(exc).__name__}", "messages") \
                 from None
@@ -186,7 +211,9 @@ class Serving:
             if isinstance(exc, EngineDeadError):
                 raise APIError(503, "the engine has stopped; restart the server", code="engine_dead") from None
             if isinstance(exc, InvalidRequestError):
-                raise APIError(400, str(exc), param_of(exc)) from None
+                param = param_of(exc)
+                raise APIError(400, str(exc), prepared.constraint_param if param == "structured_outputs"
+                               else param) from None
             raise
         return streams
 
@@ -270,11 +297,19 @@ def _no_streamed_prompt_logprobs(body: CompletionRequest | ChatCompletionRequest
 
 
 def chat_choice(out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None,
-                extras: ResponseExtras = ResponseExtras()) -> dict[str, Any]:
-    return {"index": c.index, "message": {"role": extras.role, "content": extras.chat_echo + c.text},
+                prepared: Prepared | None = None) -> dict[str, Any]:
+    extras = prepared.extras if prepared is not None else ResponseExtras()
+    message: dict[str, Any] = {"role": extras.role, "content": extras.chat_echo + c.text}
+    reason = finish_reason(c.finish_reason, out.error)
+    if prepared is not None and prepared.tools is not None and prepared.tools.offers_tools \
+            and prepared.parser is not None and reason == "stop":
+        content, calls = prepared.tools.read_reply(c.text, prepared.parser)
+        if calls:
+            message = {"role": extras.role, "content": content, "tool_calls": [call.to_openai() for call in calls]}
+            reason = "tool_calls"
+    return {"index": c.index, "message": message,
             "logprobs": chat_logprobs(tokens, generated(c.logprobs)) if c.logprobs is not None else None,
-            "finish_reason": finish_reason(c.finish_reason, out.error), "stop_reason": c.stop_reason} \
-        | choice_token_ids(extras, c)
+            "finish_reason": reason, "stop_reason": c.stop_reason} | choice_token_ids(extras, c)
 
 
 async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -46,6 +46,10 @@ def stream_completion(streams: list[AsyncIterator[RequestOutput]], prepared: Pre
 
 def stream_chat(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
                 tokens: TokenBytes | None, include_usage: bool, state: ServerState) -> AsyncIterator[str]:
+    if prepared.tools is not None and prepared.tools.offers_tools:
+        from conveyor.server.tool_stream import tool_chat_chunks
+
+        return _terminated(tool_chat_chunks(streams, prepared, rid, model, tokens, include_usage), state)
     return _terminated(_chat_chunks(streams, prepared, rid, model, tokens, include_usage), state)
 
 

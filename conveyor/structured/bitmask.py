@@ -1,0 +1,78 @@
+"""Token bitmasks as tensors: a step's mask, which may be filled after the step was prepared, and
+applying it to logits.
+
+Under async batching the host prepares step N+1 while step N runs, so N+1's masks cannot be
+known then (they depend on N's tokens). The prepared step carries a DeferredBitmask instead;
+the host fills it as soon as step N is committed, and the forward of N+1 waits for it only
+when it reaches sampling (vLLM's order: forward first, grammar mask at sampling time).
+
+    bitmask [rows, words] int32, words = ceil(vocab / 32): token t of row r is allowed
+    iff bit (t % 32) of bitmask[r, t // 32] is set.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import torch
+
+BITS = 32
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + BITS - 1) // BITS
+
+
+class DeferredBitmask:
+    """The grammar masks of one step's constrained rows: `rows` are indices into the step's
+    sampled rows; the [len(rows), words] int32 mask arrives through set() (from any thread)."""
+
+    def __init__(self, rows: list[int]) -> None:
+        self.rows = rows
+        self._future: Future[torch.Tensor] = Future()
+
+    def set(self, bitmask: torch.Tensor) -> None:
+        self._future.set_result(bitmask)
+
+    def fail(self, error: BaseException) -> None:
+        if not self._future.done():
+            self._future.set_exception(error)
+
+    @property
+    def is_set(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout_s: float | None = None) -> torch.Tensor:
+        return self._future.result(timeout=timeout_s)
+
+
+_BYTE_PENALTY: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _byte_penalty(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[256, 8]: entry (b, i) is 0 when bit i of byte b is set, else -inf."""
+    key = (device, dtype)
+    if key not in _BYTE_PENALTY:
+        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1  # [256, 8]
+        _BYTE_PENALTY[key] = torch.where(bits.bool(), 0.0, float("-inf")).to(device=device, dtype=dtype)
+    return _BYTE_PENALTY[key]
+
+
+def bitmask_penalty(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[rows, words] int32 -> [rows, vocab]: 0 where a token is allowed, -inf where it is not.
+
+    One table lookup per byte of the mask (bit i of byte j of word w is token 32w + 8j + i on a
+    little-endian machine, which torch's CPUs and GPUs all are); measured ~2x faster on this CPU than
+    shifting out each of the 32 bits and masking."""
+    table = _byte_penalty(bitmask.device, dtype)
+    as_bytes = bitmask.contiguous().view(torch.uint8).int()  # [rows, words * 4]
+    return table[as_bytes].flatten(1)[:, :vocab_size]  # [rows, vocab]
+
+
+def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """logits [batch, vocab] float; rows [k] int64 (distinct); bitmask [k, words] int32 -> logits with every
+    token a row's grammar forbids at -inf (other rows unchanged)."""
+    penalty = bitmask_penalty(bitmask, logits.shape[-1], logits.dtype)  # [k, vocab]
+    if rows.shape[0] == logits.shape[0]:  # every row constrained (rows are 0..k-1 in order)
+        return logits + penalty
+    return logits.index_add(0, rows, penalty)
