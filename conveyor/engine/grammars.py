@@ -53,7 +53,7 @@ class EngineGrammars:
         try:
             matchers = outputs.matchers_of(plan)
             bitmask = torch.empty((len(matchers), bitmask_words(self._spec.vocab_size)), dtype=torch.int32)
-            with tracer.span("grammar", step=plan.step_id, rows=len(matchers)):
+            with tracer.span("grammar", step=plan.step_id, seqs=len(matchers)):
                 self.backend.fill_bitmask(matchers, bitmask)
             prepared.grammar.set(bitmask)
         except BaseException as exc:

@@ -49,12 +49,12 @@ class Tracer:
             self._events.append(event)
 
     @contextmanager
-    def span(self, name: str, lane: int = HOST_LANE, step: int | None = None) -> Iterator[None]:
+    def span(self, name: str, lane: int = HOST_LANE, step: int | None = None, seqs: int = 0) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.add(name, lane, start, time.perf_counter(), step)
+            self.add(name, lane, start, time.perf_counter(), step, seqs)
 
     def save(self, path: str) -> None:
         meta = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": lane, "args": {"name": name}}

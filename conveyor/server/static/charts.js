@@ -2,7 +2,7 @@
 // two-lane step timeline. No library: a few dozen lines of 2D canvas each.
 
 export const COLORS = {
-  schedule: "#d08c00", prepare: "#7a5fd1", commit: "#2a9d8f", "forward+sample": "#2f6fdf",
+  schedule: "#d08c00", prepare: "#7a5fd1", commit: "#2a9d8f", grammar: "#b5487a", "forward+sample": "#2f6fdf",
   running: "#2f6fdf", waiting: "#d08c00", preempted: "#c0392b", used: "#2f6fdf", prefix: "#2a9d8f",
   tps: "#2f6fdf", batch: "#2f6fdf", grid: "rgba(128,128,128,0.25)", text: "#777",
 };

@@ -119,7 +119,7 @@ async function poll() {
 
 function legend() {
   const box = $("timeline-legend");
-  for (const name of ["schedule", "prepare", "commit", "forward+sample"]) {
+  for (const name of ["schedule", "prepare", "commit", "grammar", "forward+sample"]) {
     const item = document.createElement("span");
     const swatch = document.createElement("i");
     swatch.style.background = COLORS[name];
