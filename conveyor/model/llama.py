@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.native import NativeKernels
-from conveyor.model.layers import RotaryEmbedding, apply_rotary, rms_norm
+from conveyor.model.layers import apply_rotary, rms_norm
+from conveyor.model.rope import RotaryEmbedding
 from conveyor.model.ops import layer_ops
 from conveyor.model.quant import make_lm_head, make_projection
 from conveyor.model.spec import ModelSpec
@@ -32,6 +33,8 @@ class LlamaModel:
         self.lm_head = make_lm_head(w.get("lm_head", w["embed"]), quantization,
                                     kernels)  # tied to the embedding when absent
         self.layers = [_Layer(w, f"layers.{i}.", quantization, kernels) for i in range(spec.num_layers)]
+        self.windows = [spec.window_of(i) for i in range(spec.num_layers)]
+        """Per layer: its sliding window, or None for full attention."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -41,7 +44,7 @@ class LlamaModel:
         cos, sin = self.rotary.tables(positions, self.dtype)  # [num_tokens, 1, head_dim] each
         h = F.embedding(input_ids, self.embed)  # [num_tokens, hidden]
         delta: torch.Tensor | None = None  # the previous layer's MLP output, not yet added to h
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for layer, window, (k_cache, v_cache) in zip(self.layers, self.windows, kv_caches):
             h, x = ops.add_norm(h, delta, layer.input_norm, eps)  # h += delta; x = norm(h)
             qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
             v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.num_kv_heads, spec.head_dim)  # [tokens, kv_heads, d]
@@ -53,7 +56,7 @@ class LlamaModel:
             else:
                 q, k, kv_written = ops.rotate_and_write(qkv, cos, sin, k_cache, v_cache, batch.slot_mapping, spec)
             attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, ops.decode_attention,
-                                   kv_written)  # [num_tokens, heads * head_dim]
+                                   kv_written, window)  # [num_tokens, heads * head_dim]
             h, x = ops.add_norm(h, layer.o_proj(attn), layer.post_norm, eps)
             delta = layer.down(ops.silu_and_mul(layer.gate_up(x)))  # [num_tokens, hidden]
         return h if delta is None else h + delta
@@ -73,7 +76,7 @@ class _Layer:
         self.input_norm = w[prefix + "input_norm"]
         self.post_norm = w[prefix + "post_norm"]
         self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization, kernels)
-        self.o_proj = make_projection(w[prefix + "o_proj"], None, quantization, kernels)
+        self.o_proj = make_projection(w[prefix + "o_proj"], w.get(prefix + "o_proj_bias"), quantization, kernels)
         self.gate_up = make_projection(w[prefix + "gate_up"], None, quantization, kernels)
         self.down = make_projection(w[prefix + "down"], None, quantization, kernels)
         self.q_norm = w.get(prefix + "q_norm")

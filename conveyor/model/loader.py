@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -99,9 +99,19 @@ def load_model(model: str | None, dtype: str) -> LoadedModel:
                          f"(weights are never downloaded)")
 
 
-def fuse_weights(spec: ModelSpec, get: Callable[[str], torch.Tensor | None], dtype: torch.dtype,
+_IGNORED_TENSORS = (".rotary_emb.inv_freq",)
+"""Tensors some old checkpoints carry that are recomputed from the config (never read)."""
+
+
+def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
                  source: str) -> dict[str, torch.Tensor]:
-    """Hugging Face names (through `get`, None when absent) -> our fused layout in `dtype`."""
+    """Hugging Face names -> our fused layout in `dtype`. A tensor left unread is refused by name: skipping it
+    would silently compute a different model."""
+    read: set[str] = set()
+
+    def get(name: str) -> torch.Tensor | None:
+        read.add(name)
+        return tensors.get(name)
 
     def need(name: str) -> torch.Tensor:
         tensor = get(name)
@@ -137,11 +147,19 @@ def fuse_weights(spec: ModelSpec, get: Callable[[str], torch.Tensor | None], dty
             out[p + "q_norm"] = cast(need(a + "q_norm.weight"))
             out[p + "k_norm"] = cast(need(a + "k_norm.weight"))
         out[p + "o_proj"] = cast(need(a + "o_proj.weight"))
+        o_bias = get(a + "o_proj.bias")
+        if o_bias is not None:
+            out[p + "o_proj_bias"] = cast(o_bias)
         out[p + "input_norm"] = cast(need(hf + "input_layernorm.weight"))
         out[p + "post_norm"] = cast(need(hf + "post_attention_layernorm.weight"))
         m = hf + "mlp."
         out[p + "gate_up"] = cast(torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0))
         out[p + "down"] = cast(need(m + "down_proj.weight"))
+    unread = sorted(name for name in tensors if name not in read and not name.endswith(_IGNORED_TENSORS))
+    if unread:
+        raise ModelLoadError(f"{source}: {len(unread)} tensor(s) Conveyor does not know for {spec.architecture}: "
+                             f"{unread[:5]}{' ...' if len(unread) > 5 else ''}; skipping them would silently change "
+                             f"the model, so it is refused (see the model table in README.md)")
     return out
 
 

@@ -14,11 +14,18 @@ SUPPORTED_ARCHITECTURES = {
 @dataclass(frozen=True)
 class RopeSpec:
     theta: float
-    scaling_type: str = "default"  # "default" | "linear" | "llama3"
+    scaling_type: str = "default"  # "default" | "linear" | "llama3" | "yarn" (conveyor/model/rope.py)
     factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 8192  # llama3, yarn
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: round the ramp's ends to whole dimensions
+    attention_factor: float = 1.0
+    """cos and sin are multiplied by it (yarn's mscale; 1 otherwise)."""
+    freq_factors: tuple[float, ...] | None = None
+    """Per-frequency divisors from a GGUF file's rope_freqs tensor (llama.cpp's form of llama3 scaling)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,19 @@ class ModelSpec:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    layer_windows: tuple[int | None, ...] = ()
+    """Per layer: the sliding window W (a token attends to itself and the W - 1 tokens before it), or None for
+    full attention. Empty: every layer attends fully."""
+
+    def window_of(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window every layer shares (blocks older than it can be freed while a request runs), else None."""
+        if not self.layer_windows or any(w is None for w in self.layer_windows):
+            return None
+        return max(w for w in self.layer_windows if w is not None)
 
     @property
     def q_size(self) -> int:
