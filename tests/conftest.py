@@ -58,12 +58,16 @@ def build_tiny_model(arch: str, folder: str, **overrides: Any) -> Any:
                                   bos_token_id=0, pad_token_id=0)
     configs: dict[str, Callable[..., Any]] = {
         "llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-        "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+        "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "gemma2": transformers.Gemma2Config,
     }
     if arch == "mistral":
         common["sliding_window"] = None
     if arch == "qwen3":
         common["head_dim"] = 32
+    if arch == "gemma2":  # a window shorter than the test prompts, logits that reach the soft caps
+        common.update(head_dim=16, query_pre_attn_scalar=16, sliding_window=16, attn_logit_softcapping=2.0,
+                      tie_word_embeddings=True,  # Gemma ties them (llama.cpp's converter drops an lm_head)
+                      final_logit_softcapping=5.0)
     common.update(overrides)
     config = configs[arch](**common)
     torch.manual_seed(1234)

@@ -17,7 +17,7 @@ from conveyor import LLM, SamplingParams
 
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (3, 40, 150)
-"""Past every original context used below (64), so the rope scaling matters."""
+"""Past every original context used below (64), so the rope scaling matters, and over 3x every window (16)."""
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
@@ -31,6 +31,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "qwen2.5-yarn": ("qwen2", dict(tie_word_embeddings=True, rope_parameters=YARN_ROPE), ("f32", "q8_0")),
     "qwen3": ("qwen3", {}, ("f32",)),
     "mistral-no-window": ("mistral", {}, ("f32",)),
+    # window 16 on even layers, attention and final soft-caps, query_pre_attn_scalar, GeGLU, sandwich norms
+    "gemma2": ("gemma2", {}, ("f32", "q8_0")),
 }
 
 

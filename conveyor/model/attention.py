@@ -155,14 +155,15 @@ def additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: AttentionBatch, scale: float,
                     decode_op: DecodeAttention | None = None, kv_written: bool = False,
-                    window: int | None = None) -> torch.Tensor:
+                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (this step's).
 
     Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first (unless the caller
     already has: kv_written). Decodes go to `decode_op` (the native kernel) when given, else
     through the torch gather + SDPA path. `window`: this layer's sliding window, None for full attention.
+    `softcap`: scores become softcap * tanh(scores / softcap) (Gemma 2), computed without SDPA.
     """
-    if window is not None and decode_op is not None:
+    if (window is not None or softcap is not None) and decode_op is not None:
         _log_window_fallback()
         decode_op = None
     num_tokens, heads, head_dim = q.shape
@@ -177,7 +178,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         if decode_op is not None:
             o = decode_op(q_dec, k_cache, v_cache, group.block_tables, group.context_lens, scale)  # [n, heads, d]
         else:
-            o = _gathered_decode(q_dec, k_cache, v_cache, group, scale, window)  # [n, heads, head_dim]
+            o = _gathered_decode(q_dec, k_cache, v_cache, group, scale, window, softcap)  # [n, heads, head_dim]
         if group.in_order and n == num_tokens:
             out = o
         else:
@@ -189,7 +190,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         if chunk.block_table is None and (window is None or chunk.num_tokens <= window):
             k_c = k[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
             v_c = v[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
-            o = F.scaled_dot_product_attention(q_c, k_c, v_c, is_causal=True, scale=scale, enable_gqa=True)
+            o = attend(q_c, k_c, v_c, None, scale, softcap, is_causal=True)
         elif chunk.block_table is None:  # a window shorter than the chunk: its own K/V, banded causal mask
             assert window is not None
             mask = chunk.window_masks.get(window)
@@ -197,7 +198,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                 mask = chunk.window_masks[window] = _prefill_mask(chunk.num_tokens, chunk.num_tokens, window, q)
             k_c = k[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
             v_c = v[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
-            o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, scale=scale, enable_gqa=True)
+            o = attend(q_c, k_c, v_c, mask, scale, softcap)
         else:
             ctx = chunk.context_len
             if window is None:
@@ -210,7 +211,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                     mask = chunk.window_masks[window] = _prefill_mask(chunk.num_tokens, ctx, window, q)
             k_c = gather_blocks(k_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
             v_c = gather_blocks(v_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
-            o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=mask, scale=scale, enable_gqa=True)
+            o = attend(q_c, k_c, v_c, mask, scale, softcap)
         out[rows] = o.transpose(0, 1)  # [chunk, heads, head_dim]
     return out.reshape(num_tokens, heads * head_dim)
 
@@ -233,12 +234,12 @@ def _log_window_fallback() -> None:
     global _window_fallback_logged
     if not _window_fallback_logged:
         _window_fallback_logged = True
-        logger.info("sliding-window layers decode through the torch gather + SDPA path (the native decode "
-                    "kernel has no window); full-attention layers keep the native kernel")
+        logger.info("sliding-window and soft-capped layers decode through the torch gather + attention path (the "
+                    "native decode kernel has neither); other layers keep the native kernel")
 
 
 def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
-                     scale: float, window: int | None = None) -> torch.Tensor:
+                     scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """The torch reference for a decode group: gather its blocks, pad, mask, SDPA. -> [n, heads, head_dim]."""
     n, heads, head_dim = q_dec.shape
     kv_heads = k_cache.shape[2]
@@ -258,5 +259,25 @@ def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     values = gather_blocks(v_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
     # Fold the query heads of one KV group into the query-length axis: [n, kv_heads, group, head_dim]
     q_grouped = q_dec.reshape(n, kv_heads, heads // kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(q_grouped, keys, values, attn_mask=mask, scale=scale)
+    o = attend(q_grouped, keys, values, mask, scale, softcap)
     return o.reshape(n, heads, head_dim)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           softcap: float | None, is_causal: bool = False) -> torch.Tensor:
+    """SDPA over q [..., heads, q_len, d] and k, v [..., kv_heads, k_len, d] (grouped-query when fewer kv heads);
+    with a softcap, the scores are capped explicitly (SDPA has no such option), softmax in float32."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=k.shape[-3] != q.shape[-3])
+    if k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # [..., heads, k_len, d]
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)  # [..., heads, k_len, d]
+    scores = torch.tanh((q @ k.transpose(-1, -2)) * scale / softcap) * softcap  # [..., heads, q_len, k_len]
+    if is_causal:
+        q_len, k_len = scores.shape[-2], scores.shape[-1]
+        q_pos = torch.arange(k_len - q_len, k_len, device=q.device)[:, None]
+        mask = additive_mask(torch.arange(k_len, device=q.device)[None, :] <= q_pos, scores.dtype)
+    if mask is not None:
+        scores = scores + mask
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v

@@ -23,7 +23,7 @@ from conveyor.model.spec import ModelSpec, RopeSpec
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -46,12 +46,21 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.
                  "output.weight": "lm_head.weight"}
 
 
-def hf_name(gguf_name: str) -> str | None:
+_GEMMA2_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",  # normalises the attention output
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+
+
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    layer_names = _GEMMA2_LAYER_NAMES if arch == "gemma2" else _LAYER_NAMES
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
     return None
 
 
@@ -77,6 +86,7 @@ _HONOURED_KEYS = {
     "rope.scaling.yarn_ext_factor",
 }
 """`{arch}.` metadata keys read (and checked) below; any other `{arch}.` key is refused by name."""
+_HONOURED_BY_ARCH = {"gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"}}
 _NEUTRAL_NAMESPACES = ("general.", "tokenizer.", "quantize.", "GGUF.")
 """Metadata that describes the file, its tokenizer or how it was quantized: no effect on the computation."""
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
@@ -92,7 +102,7 @@ def check_metadata_keys(reader: Any, arch: str, path: str) -> None:
                                  f"merge them with llama.cpp's gguf-split --merge")
         if key.startswith("split."):
             continue
-        if key.startswith(f"{arch}.") and key[len(arch) + 1:] in _HONOURED_KEYS:
+        if key.startswith(f"{arch}.") and key[len(arch) + 1:] in _HONOURED_KEYS | _HONOURED_BY_ARCH.get(arch, set()):
             continue
         value = _field(reader, key)
         shown = value if len(repr(value)) < 80 else f"{repr(value)[:80]}..."
@@ -169,7 +179,20 @@ def read_spec(reader: Any, path: str) -> ModelSpec:
         qkv_bias="blk.0.attn_q.bias" in names, qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(sorted({int(t) for t in (eos, eot) if t is not None})),
+        **(_gemma2_fields(reader, hidden, heads, head_dim, int(need("block_count"))) if arch == "gemma2" else {}),
     )
+
+
+def _gemma2_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:
+    """Gemma 2 as llama.cpp runs it: every other layer local (even ones, as transformers' layer_types), the
+    query scale 1/sqrt(head_dim) except for the 46-layer 27B, which uses 1/sqrt(hidden / heads) (the GGUF has no
+    query_pre_attn_scalar)."""
+    window = _field(reader, "gemma2.attention.sliding_window")
+    scale_dim = hidden / heads if layers == 46 else head_dim
+    return dict(activation="gelu_tanh", embedding_multiplier=float(hidden) ** 0.5, attention_scale=scale_dim ** -0.5,
+                attn_logit_softcap=_field(reader, "gemma2.attn_logit_softcapping"),
+                final_logit_softcap=_field(reader, "gemma2.final_logit_softcapping"), sandwich_norms=True,
+                layer_windows=tuple(int(window) if window and i % 2 == 0 else None for i in range(layers)))
 
 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -225,7 +248,7 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
             continue  # read into spec.rope.freq_factors
-        name = hf_name(t.name)
+        name = hf_name(t.name, spec.architecture)
         if name is None:
             raise ModelLoadError(f"{path}: GGUF tensor {t.name!r} is not one Conveyor knows for {spec.architecture} "
                                  f"(skipping it would silently change the model); supported: token_embd, output, "

@@ -69,16 +69,28 @@ _REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
 """Refused by name when set to anything else (these families have no such feature in Conveyor)."""
 
 
+_HONOURED_BY_ARCH: dict[str, set[str]] = {
+    "gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"},
+}
+"""Fields of _REFUSED_UNLESS_NEUTRAL an architecture does implement (read in read_hf_config)."""
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
 def check_config_fields(config: dict[str, Any], arch: str, path: str) -> None:
     """Refuse, by name and value, every config.json field that would change the computation and is not
     honoured for this architecture."""
-    act = config.get("hidden_act", config.get("hidden_activation", "silu"))
-    if act != "silu":
-        raise ModelLoadError(f"{path}: hidden_act={act!r} is not supported for {arch}; supported: 'silu'")
+    act = config.get("hidden_activation", config.get("hidden_act", "silu"))
+    allowed = ("gelu_pytorch_tanh",) if arch == "gemma2" else ("silu",)
+    if act not in allowed:
+        raise ModelLoadError(f"{path}: hidden_act={act!r} is not supported for {arch}; supported: "
+                             f"{', '.join(map(repr, allowed))}")
+    honoured = _HONOURED_BY_ARCH.get(arch, set())
     for key, neutral in _REFUSED_UNLESS_NEUTRAL.items():
-        if key in config and config[key] not in neutral:
+        if key in config and config[key] not in neutral and key not in honoured:
             raise ModelLoadError(f"{path}: {key}={config[key]!r} is not supported for {arch} (Conveyor would "
                                  f"compute something else); supported: {key} unset or {neutral[-1]!r}")
+    if config.get("use_bidirectional_attention"):
+        raise ModelLoadError(f"{path}: use_bidirectional_attention=true is not supported; supported: causal")
     layer_types = config.get("layer_types") or []
     unknown = sorted({t for t in layer_types if t not in ("full_attention", "sliding_attention")})
     if unknown:
@@ -152,7 +164,18 @@ def read_hf_config(path: str) -> ModelSpec:
         qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
         qk_norm=arch == "qwen3", bos_token_id=config.get("bos_token_id"), eos_token_ids=eos_ids,
         layer_windows=layer_windows(config, arch, config_path),
+        **_gemma_fields(config, arch),
     )
+
+
+def _gemma_fields(config: dict[str, Any], arch: str) -> dict[str, Any]:
+    if arch != "gemma2":
+        return {}
+    scalar = config.get("query_pre_attn_scalar")
+    return dict(activation="gelu_tanh", embedding_multiplier=float(config["hidden_size"]) ** 0.5,
+                attention_scale=float(scalar) ** -0.5 if scalar is not None else None,
+                attn_logit_softcap=config.get("attn_logit_softcapping"),
+                final_logit_softcap=config.get("final_logit_softcapping"), sandwich_norms=True)
 
 
 def load_hf_folder(path: str, dtype: torch.dtype) -> LoadedModel:
@@ -171,7 +194,7 @@ def load_hf_folder(path: str, dtype: torch.dtype) -> LoadedModel:
                 tensors[name] = f.get_tensor(name)
     if spec.qkv_bias and "model.layers.0.self_attn.q_proj.bias" not in tensors:
         spec = _replace(spec, qkv_bias=False)
-    weights = fuse_weights(spec, tensors, dtype, path)
+    weights = fuse_weights(spec, tensors, dtype, path, norm_offset=1.0 if spec.architecture == "gemma2" else 0.0)
     return LoadedModel(spec=spec, weights=weights, tokenizer=load_hf_tokenizer(path), source=path,
                        sampling_defaults=_sampling_defaults(path))
 

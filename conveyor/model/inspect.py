@@ -90,7 +90,7 @@ def _inspect_gguf(path: str) -> ModelSummary:
         return ModelSummary(path, "gguf", arch, False, str(exc), facts)
     facts.update(_spec_facts(spec))
     supported = set(supported_weight_types())
-    unknown = [t.name for t in reader.tensors if t.name != "rope_freqs.weight" and hf_name(t.name) is None]
+    unknown = [t.name for t in reader.tensors if t.name != "rope_freqs.weight" and hf_name(t.name, arch) is None]
     bad_types = sorted(k for k in types if k not in supported)
     reason = ""
     if unknown:

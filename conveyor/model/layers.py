@@ -137,6 +137,12 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [tokens, 2 * intermediate] -> gelu_tanh(gate) * up [tokens, intermediate] (GeGLU, Gemma)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [tokens, heads, head_dim]; cos/sin: [tokens, 1, head_dim]."""
     half = x.shape[-1] // 2

@@ -103,10 +103,11 @@ _IGNORED_TENSORS = (".rotary_emb.inv_freq",)
 """Tensors some old checkpoints carry that are recomputed from the config (never read)."""
 
 
-def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
-                 source: str) -> dict[str, torch.Tensor]:
+def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str,
+                 norm_offset: float = 0.0) -> dict[str, torch.Tensor]:
     """Hugging Face names -> our fused layout in `dtype`. A tensor left unread is refused by name: skipping it
-    would silently compute a different model."""
+    would silently compute a different model. norm_offset: added to every RMSNorm weight, in float32 before the
+    cast (Gemma's checkpoints store weight - 1; llama.cpp's converter already adds the 1)."""
     read: set[str] = set()
 
     def get(name: str) -> torch.Tensor | None:
@@ -123,8 +124,11 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t.to(dtype).contiguous()
 
+    def norm(name: str) -> torch.Tensor:
+        return cast(need(name).float() + norm_offset)
+
     out: dict[str, torch.Tensor] = {"embed": cast(need("model.embed_tokens.weight")),
-                                    "final_norm": cast(need("model.norm.weight"))}
+                                    "final_norm": norm("model.norm.weight")}
     lm_head = get("lm_head.weight")
     if lm_head is not None and not spec.tie_word_embeddings:
         out["lm_head"] = cast(lm_head)
@@ -144,14 +148,19 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
             out[p + "qkv_bias"] = cast(torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"),
                                                   need(a + "v_proj.bias")]))
         if spec.qk_norm:
-            out[p + "q_norm"] = cast(need(a + "q_norm.weight"))
-            out[p + "k_norm"] = cast(need(a + "k_norm.weight"))
+            out[p + "q_norm"] = norm(a + "q_norm.weight")
+            out[p + "k_norm"] = norm(a + "k_norm.weight")
         out[p + "o_proj"] = cast(need(a + "o_proj.weight"))
         o_bias = get(a + "o_proj.bias")
         if o_bias is not None:
             out[p + "o_proj_bias"] = cast(o_bias)
-        out[p + "input_norm"] = cast(need(hf + "input_layernorm.weight"))
-        out[p + "post_norm"] = cast(need(hf + "post_attention_layernorm.weight"))
+        out[p + "input_norm"] = norm(hf + "input_layernorm.weight")
+        if spec.sandwich_norms:  # Gemma 2: post_attention_layernorm normalises the attention output
+            out[p + "attn_out_norm"] = norm(hf + "post_attention_layernorm.weight")
+            out[p + "post_norm"] = norm(hf + "pre_feedforward_layernorm.weight")
+            out[p + "mlp_out_norm"] = norm(hf + "post_feedforward_layernorm.weight")
+        else:
+            out[p + "post_norm"] = norm(hf + "post_attention_layernorm.weight")
         m = hf + "mlp."
         out[p + "gate_up"] = cast(torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0))
         out[p + "down"] = cast(need(m + "down_proj.weight"))

@@ -8,6 +8,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
 }
 
 
@@ -46,6 +47,18 @@ class ModelSpec:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    activation: str = "silu"
+    """The gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)."""
+    embedding_multiplier: float = 1.0
+    """Token embeddings are multiplied by it (Gemma: sqrt(hidden_size), rounded to the compute dtype)."""
+    attention_scale: float | None = None
+    """Query-key scale; None: head_dim ** -0.5 (Gemma 2: query_pre_attn_scalar ** -0.5)."""
+    attn_logit_softcap: float | None = None
+    """Attention scores become softcap * tanh(scores / softcap) before the mask and softmax (Gemma 2)."""
+    final_logit_softcap: float | None = None
+    """Logits become softcap * tanh(logits / softcap) (Gemma 2)."""
+    sandwich_norms: bool = False
+    """Gemma 2: the attention and MLP outputs are normalised again before they join the residual stream."""
     layer_windows: tuple[int | None, ...] = ()
     """Per layer: the sliding window W (a token attends to itself and the W - 1 tokens before it), or None for
     full attention. Empty: every layer attends fully."""
