@@ -59,6 +59,7 @@ def build_tiny_model(arch: str, folder: str, **overrides: Any) -> Any:
     configs: dict[str, Callable[..., Any]] = {
         "llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config, "gemma2": transformers.Gemma2Config,
+        "phi3": transformers.Phi3Config,
     }
     if arch == "mistral":
         common["sliding_window"] = None
@@ -68,6 +69,8 @@ def build_tiny_model(arch: str, folder: str, **overrides: Any) -> Any:
         common.update(head_dim=16, query_pre_attn_scalar=16, sliding_window=16, attn_logit_softcapping=2.0,
                       tie_word_embeddings=True,  # Gemma ties them (llama.cpp's converter drops an lm_head)
                       final_logit_softcapping=5.0)
+    if arch == "phi3":
+        common.update(original_max_position_embeddings=512)
     common.update(overrides)
     config = configs[arch](**common)
     torch.manual_seed(1234)

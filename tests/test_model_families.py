@@ -33,6 +33,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "mistral-no-window": ("mistral", {}, ("f32",)),
     # window 16 on even layers, attention and final soft-caps, query_pre_attn_scalar, GeGLU, sandwich norms
     "gemma2": ("gemma2", {}, ("f32", "q8_0")),
+    # fused qkv_proj and gate_up_proj, a window on every layer (blocks freed as it moves)
+    "phi3-window": ("phi3", dict(sliding_window=16), ("f32",)),
 }
 
 

@@ -23,7 +23,7 @@ from conveyor.model.spec import ModelSpec, RopeSpec
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "phi3")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -54,10 +54,17 @@ _GEMMA2_LAYER_NAMES = {
 }
 
 
+_PHI3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",  # gate and up stacked
+}
+
+
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    layer_names = _GEMMA2_LAYER_NAMES if arch == "gemma2" else _LAYER_NAMES
+    layer_names = {"gemma2": _GEMMA2_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
         return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
@@ -86,7 +93,8 @@ _HONOURED_KEYS = {
     "rope.scaling.yarn_ext_factor",
 }
 """`{arch}.` metadata keys read (and checked) below; any other `{arch}.` key is refused by name."""
-_HONOURED_BY_ARCH = {"gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"}}
+_HONOURED_BY_ARCH = {"gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"},
+                     "phi3": {"attention.sliding_window"}}
 _NEUTRAL_NAMESPACES = ("general.", "tokenizer.", "quantize.", "GGUF.")
 """Metadata that describes the file, its tokenizer or how it was quantized: no effect on the computation."""
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
@@ -180,7 +188,14 @@ def read_spec(reader: Any, path: str) -> ModelSpec:
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(sorted({int(t) for t in (eos, eot) if t is not None})),
         **(_gemma2_fields(reader, hidden, heads, head_dim, int(need("block_count"))) if arch == "gemma2" else {}),
+        **(_phi3_fields(reader, int(need("block_count"))) if arch == "phi3" else {}),
     )
+
+
+def _phi3_fields(reader: Any, layers: int) -> dict[str, Any]:
+    """Phi-3's sliding window covers every layer (0: none, as llama.cpp's converter writes for Phi-4)."""
+    window = _field(reader, "phi3.attention.sliding_window")
+    return dict(layer_windows=(int(window),) * layers) if window else {}
 
 
 def _gemma2_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def layer_windows(config: dict[str, Any], arch: str, path: str) -> tuple[int | N
     is set; Qwen2/Qwen3 only with use_sliding_window, on the layers layer_types (or max_window_layers) names."""
     layers = int(config["num_hidden_layers"])
     window = config.get("sliding_window")
-    if arch == "mistral":
+    if arch in ("mistral", "phi3"):  # transformers windows every layer of these when sliding_window is set
         types = ["sliding_attention"] * layers if window is not None else ["full_attention"] * layers
     elif arch in ("qwen2", "qwen3"):
         if not config.get("use_sliding_window", False) or window is None:

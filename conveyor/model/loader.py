@@ -138,12 +138,19 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
         hf = f"model.layers.{i}."
         p = f"layers.{i}."
         a = hf + "self_attn."
-        q, k, v = need(a + "q_proj.weight"), need(a + "k_proj.weight"), need(a + "v_proj.weight")
-        expected = (spec.q_size, spec.kv_size, spec.kv_size)
-        if (q.shape[0], k.shape[0], v.shape[0]) != expected:
-            raise ModelLoadError(f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
-                                 f"config implies {expected}; config.json and weights disagree")
-        out[p + "qkv"] = cast(torch.cat([q, k, v], dim=0))  # [q_size + 2 * kv_size, hidden]
+        fused = get(a + "qkv_proj.weight")  # Phi-3 stores Q, K and V stacked, as we do
+        if fused is not None:
+            if fused.shape[0] != spec.q_size + 2 * spec.kv_size:
+                raise ModelLoadError(f"{source}: layer {i} qkv_proj has {fused.shape[0]} rows, config implies "
+                                     f"{spec.q_size + 2 * spec.kv_size}; config.json and weights disagree")
+            out[p + "qkv"] = cast(fused)  # [q_size + 2 * kv_size, hidden]
+        else:
+            q, k, v = need(a + "q_proj.weight"), need(a + "k_proj.weight"), need(a + "v_proj.weight")
+            expected = (spec.q_size, spec.kv_size, spec.kv_size)
+            if (q.shape[0], k.shape[0], v.shape[0]) != expected:
+                raise ModelLoadError(f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
+                                     f"config implies {expected}; config.json and weights disagree")
+            out[p + "qkv"] = cast(torch.cat([q, k, v], dim=0))  # [q_size + 2 * kv_size, hidden]
         if spec.qkv_bias:
             out[p + "qkv_bias"] = cast(torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"),
                                                   need(a + "v_proj.bias")]))
@@ -162,7 +169,13 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
         else:
             out[p + "post_norm"] = norm(hf + "post_attention_layernorm.weight")
         m = hf + "mlp."
-        out[p + "gate_up"] = cast(torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0))
+        gate_up = get(m + "gate_up_proj.weight")  # Phi-3: gate and up stacked, as we do
+        if gate_up is None:
+            gate_up = torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0)
+        if gate_up.shape[0] != 2 * spec.intermediate_size:
+            raise ModelLoadError(f"{source}: layer {i} gate/up rows are {gate_up.shape[0]}, config implies "
+                                 f"{2 * spec.intermediate_size}; config.json and weights disagree")
+        out[p + "gate_up"] = cast(gate_up)  # [2 * intermediate, hidden]
         out[p + "down"] = cast(need(m + "down_proj.weight"))
     unread = sorted(name for name in tensors if name not in read and not name.endswith(_IGNORED_TENSORS))
     if unread:

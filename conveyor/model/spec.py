@@ -9,6 +9,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
+    "Phi3ForCausalLM": "phi3",
 }
 
 
