@@ -35,6 +35,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "gemma2": ("gemma2", {}, ("f32", "q8_0")),
     # fused qkv_proj and gate_up_proj, a window on every layer (blocks freed as it moves)
     "phi3-window": ("phi3", dict(sliding_window=16), ("f32",)),
+    # q/k norms, local layers with their own rope base, a global layer with linear scaling (GGUF: refused)
+    "gemma3-text": ("gemma3", {}, ()),
 }
 
 
@@ -63,8 +65,9 @@ def _family(name: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any) 
         folder = str(tmp_path_factory.mktemp(name))
         model = build_tiny_model(arch, folder, **overrides)
         prompts = _prompts(len(name))
-        built[name] = dict(name=name, folder=folder, model=model, prompts=prompts,
-                           refs=hf_greedy(model, prompts, NEW_TOKENS), ggufs={})
+        refs = hf_greedy(model, prompts, NEW_TOKENS)
+        assert all(len(set(r.token_ids)) > 1 for r in refs), "constant references would make parity weak"
+        built[name] = dict(name=name, folder=folder, model=model, prompts=prompts, refs=refs, ggufs={})
     return built[name]
 
 
@@ -111,17 +114,18 @@ def test_inspect_describes_each_family_from_folder_and_gguf(name: str, llama_cpp
     from conveyor.cli import main
 
     family = _family(name, built, tmp_path_factory)
-    path = _gguf(family, "f32", tmp_path_factory)
-    assert main(["inspect", family["folder"], path]) == 0
+    arch, overrides, gguf_types = FAMILIES[family["name"]]
+    paths = [family["folder"]] + ([_gguf(family, "f32", tmp_path_factory)] if gguf_types else [])
+    assert main(["inspect", *paths]) == 0
     text = capsys.readouterr().out
-    arch, overrides, _ = FAMILIES[family["name"]]
-    assert text.count("conveyor      runs it") == 2 and "format        gguf" in text and "hf-folder" in text
+    assert text.count("conveyor      runs it") == len(paths) and "hf-folder" in text
+    assert ("format        gguf" in text) == bool(gguf_types)
     assert "layers        2" in text and "heads         4 query, 2 key/value" in text
     rope_type = overrides.get("rope_parameters", {}).get("rope_type")
     if rope_type == "llama3":  # llama.cpp's converter stores it as per-frequency factors
         assert "scaling llama3 x8 from 64 tokens" in text and "per-frequency factors" in text
     elif rope_type is not None:
-        assert text.count(f"scaling {rope_type}") == 2
+        assert text.count(f"scaling {rope_type}") == len(paths)
 
 
 def test_inspect_refuses_an_unsupported_family_without_loading_it(tmp_path: Any, capsys: Any) -> None:

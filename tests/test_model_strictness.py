@@ -129,9 +129,13 @@ def test_hf_config_fields_that_change_the_computation_are_refused(tiny_folder: s
 
 
 def test_hf_folder_unknown_tensor_is_refused_by_name(tiny_folder: str, tmp_path: Any) -> None:
+    from conveyor.model.inspect import inspect_model
+
     path = _folder_variant(tiny_folder, tmp_path, {}, extra_tensor="model.layers.0.self_attn.mystery.weight")
     with pytest.raises(ModelLoadError, match=r"model\.layers\.0\.self_attn\.mystery\.weight"):
         _load(path)
+    summary = inspect_model(path)  # the same verdict from the headers alone
+    assert not summary.runs and "model.layers.0.self_attn.mystery.weight" in summary.reason
 
 
 @pytest.mark.parametrize("rope", [

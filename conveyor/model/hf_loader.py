@@ -18,10 +18,17 @@ from conveyor.model.spec import SUPPORTED_ARCHITECTURES, ModelSpec, RopeSpec
 logger = logging.getLogger(__name__)
 
 
-def _rope_spec(config: dict[str, Any], path: str) -> RopeSpec:
+def _rope_spec(config: dict[str, Any], path: str, layer_type: str | None = None) -> RopeSpec:
     # transformers >= 5 writes "rope_parameters"; older checkpoints have rope_theta + rope_scaling, which
-    # transformers still prefers when both are there (checked: rope_scaling wins, rope_theta from the top level)
+    # transformers still prefers when both are there (checked: rope_scaling wins, rope_theta from the top level).
+    # Gemma 3 keeps one set per layer type.
     merged = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    if layer_type is not None:  # transformers merges a legacy rope_scaling into the global layers' set
+        merged = dict((config.get("rope_parameters") or {}).get(layer_type) or {})
+        if layer_type == "full_attention":
+            merged.update(config.get("rope_scaling") or {})
+        elif "rope_theta" not in merged and config.get("rope_local_base_freq") is not None:
+            merged["rope_theta"] = config["rope_local_base_freq"]
     theta = float(merged.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
     partial = float(merged.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0)
@@ -71,16 +78,18 @@ _REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 _HONOURED_BY_ARCH: dict[str, set[str]] = {
     "gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"},
+    "gemma3": {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"},
 }
 """Fields of _REFUSED_UNLESS_NEUTRAL an architecture does implement (read in read_hf_config)."""
-_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+HF_NORM_OFFSETS = {"gemma2": 1.0, "gemma3": 1.0}
+"""Added to the RMSNorm weights of these architectures' checkpoints (Gemma stores weight - 1)."""
 
 
 def check_config_fields(config: dict[str, Any], arch: str, path: str) -> None:
     """Refuse, by name and value, every config.json field that would change the computation and is not
     honoured for this architecture."""
     act = config.get("hidden_activation", config.get("hidden_act", "silu"))
-    allowed = ("gelu_pytorch_tanh",) if arch == "gemma2" else ("silu",)
+    allowed = ("gelu_pytorch_tanh",) if arch in ("gemma2", "gemma3") else ("silu",)
     if act not in allowed:
         raise ModelLoadError(f"{path}: hidden_act={act!r} is not supported for {arch}; supported: "
                              f"{', '.join(map(repr, allowed))}")
@@ -158,24 +167,28 @@ def read_hf_config(path: str) -> ModelSpec:
         intermediate_size=int(config["intermediate_size"]), num_layers=int(config["num_hidden_layers"]),
         num_heads=heads, num_kv_heads=int(config.get("num_key_value_heads") or heads),
         head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope=_rope_spec(config, config_path),
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope=_rope_spec(config, config_path, "full_attention" if arch == "gemma3" else None),
         max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
-        qk_norm=arch == "qwen3", bos_token_id=config.get("bos_token_id"), eos_token_ids=eos_ids,
+        qk_norm=arch in ("qwen3", "gemma3"), bos_token_id=config.get("bos_token_id"), eos_token_ids=eos_ids,
         layer_windows=layer_windows(config, arch, config_path),
-        **_gemma_fields(config, arch),
+        **_gemma_fields(config, arch, config_path),
     )
 
 
-def _gemma_fields(config: dict[str, Any], arch: str) -> dict[str, Any]:
-    if arch != "gemma2":
+def _gemma_fields(config: dict[str, Any], arch: str, path: str) -> dict[str, Any]:
+    if arch not in ("gemma2", "gemma3"):
         return {}
     scalar = config.get("query_pre_attn_scalar")
-    return dict(activation="gelu_tanh", embedding_multiplier=float(config["hidden_size"]) ** 0.5,
-                attention_scale=float(scalar) ** -0.5 if scalar is not None else None,
-                attn_logit_softcap=config.get("attn_logit_softcapping"),
-                final_logit_softcap=config.get("final_logit_softcapping"), sandwich_norms=True)
+    fields = dict(activation="gelu_tanh", embedding_multiplier=float(config["hidden_size"]) ** 0.5,
+                  attention_scale=float(scalar) ** -0.5 if scalar is not None else None,
+                  attn_logit_softcap=config.get("attn_logit_softcapping"),
+                  final_logit_softcap=config.get("final_logit_softcapping"), sandwich_norms=True)
+    if arch == "gemma3":  # local layers have their own rope (base rope_local_base_freq, no scaling)
+        fields["local_rope"] = _rope_spec(config, path, "sliding_attention")
+    return fields
 
 
 def load_hf_folder(path: str, dtype: torch.dtype) -> LoadedModel:
@@ -192,9 +205,8 @@ def load_hf_folder(path: str, dtype: torch.dtype) -> LoadedModel:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
                 tensors[name] = f.get_tensor(name)
-    if spec.qkv_bias and "model.layers.0.self_attn.q_proj.bias" not in tensors:
-        spec = _replace(spec, qkv_bias=False)
-    weights = fuse_weights(spec, tensors, dtype, path, norm_offset=1.0 if spec.architecture == "gemma2" else 0.0)
+    spec = spec_for_tensors(spec, tensors)
+    weights = fuse_weights(spec, tensors, dtype, path, HF_NORM_OFFSETS.get(spec.architecture, 0.0))
     return LoadedModel(spec=spec, weights=weights, tokenizer=load_hf_tokenizer(path), source=path,
                        sampling_defaults=_sampling_defaults(path))
 
@@ -210,9 +222,13 @@ def _sampling_defaults(path: str) -> dict[str, float]:
     return {k: float(gen[k]) for k in ("temperature", "top_p", "top_k") if isinstance(gen.get(k), (int, float))}
 
 
-def _replace(spec: ModelSpec, **changes: Any) -> ModelSpec:
-    import dataclasses
-    return dataclasses.replace(spec, **changes)
+def spec_for_tensors(spec: ModelSpec, names: Any) -> ModelSpec:
+    """The spec with what the tensor names settle: a Llama-family attention_bias config whose checkpoint has no
+    q/k/v biases loads without them."""
+    if spec.qkv_bias and "model.layers.0.self_attn.q_proj.bias" not in names:
+        import dataclasses
+        return dataclasses.replace(spec, qkv_bias=False)
+    return spec
 
 
 def load_hf_tokenizer(path: str) -> Any | None:

@@ -129,7 +129,29 @@ def _inspect_folder(path: str) -> ModelSummary:
                 facts[name] = str(config[key])
         return ModelSummary(path, "hf-folder", arch, False, str(exc), facts)
     facts.update(_spec_facts(spec))
+    try:
+        _check_tensor_names(path, spec)
+    except ModelLoadError as exc:
+        return ModelSummary(path, "hf-folder", arch, False, str(exc), facts)
     return ModelSummary(path, "hf-folder", arch, True, "", facts)
+
+
+def _check_tensor_names(path: str, spec: ModelSpec) -> None:
+    """Runs the loader's fusing over shape-only (meta) tensors built from the safetensors headers: a missing,
+    unknown or mis-shaped tensor is refused exactly as a load would, without reading any weight."""
+    import torch
+    from safetensors import safe_open
+
+    from conveyor.model.hf_loader import HF_NORM_OFFSETS, spec_for_tensors
+    from conveyor.model.loader import fuse_weights
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name in sorted(f for f in os.listdir(path) if f.endswith(".safetensors")):
+        with safe_open(os.path.join(path, name), framework="pt") as f:
+            for key in f.keys():
+                tensors[key] = torch.empty(f.get_slice(key).get_shape(), device="meta")
+    fuse_weights(spec_for_tensors(spec, tensors), tensors, torch.float32, path,
+                 HF_NORM_OFFSETS.get(spec.architecture, 0.0))
 
 
 def _safetensors_types(path: str) -> str:

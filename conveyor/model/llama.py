@@ -1,4 +1,4 @@
-"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 decoder over a flattened ragged batch with a paged KV cache."""
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 decoder over a flattened ragged batch with a paged KV cache."""
 
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ class LlamaModel:
         w = {name: t.to(device) for name, t in weights.items()}
         self.dtype = w["embed"].dtype
         self.rotary = RotaryEmbedding(spec.rope, spec.head_dim, max_positions, device)
+        self.local_rotary = RotaryEmbedding(spec.local_rope, spec.head_dim, max_positions, device) \
+            if spec.local_rope is not None else None
+        """Gemma 3: the sliding-window layers' own rotary embedding."""
         self.scale = spec.attention_scale if spec.attention_scale is not None else spec.head_dim ** -0.5
         self.embed_multiplier = torch.tensor(spec.embedding_multiplier, dtype=self.dtype).item() \
             if spec.embedding_multiplier != 1.0 else None
@@ -44,16 +47,18 @@ class LlamaModel:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden] (before the final norm)."""
         spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         n = input_ids.shape[0]
-        cos, sin = self.rotary.tables(positions, self.dtype)  # [num_tokens, 1, head_dim] each
+        tables = self.rotary.tables(positions, self.dtype)  # cos, sin: [num_tokens, 1, head_dim] each
+        local_tables = self.local_rotary.tables(positions, self.dtype) if self.local_rotary is not None else tables
         h = F.embedding(input_ids, self.embed)  # [num_tokens, hidden]
         if self.embed_multiplier is not None:
             h = h * self.embed_multiplier
         delta: torch.Tensor | None = None  # the previous layer's MLP output, not yet added to h
         for layer, window, (k_cache, v_cache) in zip(self.layers, self.windows, kv_caches):
+            cos, sin = tables if window is None else local_tables
             h, x = ops.add_norm(h, delta, layer.input_norm, eps)  # h += delta; x = norm(h)
             qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
             v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.num_kv_heads, spec.head_dim)  # [tokens, kv_heads, d]
-            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: per-head norms before rotary
+            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3, Gemma 3: per-head norms before rotary
                 q, k, _ = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
                 q = rms_norm(q.view(n, spec.num_heads, spec.head_dim), layer.q_norm, eps)
                 k = rms_norm(k.view(n, spec.num_kv_heads, spec.head_dim), layer.k_norm, eps)

@@ -10,6 +10,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
     "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 
 
@@ -60,6 +61,8 @@ class ModelSpec:
     """Logits become softcap * tanh(logits / softcap) (Gemma 2)."""
     sandwich_norms: bool = False
     """Gemma 2: the attention and MLP outputs are normalised again before they join the residual stream."""
+    local_rope: RopeSpec | None = None
+    """The rotary embedding of the sliding-window layers when it differs from `rope` (Gemma 3's local base)."""
     layer_windows: tuple[int | None, ...] = ()
     """Per layer: the sliding window W (a token attends to itself and the W - 1 tokens before it), or None for
     full attention. Empty: every layer attends fully."""
