@@ -110,13 +110,14 @@ def check_metadata_keys(reader: Any, arch: str, path: str) -> None:
                                  f"merge them with llama.cpp's gguf-split --merge")
         if key.startswith("split."):
             continue
-        if key.startswith(f"{arch}.") and key[len(arch) + 1:] in _HONOURED_KEYS | _HONOURED_BY_ARCH.get(arch, set()):
+        honoured = _HONOURED_KEYS | _HONOURED_BY_ARCH.get(arch, set())
+        if key.startswith(f"{arch}.") and key[len(arch) + 1:] in honoured:
             continue
         value = _field(reader, key)
         shown = value if len(repr(value)) < 80 else f"{repr(value)[:80]}..."
         raise ModelLoadError(f"{path}: GGUF metadata {key}={shown!r} is not supported for {arch} (it would change "
                              f"the computation, and Conveyor does not implement it); supported {arch}.* keys: "
-                             f"{', '.join(sorted(_HONOURED_KEYS))}")
+                             f"{', '.join(sorted(honoured))}")
 
 
 def _rope_spec(reader: Any, arch: str, path: str, names: set[str]) -> RopeSpec:
@@ -130,7 +131,12 @@ def _rope_spec(reader: Any, arch: str, path: str, names: set[str]) -> RopeSpec:
             raise ModelLoadError(f"{path}: both a rope_freqs tensor and {arch}.rope.scaling.type={scaling!r}; "
                                  f"supported: one of them")
         tensor = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
-        factors = tuple(float(x) for x in np.asarray(tensor.data, dtype=np.float32).reshape(-1))
+        factors = tuple(float(x) for x in tensor_array(tensor, path).reshape(-1))
+        dims = _field(reader, f"{arch}.rope.dimension_count") or _field(reader, f"{arch}.attention.key_length") or \
+            int(_field(reader, f"{arch}.embedding_length")) // int(_field(reader, f"{arch}.attention.head_count"))
+        if len(factors) != int(dims) // 2:
+            raise ModelLoadError(f"{path}: the rope_freqs tensor has {len(factors)} factors; the head size {dims} "
+                                 f"needs {int(dims) // 2}")
         return RopeSpec(theta=theta, freq_factors=factors)
     factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
     if scaling == "none":
