@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from conftest import build_tiny_model
-from gguf_convert import ConverterUnavailable, convert, converter_dir, quantization_roundtrip_reference
+from gguf_convert import ConverterUnavailable, convert, converter_dir, quantization_roundtrip_reference, rewrite
 from parity import compare, hf_greedy
 
 from conveyor import LLM, SamplingParams
@@ -104,6 +104,25 @@ def test_gguf_from_llama_cpp_converter_matches_transformers(name: str, outtype: 
     path = _gguf(family, outtype, tmp_path_factory)
     refs = family["refs"] if outtype == "f32" else hf_greedy(
         quantization_roundtrip_reference(family["model"], path), family["prompts"], NEW_TOKENS)
+    compare(refs, _generate(path, family["prompts"]), allow_ties=True, tie_gap=1e-3)
+
+
+@pytest.mark.parametrize("weight_type", ["F16", "BF16", "Q4_0", "Q5_1"])
+def test_gguf_weight_types_match_transformers_on_the_same_weights(weight_type: str, llama_cpp_converter: str,
+                                                                  built: dict[str, dict[str, Any]],
+                                                                  tmp_path_factory: Any) -> None:
+    """The converter's F32 file with every matrix re-encoded in another weight type by the `gguf` package:
+    greedy tokens equal transformers running the same values."""
+    import gguf
+    import numpy as np
+
+    family = _family("llama3.x", built, tmp_path_factory)
+    source = gguf.GGUFReader(_gguf(family, "f32", tmp_path_factory))
+    kind = gguf.GGMLQuantizationType[weight_type]
+    tensors = {t.name: (gguf.quants.quantize(np.asarray(t.data, dtype=np.float32), kind), kind)
+               for t in source.tensors if len(t.data.shape) == 2}
+    path = rewrite(family["ggufs"]["f32"], str(tmp_path_factory.mktemp(weight_type) / "model.gguf"), tensors=tensors)
+    refs = hf_greedy(quantization_roundtrip_reference(family["model"], path), family["prompts"], NEW_TOKENS)
     compare(refs, _generate(path, family["prompts"]), allow_ties=True, tie_gap=1e-3)
 
 
