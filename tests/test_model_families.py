@@ -152,9 +152,9 @@ def test_inspect_refuses_an_unsupported_family_without_loading_it(tmp_path: Any,
 
     from conveyor.cli import main
 
-    config = transformers.Gemma2Config(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                       num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    config = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path))
     assert main(["inspect", str(tmp_path)]) == 1
     text = capsys.readouterr().out
-    assert "Gemma2ForCausalLM" in text and "refuses it" in text and "is not supported" in text
+    assert "GPTNeoXForCausalLM" in text and "refuses it" in text and "is not supported" in text
