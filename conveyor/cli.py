@@ -118,6 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_flags(srv)
     add_engine_flags(srv)
 
+    insp = commands.add_parser("inspect", help="what a GGUF file or HF folder is and whether Conveyor runs it "
+                                               "(reads metadata only, loads no weights)")
+    insp.add_argument("paths", nargs="+", help=".gguf files or Hugging Face checkpoint folders")
+
     from conveyor.bench.cli import add_bench_parser
     add_bench_parser(commands, add_engine_flags)
     return parser
@@ -226,6 +230,15 @@ def _fit_history(llm: Any, history: list[dict[str, Any]], max_tokens: int | None
     return prompt
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Prints each model's summary; exit status 1 when Conveyor refuses any of them."""
+    from conveyor.model.inspect import inspect_model
+
+    summaries = [inspect_model(path) for path in args.paths]
+    print("\n\n".join(s.render() for s in summaries))
+    return 0 if all(s.runs for s in summaries) else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -236,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             from conveyor.server.main import serve
             return serve(args, engine_config_from(args))
+        if args.command == "inspect":
+            return cmd_inspect(args)
         if args.command == "bench":
             from conveyor.bench.cli import cmd_bench
             return cmd_bench(args, None if args.bench_command == "serve" else engine_config_from(args))

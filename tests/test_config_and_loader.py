@@ -72,12 +72,22 @@ def test_unknown_architecture_lists_supported(tmp_path: Any) -> None:
     assert "GPT2LMHeadModel" in str(info.value) and "LlamaForCausalLM" in str(info.value)
 
 
-def test_sliding_window_is_refused(tmp_path: Any) -> None:
+def test_sliding_window_is_read_per_layer(tmp_path: Any) -> None:
+    from conveyor.model.hf_loader import read_hf_config
+
     config = {"architectures": ["MistralForCausalLM"], "sliding_window": 4096, "vocab_size": 32,
-              "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
+              "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ModelLoadError, match="sliding-window attention"):
-        LLM(model=str(tmp_path))
+    spec = read_hf_config(str(tmp_path))
+    assert spec.layer_windows == (4096, 4096) and spec.kv_window == 4096
+    config.update(architectures=["Qwen2ForCausalLM"], use_sliding_window=True, max_window_layers=1)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = read_hf_config(str(tmp_path))
+    assert spec.layer_windows == (None, 4096) and spec.kv_window is None
+    config.update(sliding_window=0)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="sliding_window=0 must be a positive number of tokens"):
+        read_hf_config(str(tmp_path))
 
 
 def test_folder_without_weights(tmp_path: Any) -> None:

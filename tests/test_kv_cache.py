@@ -438,3 +438,23 @@ class BlockManagerMachine(RuleBasedStateMachine):
 BlockManagerMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
 TestBlockManagerMachine = BlockManagerMachine.TestCase
+
+
+def test_free_behind_releases_only_blocks_wholly_behind_the_window() -> None:
+    from conveyor.core.kv_cache import FREED_BLOCK
+
+    blocks = BlockManager(num_blocks=16, block_size=4)
+    blocks.allocate("a", 22)  # 6 blocks: positions 0-23
+    table = list(blocks.block_table("a"))
+    assert blocks.free_behind("a", 11) == 2  # blocks of positions 0-3 and 4-7; 8-11 still holds position 11
+    assert blocks.block_table("a")[:3] == [FREED_BLOCK, FREED_BLOCK, table[2]]
+    assert blocks.num_allocated == 4 and blocks.free_behind("a", 11) == 0
+    blocks.fork("a", "b")  # a fork shares the live blocks only
+    assert blocks.num_allocated == 4
+    blocks.free_behind("a", 16, hold_until_step=3)  # held while step 3 may read them: still allocated
+    assert blocks.num_allocated == 4
+    blocks.check_invariants()
+    assert blocks.free("a") == 2 and blocks.free("b") == 4
+    blocks.release_held(3)
+    assert blocks.num_allocated == 0
+    blocks.check_invariants()

@@ -15,7 +15,8 @@ from conveyor import LLM
 from conveyor.errors import ConfigError
 from conveyor.model import native
 from conveyor.model.attention import write_kv
-from conveyor.model.layers import RotaryEmbedding, apply_rotary, rms_norm, silu_and_mul
+from conveyor.model.layers import apply_rotary, rms_norm, silu_and_mul
+from conveyor.model.rope import RotaryEmbedding
 from conveyor.model.spec import RopeSpec
 from conveyor.model.native import NoToolchain, resolve_kernels
 

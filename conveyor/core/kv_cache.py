@@ -24,6 +24,11 @@ from typing import NamedTuple, Sequence
 from conveyor.errors import ConfigError
 
 
+FREED_BLOCK = -1
+"""A block-table entry whose block was released while the request runs: every layer's sliding window has
+moved past all of its positions (`free_behind`). Such entries are always a prefix of the table."""
+
+
 class PrefixMatch(NamedTuple):
     block_ids: list[int]
     num_tokens: int
@@ -153,7 +158,8 @@ class BlockManager:
             raise RuntimeError(f"request {child_id!r} already has blocks; cannot fork into it")
         table = list(self._tables[parent_id])
         for b in table:
-            self._refcount[b] += 1
+            if b != FREED_BLOCK:
+                self._refcount[b] += 1
         self._tables[child_id] = table
         self._hashes[child_id] = list(self._hashes.get(parent_id, []))
 
@@ -173,7 +179,8 @@ class BlockManager:
     def _shared_block_at(self, request_id: str, position: int) -> int | None:
         table = self._tables.get(request_id, [])
         index = position // self.block_size
-        return index if index < len(table) and self._refcount[table[index]] > 1 else None
+        return index if index < len(table) and table[index] != FREED_BLOCK and self._refcount[table[index]] > 1 \
+            else None
 
     def count_prefix_query(self, num_prompt_tokens: int) -> None:
         self.prefix_queries_tokens += num_prompt_tokens
@@ -191,7 +198,7 @@ class BlockManager:
             h = _block_hash(hashes[-1] if hashes else b"", tokens)
             hashes.append(h)
             block = table[i]
-            if h not in self._block_of_hash and block not in self._hash_of_block:
+            if block != FREED_BLOCK and h not in self._block_of_hash and block not in self._hash_of_block:
                 self._block_of_hash[h] = block
                 self._hash_of_block[block] = h
                 self._tokens_of_block[block] = tokens
@@ -202,13 +209,29 @@ class BlockManager:
         With `hold_until_step`, the blocks leave the request now but return to the pools only
         at `release_held(step)` for a step >= it: a step still in flight may read them.
         """
-        table = self._tables.pop(request_id, [])
+        table = [b for b in self._tables.pop(request_id, []) if b != FREED_BLOCK]
         self._hashes.pop(request_id, None)
-        if hold_until_step is not None and table:
-            self._held.append((hold_until_step, table))
-            return len(table)
-        self._release(table)
+        self._hold_or_release(table, hold_until_step)
         return len(table)
+
+    def free_behind(self, request_id: str, first_needed_position: int, hold_until_step: int | None = None) -> int:
+        """Release the request's blocks whose positions all lie before `first_needed_position` (no query of
+        this or a later step attends to them: a sliding window has passed them); their table entries become
+        FREED_BLOCK. Held like `free` while an in-flight step may still read them. Returns how many."""
+        table = self._tables.get(request_id, [])
+        released = []
+        for i in range(min(max(first_needed_position, 0) // self.block_size, len(table))):
+            if table[i] != FREED_BLOCK:
+                released.append(table[i])
+                table[i] = FREED_BLOCK
+        self._hold_or_release(released, hold_until_step)
+        return len(released)
+
+    def _hold_or_release(self, blocks: list[int], hold_until_step: int | None) -> None:
+        if hold_until_step is not None and blocks:
+            self._held.append((hold_until_step, blocks))
+        else:
+            self._release(blocks)
 
     def release_held(self, completed_step: int) -> None:
         """Return blocks held for steps up to `completed_step` (that step has finished)."""
@@ -275,6 +298,8 @@ class BlockManager:
         in_tables: dict[int, int] = {}
         for table in [*self._tables.values(), *(t for _, t in self._held)]:
             for b in table:
+                if b == FREED_BLOCK:
+                    continue
                 in_tables[b] = in_tables.get(b, 0) + 1
         assert all(self._refcount[b] == n for b, n in in_tables.items()), "refcounts disagree with tables"
         assert allocated == len(in_tables)

@@ -22,6 +22,8 @@ class SchedulerLimits:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    kv_window: int | None = None
+    """The sliding window every layer of the model shares: blocks behind it are freed while a request runs."""
 
 
 @dataclass
@@ -106,6 +108,8 @@ class Scheduler:
                 i += 1
                 continue
             start = request.num_computed_tokens
+            if self.limits.kv_window is not None:  # the queries from `start` on attend to start - W + 1 onward
+                self.blocks.free_behind(request.request_id, start - self.limits.kv_window + 1, self.inflight_step)
             while not self.blocks.can_allocate(request.request_id, start + count, write_from=start):
                 victim = self.running[-1]
                 self._preempt(victim)

@@ -64,7 +64,8 @@ class Engine:
         plan = self.runner.cache_plan
         self.blocks = BlockManager(plan.num_blocks, plan.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len), self.blocks)
+            SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
+                            loaded.spec.kv_window), self.blocks)
         self.outputs = OutputProcessor(self.scheduler, self.tokenizer, loaded.spec.eos_token_ids)
         self.timeline = StepTimeline()
         """The latest host and device spans (a bounded ring, always on); safe to read from any thread."""

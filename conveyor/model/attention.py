@@ -16,17 +16,26 @@ Every layer first writes this step's K/V through the slot mapping, then attends:
   - prefill chunks attend one by one: a chunk with no cached context uses its own K/V
     with a causal mask; a chunk behind cached tokens gathers its blocks and uses an
     offset-causal mask. Each request attends only over its own blocks.
+
+Sliding-window layers (window W) mask keys more than W - 1 positions behind the query too: the query at
+position q attends to keys q - W + 1 .. q. Blocks wholly behind every query's window may have been freed
+(core/kv_cache.py): their table entries then point at another block, whose keys the window masks out.
+The native decode kernel has no window; windowed layers take the torch path (logged once).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from conveyor.core.kv_cache import FREED_BLOCK
 from conveyor.model.native import DecodeAttention
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +51,8 @@ class PrefillChunk:
     """[num_tokens, context_len] additive mask in the query dtype (0 = attend, -inf = not): built
     on the device by the first layer that needs it (not on the host, whose thread must stay out
     of torch's thread pool)."""
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    """The same with a sliding window, by window size."""
 
 
 @dataclass
@@ -54,6 +65,8 @@ class DecodeGroup:
     mask: torch.Tensor | None = None
     """[group, 1, 1, max_blocks * block_size] additive mask in the query dtype, built on the device
     by the first layer."""
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+    """The same with a sliding window, by window size."""
 
 
 DECODE_GROUP_SIZE = 32
@@ -84,6 +97,9 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
     prefills: list[PrefillChunk] = []
     row = 0
     for start, n, table in zip(starts, lengths, tables):
+        if table and table[0] == FREED_BLOCK:  # blocks a sliding window passed: any block will do, masked out
+            live = next(b for b in table if b != FREED_BLOCK)
+            table = [live if b == FREED_BLOCK else b for b in table]
         for pos in range(start, start + n):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         context = start + n
@@ -138,13 +154,18 @@ def additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: AttentionBatch, scale: float,
-                    decode_op: DecodeAttention | None = None, kv_written: bool = False) -> torch.Tensor:
+                    decode_op: DecodeAttention | None = None, kv_written: bool = False,
+                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (this step's).
 
     Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first (unless the caller
     already has: kv_written). Decodes go to `decode_op` (the native kernel) when given, else
-    through the torch gather + SDPA path.
+    through the torch gather + SDPA path. `window`: this layer's sliding window, None for full attention.
+    `softcap`: scores become softcap * tanh(scores / softcap) (Gemma 2), computed without SDPA.
     """
+    if (window is not None or softcap is not None) and decode_op is not None:
+        _log_window_fallback()
+        decode_op = None
     num_tokens, heads, head_dim = q.shape
     kv_heads = k.shape[1]
     if not kv_written:
@@ -157,7 +178,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         if decode_op is not None:
             o = decode_op(q_dec, k_cache, v_cache, group.block_tables, group.context_lens, scale)  # [n, heads, d]
         else:
-            o = _gathered_decode(q_dec, k_cache, v_cache, group, scale)  # [n, heads, head_dim]
+            o = _gathered_decode(q_dec, k_cache, v_cache, group, scale, window, softcap)  # [n, heads, head_dim]
         if group.in_order and n == num_tokens:
             out = o
         else:
@@ -166,35 +187,97 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     for chunk in batch.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         q_c = q[rows].transpose(0, 1)  # [heads, chunk, head_dim]
-        if chunk.block_table is None:
+        if chunk.block_table is None and (window is None or chunk.num_tokens <= window):
             k_c = k[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
             v_c = v[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
-            o = F.scaled_dot_product_attention(q_c, k_c, v_c, is_causal=True, scale=scale, enable_gqa=True)
+            o = attend(q_c, k_c, v_c, None, scale, softcap, is_causal=True)
+        elif chunk.block_table is None:  # a window shorter than the chunk: its own K/V, banded causal mask
+            assert window is not None
+            mask = chunk.window_masks.get(window)
+            if mask is None:
+                mask = chunk.window_masks[window] = _prefill_mask(chunk.num_tokens, chunk.num_tokens, window, q)
+            k_c = k[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
+            v_c = v[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
+            o = attend(q_c, k_c, v_c, mask, scale, softcap)
         else:
             ctx = chunk.context_len
-            if chunk.mask is None:
-                q_pos = torch.arange(ctx - chunk.num_tokens, ctx, device=q.device)  # [chunk]
-                chunk.mask = additive_mask(torch.arange(ctx, device=q.device)[None, :] <= q_pos[:, None], q.dtype)
+            if window is None:
+                if chunk.mask is None:
+                    chunk.mask = _prefill_mask(chunk.num_tokens, ctx, None, q)
+                mask = chunk.mask
+            else:
+                mask = chunk.window_masks.get(window)
+                if mask is None:
+                    mask = chunk.window_masks[window] = _prefill_mask(chunk.num_tokens, ctx, window, q)
             k_c = gather_blocks(k_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
             v_c = gather_blocks(v_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
-            o = F.scaled_dot_product_attention(q_c, k_c, v_c, attn_mask=chunk.mask, scale=scale, enable_gqa=True)
+            o = attend(q_c, k_c, v_c, mask, scale, softcap)
         out[rows] = o.transpose(0, 1)  # [chunk, heads, head_dim]
     return out.reshape(num_tokens, heads * head_dim)
 
 
+def _prefill_mask(num_queries: int, context_len: int, window: int | None, q: torch.Tensor) -> torch.Tensor:
+    """[num_queries, context_len] additive mask for the chunk's last num_queries positions: causal, and within
+    the window when given."""
+    q_pos = torch.arange(context_len - num_queries, context_len, device=q.device)[:, None]  # [chunk, 1]
+    k_pos = torch.arange(context_len, device=q.device)[None, :]  # [1, context_len]
+    valid = k_pos <= q_pos
+    if window is not None:
+        valid &= k_pos > q_pos - window
+    return additive_mask(valid, q.dtype)
+
+
+_window_fallback_logged = False
+
+
+def _log_window_fallback() -> None:
+    global _window_fallback_logged
+    if not _window_fallback_logged:
+        _window_fallback_logged = True
+        logger.info("sliding-window and soft-capped layers decode through the torch gather + attention path (the "
+                    "native decode kernel has neither); other layers keep the native kernel")
+
+
 def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
-                     scale: float) -> torch.Tensor:
+                     scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """The torch reference for a decode group: gather its blocks, pad, mask, SDPA. -> [n, heads, head_dim]."""
     n, heads, head_dim = q_dec.shape
     kv_heads = k_cache.shape[2]
     flat = group.block_tables.view(-1)  # [n * max_blocks]
-    if group.mask is None:
+    mask = group.mask if window is None else group.window_masks.get(window)
+    if mask is None:
         k_pos = torch.arange(flat.shape[0] // n * k_cache.shape[1], device=q_dec.device)  # [max_context]
         valid = k_pos[None, :] < group.context_lens[:, None]  # [n, max_context]
-        group.mask = additive_mask(valid, q_dec.dtype)[:, None, None, :]  # [n, 1, 1, max_context]
+        if window is not None:  # the query sits at context_len - 1
+            valid &= k_pos[None, :] >= group.context_lens[:, None] - window
+        mask = additive_mask(valid, q_dec.dtype)[:, None, None, :]  # [n, 1, 1, max_context]
+        if window is None:
+            group.mask = mask
+        else:
+            group.window_masks[window] = mask
     keys = gather_blocks(k_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
     values = gather_blocks(v_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
     # Fold the query heads of one KV group into the query-length axis: [n, kv_heads, group, head_dim]
     q_grouped = q_dec.reshape(n, kv_heads, heads // kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(q_grouped, keys, values, attn_mask=group.mask, scale=scale)
+    o = attend(q_grouped, keys, values, mask, scale, softcap)
     return o.reshape(n, heads, head_dim)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+           softcap: float | None, is_causal: bool = False) -> torch.Tensor:
+    """SDPA over q [..., heads, q_len, d] and k, v [..., kv_heads, k_len, d] (grouped-query when fewer kv heads);
+    with a softcap, the scores are capped explicitly (SDPA has no such option), softmax in float32."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=k.shape[-3] != q.shape[-3])
+    if k.shape[-3] != q.shape[-3]:
+        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # [..., heads, k_len, d]
+        v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)  # [..., heads, k_len, d]
+    scores = torch.tanh((q @ k.transpose(-1, -2)) * scale / softcap) * softcap  # [..., heads, q_len, k_len]
+    if is_causal:
+        q_len, k_len = scores.shape[-2], scores.shape[-1]
+        q_pos = torch.arange(k_len - q_len, k_len, device=q.device)[:, None]
+        mask = additive_mask(torch.arange(k_len, device=q.device)[None, :] <= q_pos, scores.dtype)
+    if mask is not None:
+        scores = scores + mask
+    return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v

@@ -18,11 +18,12 @@ import torch
 
 from conveyor.errors import ModelLoadError
 from conveyor.model.loader import LoadedModel, fuse_weights
+from conveyor.model.rope import yarn_attention_factor
 from conveyor.model.spec import ModelSpec, RopeSpec
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "phi3")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -36,6 +37,7 @@ _LAYER_NAMES = {
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
@@ -44,12 +46,28 @@ _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.
                  "output.weight": "lm_head.weight"}
 
 
-def hf_name(gguf_name: str) -> str | None:
+_GEMMA2_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm.weight": "post_attention_layernorm.weight",  # normalises the attention output
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+
+
+_PHI3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "attn_qkv.weight": "self_attn.qkv_proj.weight",
+    "ffn_up.weight": "mlp.gate_up_proj.weight",  # gate and up stacked
+}
+
+
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    layer_names = {"gemma2": _GEMMA2_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
     return None
 
 
@@ -66,11 +84,86 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return f.contents()
 
 
+_HONOURED_KEYS = {
+    "vocab_size", "context_length", "embedding_length", "feed_forward_length", "block_count",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+    "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count", "rope.scaling.type",
+    "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.finetuned",
+    "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_attn_factor",
+    "rope.scaling.yarn_ext_factor",
+}
+"""`{arch}.` metadata keys read (and checked) below; any other `{arch}.` key is refused by name."""
+_HONOURED_BY_ARCH = {"gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"},
+                     "phi3": {"attention.sliding_window"}}
+_NEUTRAL_NAMESPACES = ("general.", "tokenizer.", "quantize.", "GGUF.")
+"""Metadata that describes the file, its tokenizer or how it was quantized: no effect on the computation."""
+_GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
+
+
+def check_metadata_keys(reader: Any, arch: str, path: str) -> None:
+    """Refuse every metadata key that is not honoured and could change the computation."""
+    for key in reader.fields:
+        if key.startswith(_NEUTRAL_NAMESPACES):
+            continue
+        if key == "split.count" and int(_field(reader, key)) > 1:
+            raise ModelLoadError(f"{path}: split.count={_field(reader, key)}: split GGUF files are not supported; "
+                                 f"merge them with llama.cpp's gguf-split --merge")
+        if key.startswith("split."):
+            continue
+        honoured = _HONOURED_KEYS | _HONOURED_BY_ARCH.get(arch, set())
+        if key.startswith(f"{arch}.") and key[len(arch) + 1:] in honoured:
+            continue
+        value = _field(reader, key)
+        shown = value if len(repr(value)) < 80 else f"{repr(value)[:80]}..."
+        raise ModelLoadError(f"{path}: GGUF metadata {key}={shown!r} is not supported for {arch} (it would change "
+                             f"the computation, and Conveyor does not implement it); supported {arch}.* keys: "
+                             f"{', '.join(sorted(honoured))}")
+
+
+def _rope_spec(reader: Any, arch: str, path: str, names: set[str]) -> RopeSpec:
+    theta = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
+    scaling = _field(reader, f"{arch}.rope.scaling.type", "none") or "none"
+    if scaling not in _GGUF_ROPE_TYPES:
+        raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.scaling.type={scaling!r} is not supported; "
+                             f"supported: {', '.join(_GGUF_ROPE_TYPES)} (and llama3 scaling as a rope_freqs tensor)")
+    if "rope_freqs.weight" in names:
+        if scaling != "none":
+            raise ModelLoadError(f"{path}: both a rope_freqs tensor and {arch}.rope.scaling.type={scaling!r}; "
+                                 f"supported: one of them")
+        tensor = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        factors = tuple(float(x) for x in tensor_array(tensor, path).reshape(-1))
+        dims = _field(reader, f"{arch}.rope.dimension_count") or _field(reader, f"{arch}.attention.key_length") or \
+            int(_field(reader, f"{arch}.embedding_length")) // int(_field(reader, f"{arch}.attention.head_count"))
+        if len(factors) != int(dims) // 2:
+            raise ModelLoadError(f"{path}: the rope_freqs tensor has {len(factors)} factors; the head size {dims} "
+                                 f"needs {int(dims) // 2}")
+        return RopeSpec(theta=theta, freq_factors=factors)
+    factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
+    if scaling == "none":
+        return RopeSpec(theta=theta)
+    if scaling == "linear":
+        return RopeSpec(theta=theta, scaling_type="linear", factor=factor)
+    ext_factor = _field(reader, f"{arch}.rope.scaling.yarn_ext_factor")
+    if ext_factor is not None and float(ext_factor) not in (-1.0, 1.0):
+        raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.scaling.yarn_ext_factor={ext_factor} is not "
+                             f"supported; supported: 1.0 (transformers' YaRN)")
+    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    if original is None:
+        raise ModelLoadError(f"{path}: yarn rope scaling without {arch}.rope.scaling.original_context_length")
+    attention_factor = _field(reader, f"{arch}.rope.scaling.yarn_attn_factor")
+    return RopeSpec(theta=theta, scaling_type="yarn", factor=factor, original_max_position_embeddings=int(original),
+                    beta_fast=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+                    beta_slow=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+                    attention_factor=float(attention_factor) if attention_factor is not None else
+                    yarn_attention_factor(factor))
+
+
 def read_spec(reader: Any, path: str) -> ModelSpec:
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
                              f"{', '.join(GGUF_ARCHITECTURES)}")
+    check_metadata_keys(reader, arch, path)
 
     def need(key: str) -> Any:
         value = _field(reader, f"{arch}.{key}")
@@ -80,11 +173,12 @@ def read_spec(reader: Any, path: str) -> ModelSpec:
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
+    for key in ("attention.value_length", "rope.dimension_count"):
+        value = _field(reader, f"{arch}.{key}")
+        if value is not None and int(value) != head_dim:
+            raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key}={value} differs from the head size {head_dim}; "
+                                 f"supported: equal (partial rotary and distinct value sizes are not implemented)")
     names = {t.name for t in reader.tensors}
-    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
-        raise ModelLoadError(f"{path}: rope scaling {scaling!r} in GGUF files is not supported yet; "
-                             f"use the Hugging Face checkpoint folder of this model")
     vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
@@ -93,18 +187,78 @@ def read_spec(reader: Any, path: str) -> ModelSpec:
         intermediate_size=int(need("feed_forward_length")), num_layers=int(need("block_count")),
         num_heads=heads, num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim, rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        rope=RopeSpec(theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0))),
+        rope=_rope_spec(reader, arch, path, names),
         max_position_embeddings=int(need("context_length")),
         tie_word_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names, qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(sorted({int(t) for t in (eos, eot) if t is not None})),
+        **(_gemma2_fields(reader, hidden, heads, head_dim, int(need("block_count"))) if arch == "gemma2" else {}),
+        **(_phi3_fields(reader, int(need("block_count"))) if arch == "phi3" else {}),
     )
+
+
+def _phi3_fields(reader: Any, layers: int) -> dict[str, Any]:
+    """Phi-3's sliding window covers every layer (0: none, as llama.cpp's converter writes for Phi-4)."""
+    window = _field(reader, "phi3.attention.sliding_window")
+    return dict(layer_windows=(int(window),) * layers) if window else {}
+
+
+def _gemma2_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:
+    """Gemma 2 as llama.cpp runs it: every other layer local (even ones, as transformers' layer_types), the
+    query scale 1/sqrt(head_dim) except for the 46-layer 27B, which uses 1/sqrt(hidden / heads) (the GGUF has no
+    query_pre_attn_scalar)."""
+    window = _field(reader, "gemma2.attention.sliding_window")
+    scale_dim = hidden / heads if layers == 46 else head_dim
+    return dict(activation="gelu_tanh", embedding_multiplier=float(hidden) ** 0.5, attention_scale=scale_dim ** -0.5,
+                attn_logit_softcap=_field(reader, "gemma2.attn_logit_softcapping"),
+                final_logit_softcap=_field(reader, "gemma2.final_logit_softcapping"), sandwich_norms=True,
+                layer_windows=tuple(int(window) if window and i % 2 == 0 else None for i in range(layers)))
+
+
+_FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def tensor_array(tensor: Any, path: str) -> np.ndarray:
+    """A GGUF tensor -> float32 array in the file's logical shape [rows, cols] (dequantized); weight types the
+    gguf package cannot dequantize, and integer types, are refused by name."""
+    from gguf.quants import dequantize
+
+    kind = tensor.tensor_type.name
+    if kind.startswith("I") and not kind.startswith("IQ"):
+        raise ModelLoadError(f"{path}: tensor {tensor.name!r} has the integer type {kind}, which holds no weights "
+                             f"Conveyor can use; supported weight types: {', '.join(supported_weight_types())}")
+    try:
+        array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+    except NotImplementedError:
+        raise ModelLoadError(f"{path}: tensor {tensor.name!r} has weight type {kind}, which cannot be dequantized "
+                             f"here; supported: {', '.join(supported_weight_types())}") from None
+    return array.reshape([int(d) for d in reversed(tensor.shape)]) if array.ndim != len(tensor.shape) else array
+
+
+def supported_weight_types() -> list[str]:
+    """GGML weight types this loader reads: the float types and every type `gguf` dequantizes."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    names = []
+    for kind in GGMLQuantizationType:
+        if kind.name in _FLOAT_TYPES:
+            names.append(kind.name)
+            continue
+        if kind.name.startswith("I") and not kind.name.startswith("IQ"):
+            continue
+        block, size = GGML_QUANT_SIZES[kind]
+        try:
+            dequantize(np.zeros((1, 256 // block * size), dtype=np.uint8), kind)
+        except NotImplementedError:
+            continue
+        names.append(kind.name)
+    return names
 
 
 def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     try:
         reader = GGUFReader(path)
@@ -113,16 +267,20 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
     spec = read_spec(reader, path)
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        name = hf_name(t.name)
+        if t.name == "rope_freqs.weight":
+            continue  # read into spec.rope.freq_factors
+        name = hf_name(t.name, spec.architecture)
         if name is None:
-            continue
-        array = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        array = array.reshape([int(d) for d in reversed(t.shape)]) if array.ndim != len(t.shape) else array
-        if spec.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            raise ModelLoadError(f"{path}: GGUF tensor {t.name!r} is not one Conveyor knows for {spec.architecture} "
+                                 f"(skipping it would silently change the model); supported: token_embd, output, "
+                                 f"output_norm, rope_freqs and blk.N.{{{', '.join(_LAYER_NAMES)}}}")
+        array = tensor_array(t, path)
+        if spec.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
+                                                           "k_proj.bias")):
             heads = spec.num_heads if "q_proj" in name else spec.num_kv_heads
             array = unpermute_rows(array, heads)
         tensors[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
-    weights = fuse_weights(spec, tensors.get, dtype, path)
+    weights = fuse_weights(spec, tensors, dtype, path)
     return LoadedModel(spec=spec, weights=weights, tokenizer=load_gguf_tokenizer(path), source=path)
 
 

@@ -1,15 +1,13 @@
-"""Building blocks of Llama-family models: RMSNorm, rotary embedding, gated MLP activation."""
+"""Building blocks of Llama-family models: projections, RMSNorm, rotate-half, gated MLP activation."""
 
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.nn.functional as F
 
 from conveyor.model.native import NativeKernels
-from conveyor.model.spec import RopeSpec
 
 
 class Projection:
@@ -139,40 +137,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def rope_inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
-    """[head_dim // 2] inverse frequencies, with linear or llama3 scaling applied."""
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    if rope.scaling_type == "linear":
-        return inv_freq / rope.factor
-    if rope.scaling_type == "llama3":
-        # Frequencies with wavelengths longer than the original context are slowed by `factor`,
-        # short ones are kept, and the band between is interpolated smoothly.
-        old_len = rope.original_max_position_embeddings
-        wavelen = 2 * math.pi / inv_freq
-        long_wave = old_len / rope.low_freq_factor
-        short_wave = old_len / rope.high_freq_factor
-        scaled = torch.where(wavelen > long_wave, inv_freq / rope.factor, inv_freq)
-        smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
-        blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
-        in_band = (wavelen >= short_wave) & (wavelen <= long_wave)
-        return torch.where(in_band, blended, scaled)
-    return inv_freq
-
-
-class RotaryEmbedding:
-    """Rotate-half rotary embedding with a precomputed cos/sin table per position."""
-
-    def __init__(self, rope: RopeSpec, head_dim: int, max_positions: int, device: torch.device) -> None:
-        inv_freq = rope_inv_freq(rope, head_dim)  # [head_dim // 2]
-        positions = torch.arange(max_positions, dtype=torch.int64).float()  # [max_positions]
-        freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, head_dim // 2]
-        angles = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
-        self.cos = angles.cos().to(device)  # [max_positions, head_dim] float32
-        self.sin = angles.sin().to(device)  # [max_positions, head_dim] float32
-
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [tokens] -> cos, sin [tokens, 1, head_dim] in dtype (computed once per step)."""
-        return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up: [tokens, 2 * intermediate] -> gelu_tanh(gate) * up [tokens, intermediate] (GeGLU, Gemma)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

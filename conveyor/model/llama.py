@@ -1,4 +1,4 @@
-"""Llama / Mistral / Qwen2 / Qwen3 decoder over a flattened ragged batch with a paged KV cache."""
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 decoder over a flattened ragged batch with a paged KV cache."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.native import NativeKernels
-from conveyor.model.layers import RotaryEmbedding, apply_rotary, rms_norm
+from conveyor.model.layers import apply_rotary, gelu_tanh_and_mul, rms_norm
+from conveyor.model.rope import RotaryEmbedding
 from conveyor.model.ops import layer_ops
 from conveyor.model.quant import make_lm_head, make_projection
 from conveyor.model.spec import ModelSpec
@@ -24,7 +25,13 @@ class LlamaModel:
         w = {name: t.to(device) for name, t in weights.items()}
         self.dtype = w["embed"].dtype
         self.rotary = RotaryEmbedding(spec.rope, spec.head_dim, max_positions, device)
-        self.scale = spec.head_dim ** -0.5
+        self.local_rotary = RotaryEmbedding(spec.local_rope, spec.head_dim, max_positions, device) \
+            if spec.local_rope is not None else None
+        """Gemma 3: the sliding-window layers' own rotary embedding."""
+        self.scale = spec.attention_scale if spec.attention_scale is not None else spec.head_dim ** -0.5
+        self.embed_multiplier = torch.tensor(spec.embedding_multiplier, dtype=self.dtype).item() \
+            if spec.embedding_multiplier != 1.0 else None
+        """Gemma: sqrt(hidden), rounded to the compute dtype first as transformers does."""
         self.ops = layer_ops(kernels)
         """The small per-layer ops: native CPU kernels (model/native.py) when given, else torch's."""
         self.embed = w["embed"]  # [vocab, hidden]
@@ -32,20 +39,26 @@ class LlamaModel:
         self.lm_head = make_lm_head(w.get("lm_head", w["embed"]), quantization,
                                     kernels)  # tied to the embedding when absent
         self.layers = [_Layer(w, f"layers.{i}.", quantization, kernels) for i in range(spec.num_layers)]
+        self.windows = [spec.window_of(i) for i in range(spec.num_layers)]
+        """Per layer: its sliding window, or None for full attention."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden] (before the final norm)."""
         spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         n = input_ids.shape[0]
-        cos, sin = self.rotary.tables(positions, self.dtype)  # [num_tokens, 1, head_dim] each
+        tables = self.rotary.tables(positions, self.dtype)  # cos, sin: [num_tokens, 1, head_dim] each
+        local_tables = self.local_rotary.tables(positions, self.dtype) if self.local_rotary is not None else tables
         h = F.embedding(input_ids, self.embed)  # [num_tokens, hidden]
+        if self.embed_multiplier is not None:
+            h = h * self.embed_multiplier
         delta: torch.Tensor | None = None  # the previous layer's MLP output, not yet added to h
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for layer, window, (k_cache, v_cache) in zip(self.layers, self.windows, kv_caches):
+            cos, sin = tables if window is None else local_tables
             h, x = ops.add_norm(h, delta, layer.input_norm, eps)  # h += delta; x = norm(h)
             qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
             v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.num_kv_heads, spec.head_dim)  # [tokens, kv_heads, d]
-            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3: per-head norms before rotary
+            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3, Gemma 3: per-head norms before rotary
                 q, k, _ = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
                 q = rms_norm(q.view(n, spec.num_heads, spec.head_dim), layer.q_norm, eps)
                 k = rms_norm(k.view(n, spec.num_kv_heads, spec.head_dim), layer.k_norm, eps)
@@ -53,16 +66,25 @@ class LlamaModel:
             else:
                 q, k, kv_written = ops.rotate_and_write(qkv, cos, sin, k_cache, v_cache, batch.slot_mapping, spec)
             attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, ops.decode_attention,
-                                   kv_written)  # [num_tokens, heads * head_dim]
-            h, x = ops.add_norm(h, layer.o_proj(attn), layer.post_norm, eps)
-            delta = layer.down(ops.silu_and_mul(layer.gate_up(x)))  # [num_tokens, hidden]
+                                   kv_written, window, spec.attn_logit_softcap)  # [num_tokens, heads * head_dim]
+            attn = layer.o_proj(attn)  # [num_tokens, hidden]
+            if layer.attn_out_norm is not None:  # Gemma 2's sandwich norms
+                attn = rms_norm(attn, layer.attn_out_norm, eps)
+            h, x = ops.add_norm(h, attn, layer.post_norm, eps)
+            gate_up = layer.gate_up(x)  # [num_tokens, 2 * intermediate]
+            act = ops.silu_and_mul(gate_up) if spec.activation == "silu" else gelu_tanh_and_mul(gate_up)
+            delta = layer.down(act)  # [num_tokens, hidden]
+            if layer.mlp_out_norm is not None:
+                delta = rms_norm(delta, layer.mlp_out_norm, eps)
         return h if delta is None else h + delta
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [rows, hidden] (only the rows that sample) -> [rows, vocab] logits in the model's dtype
         (the sampler widens them to float32 where it processes them)."""
         _, x = self.ops.add_norm(hidden.contiguous(), None, self.final_norm, self.spec.rms_norm_eps)
-        return self.lm_head(x)
+        logits = self.lm_head(x)  # [rows, vocab]
+        cap = self.spec.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
 
 class _Layer:
@@ -73,8 +95,10 @@ class _Layer:
         self.input_norm = w[prefix + "input_norm"]
         self.post_norm = w[prefix + "post_norm"]
         self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization, kernels)
-        self.o_proj = make_projection(w[prefix + "o_proj"], None, quantization, kernels)
+        self.o_proj = make_projection(w[prefix + "o_proj"], w.get(prefix + "o_proj_bias"), quantization, kernels)
         self.gate_up = make_projection(w[prefix + "gate_up"], None, quantization, kernels)
         self.down = make_projection(w[prefix + "down"], None, quantization, kernels)
+        self.attn_out_norm = w.get(prefix + "attn_out_norm")
+        self.mlp_out_norm = w.get(prefix + "mlp_out_norm")
         self.q_norm = w.get(prefix + "q_norm")
         self.k_norm = w.get(prefix + "k_norm")

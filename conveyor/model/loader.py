@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -99,9 +99,20 @@ def load_model(model: str | None, dtype: str) -> LoadedModel:
                          f"(weights are never downloaded)")
 
 
-def fuse_weights(spec: ModelSpec, get: Callable[[str], torch.Tensor | None], dtype: torch.dtype,
-                 source: str) -> dict[str, torch.Tensor]:
-    """Hugging Face names (through `get`, None when absent) -> our fused layout in `dtype`."""
+_IGNORED_TENSORS = (".rotary_emb.inv_freq",)
+"""Tensors some old checkpoints carry that are recomputed from the config (never read)."""
+
+
+def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str,
+                 norm_offset: float = 0.0) -> dict[str, torch.Tensor]:
+    """Hugging Face names -> our fused layout in `dtype`. A tensor left unread is refused by name: skipping it
+    would silently compute a different model. norm_offset: added to every RMSNorm weight, in float32 before the
+    cast (Gemma's checkpoints store weight - 1; llama.cpp's converter already adds the 1)."""
+    read: set[str] = set()
+
+    def get(name: str) -> torch.Tensor | None:
+        read.add(name)
+        return tensors.get(name)
 
     def need(name: str) -> torch.Tensor:
         tensor = get(name)
@@ -113,8 +124,11 @@ def fuse_weights(spec: ModelSpec, get: Callable[[str], torch.Tensor | None], dty
     def cast(t: torch.Tensor) -> torch.Tensor:
         return t.to(dtype).contiguous()
 
+    def norm(name: str) -> torch.Tensor:
+        return cast(need(name).float() + norm_offset)
+
     out: dict[str, torch.Tensor] = {"embed": cast(need("model.embed_tokens.weight")),
-                                    "final_norm": cast(need("model.norm.weight"))}
+                                    "final_norm": norm("model.norm.weight")}
     lm_head = get("lm_head.weight")
     if lm_head is not None and not spec.tie_word_embeddings:
         out["lm_head"] = cast(lm_head)
@@ -124,24 +138,50 @@ def fuse_weights(spec: ModelSpec, get: Callable[[str], torch.Tensor | None], dty
         hf = f"model.layers.{i}."
         p = f"layers.{i}."
         a = hf + "self_attn."
-        q, k, v = need(a + "q_proj.weight"), need(a + "k_proj.weight"), need(a + "v_proj.weight")
-        expected = (spec.q_size, spec.kv_size, spec.kv_size)
-        if (q.shape[0], k.shape[0], v.shape[0]) != expected:
-            raise ModelLoadError(f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
-                                 f"config implies {expected}; config.json and weights disagree")
-        out[p + "qkv"] = cast(torch.cat([q, k, v], dim=0))  # [q_size + 2 * kv_size, hidden]
+        fused = get(a + "qkv_proj.weight")  # Phi-3 stores Q, K and V stacked, as we do
+        if fused is not None:
+            if fused.shape[0] != spec.q_size + 2 * spec.kv_size:
+                raise ModelLoadError(f"{source}: layer {i} qkv_proj has {fused.shape[0]} rows, config implies "
+                                     f"{spec.q_size + 2 * spec.kv_size}; config.json and weights disagree")
+            out[p + "qkv"] = cast(fused)  # [q_size + 2 * kv_size, hidden]
+        else:
+            q, k, v = need(a + "q_proj.weight"), need(a + "k_proj.weight"), need(a + "v_proj.weight")
+            expected = (spec.q_size, spec.kv_size, spec.kv_size)
+            if (q.shape[0], k.shape[0], v.shape[0]) != expected:
+                raise ModelLoadError(f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
+                                     f"config implies {expected}; config.json and weights disagree")
+            out[p + "qkv"] = cast(torch.cat([q, k, v], dim=0))  # [q_size + 2 * kv_size, hidden]
         if spec.qkv_bias:
             out[p + "qkv_bias"] = cast(torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"),
                                                   need(a + "v_proj.bias")]))
         if spec.qk_norm:
-            out[p + "q_norm"] = cast(need(a + "q_norm.weight"))
-            out[p + "k_norm"] = cast(need(a + "k_norm.weight"))
+            out[p + "q_norm"] = norm(a + "q_norm.weight")
+            out[p + "k_norm"] = norm(a + "k_norm.weight")
         out[p + "o_proj"] = cast(need(a + "o_proj.weight"))
-        out[p + "input_norm"] = cast(need(hf + "input_layernorm.weight"))
-        out[p + "post_norm"] = cast(need(hf + "post_attention_layernorm.weight"))
+        o_bias = get(a + "o_proj.bias")
+        if o_bias is not None:
+            out[p + "o_proj_bias"] = cast(o_bias)
+        out[p + "input_norm"] = norm(hf + "input_layernorm.weight")
+        if spec.sandwich_norms:  # Gemma 2: post_attention_layernorm normalises the attention output
+            out[p + "attn_out_norm"] = norm(hf + "post_attention_layernorm.weight")
+            out[p + "post_norm"] = norm(hf + "pre_feedforward_layernorm.weight")
+            out[p + "mlp_out_norm"] = norm(hf + "post_feedforward_layernorm.weight")
+        else:
+            out[p + "post_norm"] = norm(hf + "post_attention_layernorm.weight")
         m = hf + "mlp."
-        out[p + "gate_up"] = cast(torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0))
+        gate_up = get(m + "gate_up_proj.weight")  # Phi-3: gate and up stacked, as we do
+        if gate_up is None:
+            gate_up = torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0)
+        if gate_up.shape[0] != 2 * spec.intermediate_size:
+            raise ModelLoadError(f"{source}: layer {i} gate/up rows are {gate_up.shape[0]}, config implies "
+                                 f"{2 * spec.intermediate_size}; config.json and weights disagree")
+        out[p + "gate_up"] = cast(gate_up)  # [2 * intermediate, hidden]
         out[p + "down"] = cast(need(m + "down_proj.weight"))
+    unread = sorted(name for name in tensors if name not in read and not name.endswith(_IGNORED_TENSORS))
+    if unread:
+        raise ModelLoadError(f"{source}: {len(unread)} tensor(s) Conveyor does not know for {spec.architecture}: "
+                             f"{unread[:5]}{' ...' if len(unread) > 5 else ''}; skipping them would silently change "
+                             f"the model, so it is refused (see the model table in README.md)")
     return out
 
 

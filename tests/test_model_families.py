@@ -1,0 +1,160 @@
+"""Model families from their HF folders and from GGUF files written by llama.cpp's own converter: greedy tokens
+against transformers in float32 (quantized files against transformers running the same dequantized weights)."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import pytest
+
+from conftest import build_tiny_model
+from gguf_convert import ConverterUnavailable, convert, converter_dir, quantization_roundtrip_reference, rewrite
+from parity import compare, hf_greedy
+
+from conveyor import LLM, SamplingParams
+
+NEW_TOKENS = 12
+PROMPT_LENGTHS = (3, 40, 150)
+"""Past every original context used below (64), so the rope scaling matters, and over 3x every window (16)."""
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+
+FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
+    # name: (transformers family, config overrides, GGUF weight types written by the converter)
+    "llama3.x": ("llama", dict(rope_parameters=LLAMA3_ROPE), ("f32", "q8_0")),
+    "llama-linear-rope": ("llama", dict(rope_parameters=LINEAR_ROPE, attention_bias=True), ("f32",)),
+    "qwen2.5-yarn": ("qwen2", dict(tie_word_embeddings=True, rope_parameters=YARN_ROPE), ("f32", "q8_0")),
+    "qwen3": ("qwen3", {}, ("f32",)),
+    "mistral-no-window": ("mistral", {}, ("f32",)),
+    # window 16 on even layers, attention and final soft-caps, query_pre_attn_scalar, GeGLU, sandwich norms
+    "gemma2": ("gemma2", {}, ("f32", "q8_0")),
+    # fused qkv_proj and gate_up_proj, a window on every layer (blocks freed as it moves)
+    "phi3-window": ("phi3", dict(sliding_window=16), ("f32",)),
+    # q/k norms, local layers with their own rope base, a global layer with linear scaling (GGUF: refused)
+    "gemma3-text": ("gemma3", {}, ()),
+}
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_converter() -> str:
+    try:
+        return converter_dir()
+    except ConverterUnavailable as exc:
+        pytest.skip(f"llama.cpp's converter is unavailable here: {exc}")
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 512) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: Any) -> dict[str, dict[str, Any]]:
+    """Each family's tiny model, folder and transformers references, built once on first use."""
+    return {}
+
+
+def _family(name: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any) -> dict[str, Any]:
+    if name not in built:
+        arch, overrides, _ = FAMILIES[name]
+        folder = str(tmp_path_factory.mktemp(name))
+        model = build_tiny_model(arch, folder, **overrides)
+        prompts = _prompts(len(name))
+        refs = hf_greedy(model, prompts, NEW_TOKENS)
+        assert all(len(set(r.token_ids)) > 1 for r in refs), "constant references would make parity weak"
+        built[name] = dict(name=name, folder=folder, model=model, prompts=prompts, refs=refs, ggufs={})
+    return built[name]
+
+
+def _gguf(family: dict[str, Any], outtype: str, tmp_path_factory: Any) -> str:
+    """The family's GGUF file of this weight type, converted once (each file in a folder of its own: a GGUF's
+    tokenizer is read with whatever tokenizer files lie beside it)."""
+    if outtype not in family["ggufs"]:
+        folder = tmp_path_factory.mktemp(f"{family['name']}-{outtype}")
+        family["ggufs"][outtype] = convert(family["folder"], os.path.join(folder, f"model-{outtype}.gguf"), outtype)
+    return family["ggufs"][outtype]
+
+
+def _generate(source: str, prompts: list[list[int]]) -> list[list[int]]:
+    # block_size 4 and a 64-token budget: prompts span many blocks and long ones are prefilled in chunks
+    llm = LLM(model=source, dtype="float32", block_size=4, max_model_len=256, kv_cache_memory=2**22,
+              max_num_batched_tokens=64)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+                        use_tqdm=False)
+    llm.engine.check_idle()
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_hf_folder_matches_transformers(name: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any) -> None:
+    family = _family(name, built, tmp_path_factory)
+    compare(family["refs"], _generate(family["folder"], family["prompts"]), allow_ties=True, tie_gap=1e-3)
+
+
+@pytest.mark.parametrize("name, outtype", [(name, t) for name, (_, _, types) in FAMILIES.items() for t in types])
+def test_gguf_from_llama_cpp_converter_matches_transformers(name: str, outtype: str, llama_cpp_converter: str,
+                                                            built: dict[str, dict[str, Any]],
+                                                            tmp_path_factory: Any) -> None:
+    family = _family(name, built, tmp_path_factory)
+    path = _gguf(family, outtype, tmp_path_factory)
+    refs = family["refs"] if outtype == "f32" else hf_greedy(
+        quantization_roundtrip_reference(family["model"], path), family["prompts"], NEW_TOKENS)
+    compare(refs, _generate(path, family["prompts"]), allow_ties=True, tie_gap=1e-3)
+
+
+@pytest.mark.parametrize("weight_type", ["F16", "BF16", "Q4_0", "Q5_1"])
+def test_gguf_weight_types_match_transformers_on_the_same_weights(weight_type: str, llama_cpp_converter: str,
+                                                                  built: dict[str, dict[str, Any]],
+                                                                  tmp_path_factory: Any) -> None:
+    """The converter's F32 file with every matrix re-encoded in another weight type by the `gguf` package:
+    greedy tokens equal transformers running the same values."""
+    import gguf
+    import numpy as np
+
+    family = _family("llama3.x", built, tmp_path_factory)
+    source = gguf.GGUFReader(_gguf(family, "f32", tmp_path_factory))
+    kind = gguf.GGMLQuantizationType[weight_type]
+    tensors = {t.name: (gguf.quants.quantize(np.asarray(t.data, dtype=np.float32), kind), kind)
+               for t in source.tensors if len(t.data.shape) == 2}
+    path = rewrite(family["ggufs"]["f32"], str(tmp_path_factory.mktemp(weight_type) / "model.gguf"), tensors=tensors)
+    refs = hf_greedy(quantization_roundtrip_reference(family["model"], path), family["prompts"], NEW_TOKENS)
+    compare(refs, _generate(path, family["prompts"]), allow_ties=True, tie_gap=1e-3)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_inspect_describes_each_family_from_folder_and_gguf(name: str, llama_cpp_converter: str,
+                                                            built: dict[str, dict[str, Any]], tmp_path_factory: Any,
+                                                            capsys: Any) -> None:
+    from conveyor.cli import main
+
+    family = _family(name, built, tmp_path_factory)
+    arch, overrides, gguf_types = FAMILIES[family["name"]]
+    paths = [family["folder"]] + ([_gguf(family, "f32", tmp_path_factory)] if gguf_types else [])
+    assert main(["inspect", *paths]) == 0
+    text = capsys.readouterr().out
+    assert text.count("conveyor      runs it") == len(paths) and "hf-folder" in text
+    assert ("format        gguf" in text) == bool(gguf_types)
+    assert "layers        2" in text and "heads         4 query, 2 key/value" in text
+    rope_type = overrides.get("rope_parameters", {}).get("rope_type")
+    if rope_type == "llama3":  # llama.cpp's converter stores it as per-frequency factors
+        assert "scaling llama3 x8 from 64 tokens" in text and "per-frequency factors" in text
+    elif rope_type is not None:
+        assert text.count(f"scaling {rope_type}") == len(paths)
+
+
+def test_inspect_refuses_an_unsupported_family_without_loading_it(tmp_path: Any, capsys: Any) -> None:
+    import transformers
+
+    from conveyor.cli import main
+
+    config = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path))
+    assert main(["inspect", str(tmp_path)]) == 1
+    text = capsys.readouterr().out
+    assert "GPTNeoXForCausalLM" in text and "refuses it" in text and "is not supported" in text
