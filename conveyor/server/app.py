@@ -16,12 +16,11 @@ from conveyor.server.guard import GuardMiddleware, ServerState
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.logprobs import TokenBytes
 from conveyor.server.request_id import RequestIdMiddleware, response_id
-from conveyor.server.serving import (Prepared, Serving, chat_choice, completion_choice, new_id, now, prompt_fields,
-                                     usage)
+from conveyor.server.serving import Prepared, Serving, chat_choice, completion_choice, new_id, now, usage
 from conveyor.server.streaming import sse_response, stream_chat, stream_completion
 from conveyor.server.tokenizer_routes import tokenizer_routes
-from conveyor.server.vllm_extras import TokenIdNames
 from conveyor.server.ui import mount_ui
+from conveyor.server.vllm_extras import TokenIdNames, prompt_fields
 
 
 def build_app(state: ServerState) -> FastAPI:
@@ -122,7 +121,7 @@ async def _respond(state: ServerState, serving: Serving, request: Request,
     state.metrics.requests.labels("ok").inc()
     return JSONResponse({"id": rid, "object": object_name, "created": now(), "model": state.options.model_name,
                          "choices": body_choices, "usage": usage(outputs, prepared.score_only)}
-                        | (prompt_fields(prepared, outputs[0]) if object_name == "chat.completion" else {}))
+                        | (prompt_fields(prepared.extras, outputs[0]) if object_name == "chat.completion" else {}))
 
 
 def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:

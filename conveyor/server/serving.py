@@ -17,7 +17,8 @@ from conveyor.server.errors import APIError, param_of, sse_error
 from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completion_logprobs, echoed, generated
 from conveyor.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from conveyor.server.structured import chat_constraint, request_constraint
-from conveyor.server.vllm_extras import ResponseExtras, choice_token_ids, extras_of, prompt_logprobs_json
+from conveyor.server.vllm_extras import (ResponseExtras, choice_token_ids, extras_of, generation_prompt,
+                                         no_streamed_prompt_logprobs)
 from conveyor.tools import ToolParser, ToolPlan, parser_for, render_conversation
 
 
@@ -143,7 +144,7 @@ class Serving:
             tokenizer = self._core.tokenizer
             echo = [t if t is not None else tokenizer.decode(ids) if tokenizer is not None else ""
                     for t, ids in zip(texts, prompts)]
-        _no_streamed_prompt_logprobs(body)
+        no_streamed_prompt_logprobs(body, completions=True)
         wanted = [n for n in (body.logprobs if body.echo else None, body.prompt_logprobs) if n is not None]
         constraint = request_constraint(body)
         params = self._params(body, max_tokens, body.logprobs, max(wanted) if wanted else None, constraint)
@@ -163,7 +164,7 @@ class Serving:
         top = body.top_logprobs if body.top_logprobs is not None else 0
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
-        _no_streamed_prompt_logprobs(body)
+        no_streamed_prompt_logprobs(body, completions=False)
         last = body.messages[-1]
         role = "assistant" if add_generation_prompt else last.role  # as vLLM: the role whose turn it is
         extras = extras_of(body, role, last.text() if body.echo and last.role == role else "")
@@ -264,36 +265,8 @@ def completion_choice(prepared: Prepared, prompt_index: int, out: RequestOutput,
             "text": echo + ("" if prepared.score_only else c.text),
             "logprobs": logprobs,
             "finish_reason": finish_reason(c.finish_reason, out.error, prepared.score_only),
-            "stop_reason": None if prepared.score_only else c.stop_reason} | prompt_fields(prepared, out) \
+            "stop_reason": None if prepared.score_only else c.stop_reason} | prompt_fields(prepared.extras, out) \
         | choice_token_ids(prepared.extras, c, len(c.token_ids) if prepared.score_only else 0)
-
-
-def prompt_fields(prepared: Prepared, out: RequestOutput) -> dict[str, Any]:
-    """vLLM's prompt_token_ids / prompt_logprobs of a response (chat) or of a choice (completions), when asked."""
-    extras = prepared.extras
-    fields: dict[str, Any] = {}
-    if extras.return_token_ids:
-        fields["prompt_token_ids"] = list(out.prompt_token_ids)
-    if extras.prompt_logprobs is not None:
-        fields["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, extras.prompt_logprobs)
-    return fields
-
-
-def generation_prompt(body: Any) -> bool:
-    """Whether to render the assistant's turn opening: add_generation_prompt, off when continue_final_message
-    is on (unless both were asked for explicitly, which is refused)."""
-    if body.continue_final_message and body.add_generation_prompt and "add_generation_prompt" in body.model_fields_set:
-        raise APIError(400, "continue_final_message continues the last message, so it cannot be combined with "
-                            "add_generation_prompt=true (which opens a new one); set one of them to false",
-                       "continue_final_message")
-    return bool(body.add_generation_prompt and not body.continue_final_message)
-
-
-def _no_streamed_prompt_logprobs(body: CompletionRequest | ChatCompletionRequest) -> None:
-    if body.prompt_logprobs is not None and body.stream:
-        raise APIError(400, "prompt_logprobs is not available when streaming (as in vLLM); ask without "
-                            "stream" + (", or use echo with logprobs" if isinstance(body, CompletionRequest) else ""),
-                       "prompt_logprobs")
 
 
 def chat_choice(out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None,

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from conveyor.server.errors import APIError
 from conveyor.server.protocol import ChatMessage
-from conveyor.server.serving import Serving, generation_prompt
+from conveyor.server.serving import Serving
+from conveyor.server.vllm_extras import generation_prompt
 
 MAX_TOKENS_TO_DECODE = 1_000_000
 

@@ -15,8 +15,9 @@ from typing import Any, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from conveyor.outputs import CompletionOutput, PositionLogprobs
+from conveyor.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from conveyor.params import MAX_LOGPROBS
+from conveyor.server.errors import APIError
 from conveyor.server.logprobs import TokenBytes
 
 
@@ -137,3 +138,29 @@ def running_usage(extras: ResponseExtras, prompt_tokens: int, completion_tokens:
 def choice_token_ids(extras: ResponseExtras, c: CompletionOutput, start: int = 0) -> dict[str, Any]:
     """A choice's generated token ids from `start` on, when return_token_ids asked for them."""
     return {"token_ids": list(c.token_ids[start:])} if extras.return_token_ids else {}
+
+
+def prompt_fields(extras: ResponseExtras, out: RequestOutput) -> dict[str, Any]:
+    """vLLM's prompt_token_ids / prompt_logprobs of a response (chat) or of a choice (completions), when asked."""
+    fields: dict[str, Any] = {}
+    if extras.return_token_ids:
+        fields["prompt_token_ids"] = list(out.prompt_token_ids)
+    if extras.prompt_logprobs is not None:
+        fields["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, extras.prompt_logprobs)
+    return fields
+
+
+def generation_prompt(body: Any) -> bool:
+    """Whether to render the assistant's turn opening: add_generation_prompt, off when continue_final_message
+    is on (unless both were asked for explicitly, which is refused)."""
+    if body.continue_final_message and body.add_generation_prompt and "add_generation_prompt" in body.model_fields_set:
+        raise APIError(400, "continue_final_message continues the last message, so it cannot be combined with "
+                            "add_generation_prompt=true (which opens a new one); set one of them to false",
+                       "continue_final_message")
+    return bool(body.add_generation_prompt and not body.continue_final_message)
+
+
+def no_streamed_prompt_logprobs(body: Any, completions: bool) -> None:
+    if body.prompt_logprobs is not None and body.stream:
+        raise APIError(400, "prompt_logprobs is not available when streaming (as in vLLM); ask without "
+                            "stream" + (", or use echo with logprobs" if completions else ""), "prompt_logprobs")
