@@ -18,7 +18,7 @@ from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completio
 from conveyor.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from conveyor.server.structured import chat_constraint, request_constraint
 from conveyor.server.vllm_extras import (ResponseExtras, choice_token_ids, extras_of, generation_prompt,
-                                         no_streamed_prompt_logprobs)
+                                         no_streamed_prompt_logprobs, prompt_fields)
 from conveyor.tools import ToolParser, ToolPlan, parser_for, render_conversation
 
 
