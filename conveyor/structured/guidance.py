@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from typing import Any, Sequence
@@ -92,8 +93,6 @@ class GuidanceBackend:
         return grammar
 
     def _compile(self, spec: StructuredOutputs) -> GuidanceGrammar:
-        import time
-
         what = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",
                 "grammar": "grammar"}[spec.kind]
         try:
