@@ -213,3 +213,29 @@ def test_abort_of_a_constrained_request_mid_flight(tiny_with_tokenizer: str) -> 
     assert by_id[gone].finish_reason == "abort"
     assert by_id[keep].finish_reason == "stop" and re.fullmatch("[a-z]{30}", by_id[keep].text)
     engine.check_idle()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_bitmask_kernel_matches_torch(native_kernels: Any, dtype: torch.dtype) -> None:
+    """csrc/token_bitmask.cpp against the torch path: a vocabulary that is not a multiple of 32, a subset of
+    rows, all-allowed and all-forbidden words; in a copy unless the caller owns the logits."""
+    gen = torch.Generator().manual_seed(3)
+    vocab, batch = 1000, 6
+    words = bitmask_words(vocab)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (4, words), dtype=torch.int32, generator=gen)
+    bitmask[0, :5] = -1  # every token allowed
+    bitmask[1, 3:9] = 0  # every token forbidden
+    logits = torch.randn(batch, vocab, generator=gen).to(dtype)
+    rows = torch.tensor([5, 0, 2, 3])
+    reference = apply_bitmask(logits, rows, bitmask)
+    before = logits.clone()
+    copied = apply_bitmask(logits, rows, bitmask, native=native_kernels.apply_token_bitmask_)
+    assert torch.equal(logits, before)  # not owned: the input is left alone
+    assert torch.equal(copied, reference)
+    owned = logits.clone()
+    assert apply_bitmask(owned, rows, bitmask, native=native_kernels.apply_token_bitmask_, owned=True) is owned
+    assert torch.equal(owned, reference)
+    with pytest.raises(RuntimeError, match="too few"):
+        native_kernels.apply_token_bitmask_(logits.clone(), rows, bitmask[:, :10].contiguous())
+    with pytest.raises(RuntimeError, match="outside"):
+        native_kernels.apply_token_bitmask_(logits.clone(), torch.tensor([0, 1, 2, 9]), bitmask)

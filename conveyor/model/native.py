@@ -12,7 +12,9 @@ cost more in dispatch than in arithmetic. csrc/ holds:
     row at a time ~15% faster than torch's kernel, the int8 LM head ~1.7x);
   - f32_linear.cpp: float32 products over weights packed in 32-column panels, prefetched a panel
     ahead (all decoder linears of the default model at 8 rows 1.5-2.3x, at 64 rows 1.2-1.5x faster
-    than torch's GEMM).
+    than torch's GEMM);
+  - token_bitmask.cpp: structured output's grammar masks applied to the logits in place (one read of
+    the masks, one write per forbidden token; torch's ops expand every bit into a float first).
 
 It is built for the CPU at hand (-march=native), so the build's name carries a hash of the
 sources, the CPU's feature flags and torch's and Python's versions (never the checkout's path): another
@@ -87,10 +89,16 @@ class NativeKernels(Protocol):
         ...
 
 
+    def apply_token_bitmask_(self, logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+        """logits [batch, vocab] float32/bfloat16 (contiguous rows), rows [k] int64, bitmask [k, words] int32:
+        sets every token a row's mask forbids to -inf, in place (conveyor/structured/bitmask.py's layout)."""
+        ...
+
+
 _HEADERS = [Path(__file__).parent / "csrc" / "vec_bf16.h"]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp", "norm_act.cpp",
                                                             "rotary_cache.cpp", "quant_linear.cpp",
-                                                            "f32_linear.cpp")]
+                                                            "f32_linear.cpp", "token_bitmask.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
 """-ffp-contract=off: no fused multiply-adds the source does not write, so that float32 results round
 like torch's separate kernels (the attention kernel's explicit FMA intrinsics are unaffected)."""

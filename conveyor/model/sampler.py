@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.structured.bitmask import apply_bitmask
+from conveyor.structured.bitmask import MaskInPlace, apply_bitmask
 
 _MASK32 = 0xFFFFFFFF
 
@@ -149,8 +149,8 @@ def _first_argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
-def sample(logits: torch.Tensor, t: SamplingTensors,
-           grammar: tuple[torch.Tensor, torch.Tensor] | None = None) -> SampleOutput:
+def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor, torch.Tensor] | None = None,
+           mask_in_place: MaskInPlace | None = None) -> SampleOutput:
     """logits: [rows, vocab] raw model logits, in the model's dtype -> sampled ids [rows] (+ raw
     logprobs when asked).
 
@@ -163,14 +163,16 @@ def sample(logits: torch.Tensor, t: SamplingTensors,
     checks the ids).
 
     `grammar` (rows [k], bitmask [k, words]): structured-output rows, whose forbidden tokens are set
-    to -inf after the other logits processing (so no bias or penalty can bring them back)."""
+    to -inf after the other logits processing (so no bias or penalty can bring them back), by the
+    native kernel `mask_in_place` where given (CPU)."""
     if t.all_greedy and t.bias is None and t.suppress is None and t.penalties is None and t.num_logprobs is None \
             and grammar is None:
         return SampleOutput(_first_argmax(logits))
     logits = logits.float()  # [rows, vocab]
     processed = process_logits(logits, t)  # [rows, vocab]
     if grammar is not None:
-        processed = apply_bitmask(processed, *grammar)
+        # in place only into a tensor of our own: `logits` is still read for the raw logprobs below
+        processed = apply_bitmask(processed, *grammar, native=mask_in_place, owned=processed is not logits)
     tokens = _first_argmax(processed)  # [rows]
     if not t.all_greedy:
         is_greedy = t.temperature == 0  # [rows]

@@ -13,10 +13,15 @@ when it reaches sampling (vLLM's order: forward first, grammar mask at sampling 
 from __future__ import annotations
 
 from concurrent.futures import Future
+from typing import Callable
 
 import torch
 
 BITS = 32
+
+MaskInPlace = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
+"""(logits [batch, vocab], rows [k] int64, bitmask [k, words] int32) -> None: the native kernel
+(csrc/token_bitmask.cpp) that writes -inf over the forbidden tokens in place."""
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -69,9 +74,19 @@ def bitmask_penalty(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype =
     return table[as_bytes].flatten(1)[:, :vocab_size]  # [rows, vocab]
 
 
-def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, native: MaskInPlace | None = None,
+                  owned: bool = False) -> torch.Tensor:
     """logits [batch, vocab] float; rows [k] int64 (distinct); bitmask [k, words] int32 -> logits with every
-    token a row's grammar forbids at -inf (other rows unchanged)."""
+    token a row's grammar forbids at -inf (other rows unchanged).
+
+    With `native` (CPU, float32 / bfloat16 logits) the kernel writes the -inf in place: into `logits`
+    itself when the caller `owned` it (a tensor nobody else reads), else into a copy. Otherwise torch's
+    ops build a [k, vocab] penalty and add it (the same result)."""
+    if native is not None and logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) \
+            and logits.dim() == 2 and logits.stride(-1) == 1:
+        out = logits if owned else logits.clone()
+        native(out, rows.to(torch.int64).contiguous(), bitmask.contiguous())
+        return out
     penalty = bitmask_penalty(bitmask, logits.shape[-1], logits.dtype)  # [k, vocab]
     if rows.shape[0] == logits.shape[0]:  # every row constrained (rows are 0..k-1 in order)
         return logits + penalty

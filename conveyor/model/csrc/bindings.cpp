@@ -15,6 +15,7 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, co
 bool f32_linear_vectorized();
 torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
                          const c10::optional<torch::Tensor>& bias);
+void apply_token_bitmask_(torch::Tensor& logits, const torch::Tensor& rows, const torch::Tensor& bitmask);
 
 // Every op releases the GIL while it computes, as torch's own ops do: on CPU the engine's host thread
 // (async batching, runtime/overlap.py) runs Python while the forward pass is in these kernels.
@@ -30,4 +31,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("f32_linear", &f32_linear, no_gil, "x @ W^T for float32 weights in panels (conveyor.model.layers, CPU)");
   m.def("rotary_and_cache", &rotary_and_cache, no_gil,
         "Rotary Q/K from fused QKV rows, K/V written to cache slots (CPU)");
+  m.def("apply_token_bitmask_", &apply_token_bitmask_, no_gil,
+        "Tokens a row's grammar bitmask forbids set to -inf in the logits, in place (CPU)");
 }
