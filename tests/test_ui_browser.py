@@ -54,7 +54,7 @@ def browser() -> Iterator[Any]:
 def server(browser: Any) -> Iterator[ServerProcess]:
     proc = ServerProcess("--api-key", KEY, "--max-num-seqs", "8")
     try:
-        proc.wait_ready()
+        proc.wait_ready(timeout=300)  # loading the model takes longer on a busy machine
         yield proc
     finally:
         proc.stop()
