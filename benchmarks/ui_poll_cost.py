@@ -110,6 +110,54 @@ def start_server(port: int, extra: list[str]) -> subprocess.Popen[str]:
     raise TimeoutError("the server did not become healthy in 600 s")
 
 
+def endpoint_cpu(polls: int = 400) -> dict[str, Any]:
+    """CPU seconds one page poll costs the server process (the route, JSON and HTTP handling in-process),
+    measured as process CPU time, which other programs on the machine do not inflate the way they
+    inflate wall time. The engine's ring holds W1-like steps: 64 sequences per ~110 ms step, five spans
+    each (schedule, prepare, commit on the host, forward+sample on the device) over the last 30 s."""
+    from fastapi.testclient import TestClient
+
+    from conveyor.config import EngineConfig
+    from conveyor.engine.async_engine import AsyncEngine
+    from conveyor.engine.engine import Engine
+    from conveyor.engine.stats import EngineStats
+    from conveyor.runtime.timeline import DEVICE_LANE, HOST_LANE, StepTimeline
+    from conveyor.server.app import build_app
+    from conveyor.server.guard import ServerOptions, ServerState
+
+    class FilledEngine(AsyncEngine):  # a started engine's public surface, without loading a model
+        def __init__(self) -> None:
+            super().__init__(EngineConfig())
+            self.engine = Engine.__new__(Engine)
+            self.engine.timeline = StepTimeline()
+            self._ready.set()
+            self._stats = EngineStats(64, 0, 5000, 0, 0, 728, 500, 10, 0, 9000, 0, 40000, True, 500.0, 510.0)
+
+    engine = FilledEngine()
+    timeline = engine.engine.timeline
+    timeline.origin -= 60.0  # as if the engine had run for a minute already
+    start = time.perf_counter() - 30.0
+    for step in range(int(30 / 0.11)):
+        t = start + step * 0.11
+        timeline.add("forward+sample", DEVICE_LANE, t, t + 0.105, step, 64, 64, 64)
+        for name in ("commit", "schedule", "prepare"):
+            timeline.add(name, HOST_LANE, t + 0.001, t + 0.002, step)
+    since = timeline.now() - POLL_S - 0.25  # what the page asks: the last poll's spans (~7 steps here)
+    client = TestClient(build_app(ServerState(engine, ServerOptions(model_name="m"))))
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    sizes = []
+    for _ in range(polls):
+        r = client.get(f"/v1/engine/status?window={PAGE_WINDOW_S}&since={since}")
+        assert r.status_code == 200, r.text
+        sizes.append(len(r.content))
+    spans = len(r.json()["spans"])
+    cpu = (time.process_time() - cpu0) / polls
+    return {"cpu_ms_per_poll": cpu * 1e3, "wall_ms_per_poll": (time.perf_counter() - wall0) / polls * 1e3,
+            "bytes_per_poll": statistics.median(sizes), "spans_per_poll": spans,
+            "share_of_2_cores_at_2_polls_per_s": cpu * (1 / POLL_S) / 2,
+            "note": "TestClient adds its own thread hop, so this over-counts the route's cost"}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -119,6 +167,7 @@ def main() -> int:
     parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
                         help="passed to conveyor serve (e.g. --dtype float32)")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--endpoint-cpu", action="store_true", help="only measure one poll's CPU cost in-process")
     parser.add_argument("--poll", metavar="URL", help=argparse.SUPPRESS)
     parser.add_argument("--hold-page", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -128,7 +177,11 @@ def main() -> int:
     if args.hold_page:
         hold_page(args.hold_page)
         return 0
+    if args.endpoint_cpu:
+        print(json.dumps(endpoint_cpu(), indent=2))
+        return 0
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop the server too
     arms = list(args.arms)
     skipped = browser_available() if "browser" in arms else None
     if skipped:

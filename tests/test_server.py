@@ -224,6 +224,7 @@ def test_metrics_exposes_the_required_series(server: ServerProcess) -> None:
 def test_auth_on_every_route(server: ServerProcess) -> None:
     from conveyor.server.app import build_app
     from conveyor.server.guard import OPEN_PATHS, ServerOptions, ServerState
+    from conveyor.server.ui import is_page_path
     from conveyor.engine.async_engine import AsyncEngine
     from conveyor.config import EngineConfig
 
@@ -233,7 +234,7 @@ def test_auth_on_every_route(server: ServerProcess) -> None:
     for path, method in routes:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             r = httpx.request(method, server.url + path, headers=headers, json={} if method == "POST" else None)
-            if path in OPEN_PATHS:  # probes and Prometheus scrapes, as vLLM leaves them open
+            if path in OPEN_PATHS or is_page_path(path):  # probes, Prometheus scrapes, the page (holds no secret)
                 assert r.status_code == 200
             else:
                 assert r.status_code == 401, (path, headers)

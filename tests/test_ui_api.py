@@ -78,7 +78,7 @@ def test_status_parameters_are_validated() -> None:
 def server() -> Iterator[ServerProcess]:
     proc = ServerProcess("--api-key", KEY, "--no-ui", "--max-num-seqs", "8")
     try:
-        proc.wait_ready()
+        proc.wait_ready(timeout=300)  # loading the model takes longer on a busy machine
         yield proc
     finally:
         proc.stop()

@@ -54,7 +54,7 @@ def browser() -> Iterator[Any]:
 def server(browser: Any) -> Iterator[ServerProcess]:
     proc = ServerProcess("--api-key", KEY, "--max-num-seqs", "8")
     try:
-        proc.wait_ready()
+        proc.wait_ready(timeout=300)  # loading the model takes longer on a busy machine
         yield proc
     finally:
         proc.stop()
@@ -315,3 +315,19 @@ def test_copy_as_python_and_curl_run(open_page: Callable[..., Page], server: Ser
     run = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["choices"][0]["message"]["content"] == answer
+
+
+def test_a_refused_request_shows_the_api_message(open_page: Callable[..., Page], server: ServerProcess) -> None:
+    page = open_page()
+    page.wait_ready()
+    page.page.click("#clear")
+    page.set_settings(max_tokens=999999, temperature=0.5)
+    page.send("Hi")
+    page.page.wait_for_selector("#chat-error:not([hidden])", timeout=WAIT_MS)
+    r = httpx.post(server.url + "/v1/chat/completions", headers=AUTH, timeout=60,
+                   json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 999999, "temperature": 0.5,
+                         "stream": True, "stream_options": {"include_usage": True}})
+    assert r.status_code == 400
+    assert page.text("#chat-error") == r.json()["error"]["message"]
+    assert "max_tokens=999999 is too large" in page.text("#chat-error")
+    assert page.page.locator(".msg.assistant").count() == 0 and not page.page.is_disabled("#send")

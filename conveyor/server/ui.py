@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Query
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from conveyor.runtime.timeline import DEVICE_LANE, Span
@@ -42,8 +42,8 @@ def mount_ui(app: FastAPI, state: ServerState, serve_page: bool) -> None:
     async def engine_status(
             since: float | None = Query(None, ge=0, description="only spans that ended after this engine time"),
             window: float = Query(5.0, gt=0, le=60, description="seconds of spans when `since` is left out"),
-    ) -> dict[str, Any]:
-        return engine_status_body(state, since, window)
+    ) -> JSONResponse:
+        return JSONResponse(engine_status_body(state, since, window))  # plain JSON: skips jsonable_encoder
 
     if not serve_page:
         return

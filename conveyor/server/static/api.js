@@ -84,7 +84,7 @@ export async function streamSSE(path, body, onEvent, signal) {
         const data = line.slice(6);
         if (data === "[DONE]") return;
         const parsed = JSON.parse(data);
-        if (parsed.error) throw new ApiError(parsed.error.code || 500, parsed.error.message);
+        if (parsed.error) throw new ApiError(500, parsed.error.message);  // the stream failed after it began
         onEvent(parsed);
       }
     }
