@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import httpx
 
@@ -57,3 +58,15 @@ class ServerProcess:
             if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
+
+
+@contextlib.contextmanager
+def running_server(*args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+    """A started server that answers /health, stopped (SIGTERM) on the way out: `with running_server(...) as
+    server:`, or a module fixture's `yield`."""
+    proc = ServerProcess(*args, env=env)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()

@@ -4,7 +4,6 @@ or refused by name (file, key, value, what is supported)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from typing import Any
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from server_process import ServerProcess
+from server_process import ServerProcess, running_server
 
 from conveyor import SamplingParams
 
@@ -22,13 +22,9 @@ MODEL = "SmolLM2-135M-Instruct"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("--api-key", KEY, "--allowed-origins", "http://allowed.example", "--dtype", "float32",
-                         "--max-queued-requests", "64", "--request-timeout", "120")
-    try:
-        proc.wait_ready()
+    with running_server("--api-key", KEY, "--allowed-origins", "http://allowed.example", "--dtype", "float32",
+                         "--max-queued-requests", "64", "--request-timeout", "120") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from server_process import ServerProcess
+from server_process import ServerProcess, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 CHAT = "/v1/chat/completions"
@@ -20,12 +20,8 @@ MSG = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("--max-body-bytes", "65536", "--max-queued-requests", "2", "--request-timeout", "3")
-    try:
-        proc.wait_ready()
+    with running_server("--max-body-bytes", "65536", "--max-queued-requests", "2", "--request-timeout", "3") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 LONG = "word " * 3000  # about 3000 tokens > max_model_len 2048

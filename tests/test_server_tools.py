@@ -11,7 +11,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from server_process import ServerProcess
+from server_process import ServerProcess, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 
@@ -30,12 +30,8 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("--max-model-len", "1024")
-    try:
-        proc.wait_ready()
+    with running_server("--max-model-len", "1024") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

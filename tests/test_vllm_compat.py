@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from server_process import ServerProcess
+from server_process import ServerProcess, running_server
 
 from conveyor import SamplingParams
 from conveyor.outputs import Logprob
@@ -23,13 +23,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess("--dtype", "float32", "--max-queued-requests", "64", "--request-timeout", "300",
-                         "--vllm-metrics")
-    try:
-        proc.wait_ready()
+    with running_server("--dtype", "float32", "--max-queued-requests", "64", "--request-timeout", "300",
+                         "--vllm-metrics") as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
