@@ -49,6 +49,24 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -
     return 2 * size ** 3 / best / 1e9
 
 
+def timed_decode_steps(engine: Any, prompts: list[list[int]], params: list[SamplingParams],
+                       steps: int) -> list[float]:
+    """Admit one request per prompt, step until every one has its first token (prefills done), then time
+    `steps` engine steps (seconds each); the requests are aborted and the engine drained afterwards."""
+    ids = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
+    decoding: set[str] = set()
+    while len(decoding) < len(ids):
+        decoding.update(out.request_id for out in engine.step() if out.outputs[0].token_ids)
+    step_seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        step_seconds.append(time.perf_counter() - start)
+    engine.abort(ids)
+    engine.drain()
+    return step_seconds
+
+
 def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, steps: int) -> dict[str, Any]:
     """Admit num_seqs requests, run until every one is decoding, then time `steps` engine steps."""
     from conveyor.engine.engine import Engine
@@ -57,18 +75,7 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
     spec = engine.spec
     prompts = random_workload(num_seqs, (prompt_len, prompt_len), (1, 1), spec.vocab_size).prompts
     params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
-    decoding: set[str] = set()
-    for prompt in prompts:
-        engine.add_request(prompt, params)
-    while len(decoding) < num_seqs:  # prefill (and the first sampled token) of every request
-        decoding.update(out.request_id for out in engine.step() if out.outputs[0].token_ids)
-    step_seconds = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        engine.step()
-        step_seconds.append(time.perf_counter() - start)
-    engine.abort(list(decoding))
-    engine.drain()
+    step_seconds = timed_decode_steps(engine, prompts, [params] * num_seqs, steps)
     async_batching, dtype_name = engine.async_batching, engine.dtype
     engine.close()
     step = statistics.median(step_seconds)

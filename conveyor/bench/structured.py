@@ -14,6 +14,7 @@ import statistics
 import time
 from typing import Any
 
+from conveyor.bench.decode_step import timed_decode_steps
 from conveyor.bench.json_schemas import random_object
 from conveyor.bench.workloads import random_workload
 from conveyor.config import EngineConfig
@@ -31,17 +32,7 @@ LONG_SCHEMAS: list[dict[str, Any]] = [
 
 
 def _timed_steps(engine: Any, prompts: list[list[int]], params: list[SamplingParams], steps: int) -> list[float]:
-    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-    decoding: set[str] = set()
-    while len(decoding) < len(ids):
-        decoding.update(out.request_id for out in engine.step() if out.outputs[0].token_ids)
-    seconds = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        engine.step()
-        seconds.append(time.perf_counter() - start)
-    engine.abort(ids)
-    engine.drain()
+    seconds = timed_decode_steps(engine, prompts, params, steps)
     engine.check_idle()
     return seconds
 
