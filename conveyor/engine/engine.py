@@ -6,32 +6,33 @@ import itertools
 import logging
 import random
 import time
-from typing import Callable, Sequence, TypeVar
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
 
 import torch
 
 from conveyor.config import EngineConfig
 from conveyor.core.kv_cache import BlockManager
-from conveyor.core.plan import StepPlan, StepResult
+from conveyor.core.plan import StepPlan
 from conveyor.core.request import Request
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
 from conveyor.engine.grammars import EngineGrammars
+from conveyor.engine.info import EngineInfo
 from conveyor.engine.output import OutputProcessor
 from conveyor.engine.stats import EngineStats
 from conveyor.errors import InvalidRequestError
 from conveyor.model.loader import load_model, model_path, resolve_dtype, resolve_max_model_len
-from conveyor.model.runner import ModelRunner, PreparedStep
+from conveyor.model.runner import ModelRunner
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
-from conveyor.runtime.device import detect_device, resolve_async_batching
-from conveyor.runtime.overlap import HostOverlapExecutor
-from conveyor.runtime.pipelined import InflightStep, PipelinedExecutor
-from conveyor.runtime.sync import SyncExecutor
+from conveyor.runtime import Executor, StepHandle, make_executor
+from conveyor.device import detect_device
+from conveyor.runtime.device import resolve_async_batching
 from conveyor.runtime.timeline import StepTimeline
 from conveyor.runtime.trace import Tracer
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def sample_seed(seed: int, index: int) -> int:
@@ -45,7 +46,8 @@ def sample_seed(seed: int, index: int) -> int:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig,
+                 output_sink: Callable[[list[RequestOutput]], None] | None = None) -> None:
         self.config = config
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
@@ -70,17 +72,12 @@ class Engine:
         self.timeline = StepTimeline()
         """The latest host and device spans (a bounded ring, always on); safe to read from any thread."""
         self.tracer = Tracer(enabled=False, timeline=self.timeline)
-        self.executor: SyncExecutor | PipelinedExecutor | HostOverlapExecutor
-        if not self.async_batching:
-            self.executor = SyncExecutor(self.runner, self.tracer)
-        elif self.device_info.is_cuda:
-            self.executor = PipelinedExecutor(self.runner, self.tracer)
-        else:
-            self.executor = HostOverlapExecutor(self.runner, self.tracer)
-        self._inflight: InflightStep | None = None  # CUDA pipeline: the launched step
-        self._ready: tuple[StepPlan, PreparedStep] | None = None  # CPU overlap: the next step, prepared
-        self._pending: tuple[StepPlan, StepResult] | None = None  # CPU overlap: run, not yet committed
-        self.output_sink: Callable[[list[RequestOutput]], None] | None = None
+        self.executor: Executor = make_executor(self.async_batching, self.runner, self.tracer)
+        self._inflight: deque[StepHandle] = deque()
+        """Steps submitted and not yet finished, oldest first (at most executor.depth)."""
+        self._host_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-host")
+        """Where the host turn runs while the executor computes on the engine's thread (CPU overlap)."""
+        self.output_sink = output_sink
         """Optional: CPU async batching hands the outputs its host thread commits to this callable,
         from that thread, while the forward pass is still running, instead of returning them from
         the `step()` that ends after the forward (one step earlier for streaming clients). It must
@@ -91,6 +88,12 @@ class Engine:
         self._active_s = 0.0
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
+        self.info = EngineInfo(
+            model_source=self.model_source, tokenizer=self.tokenizer, vocab_size=self.spec.vocab_size,
+            max_model_len=self.max_model_len, sampling_defaults=EngineInfo.freeze(self.sampling_defaults),
+            eos_token_ids=tuple(self.spec.eos_token_ids), dtype=str(self.dtype).removeprefix("torch."),
+            device=self.device_info.name, async_batching=self.async_batching)
+        """What frontends may know of this engine (frozen)."""
         logger.info("engine ready: %s on %s, dtype %s, max_model_len %d, %d KV blocks", self.model_source,
                     self.device_info.name, self.dtype, self.max_model_len, plan.num_blocks)
 
@@ -137,9 +140,6 @@ class Engine:
         self.outputs.track(request_id, text, samples, matchers)
         return request_id
 
-    def _fill_grammar(self, plan: StepPlan, prepared: PreparedStep) -> None:
-        self.grammars.fill(plan, prepared, self.outputs, self.tracer)
-
     def _check_vocab(self, params: SamplingParams) -> None:
         vocab = self.spec.vocab_size
         for name, ids in (("logit_bias", list(params.logit_bias)), ("stop_token_ids", list(params.stop_token_ids))):
@@ -172,114 +172,110 @@ class Engine:
 
     # ---- the loop -------------------------------------------------------------------
     def has_work(self) -> bool:
-        return (self.scheduler.has_work() or self._inflight is not None or self._ready is not None
-                or self._pending is not None)
+        return self.scheduler.has_work() or bool(self._inflight)
+
+    def num_waiting(self) -> int:
+        """Requests admitted and not yet running (queued, or preempted and waiting to be recomputed)."""
+        return len(self.scheduler.waiting)
+
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    def num_unfinished(self) -> int:
+        """Requests (samples) admitted and not yet ended."""
+        return self.scheduler.num_unfinished
 
     def step(self) -> list[RequestOutput]:
         """One engine iteration; returns outputs of requests that got a token (or finished)."""
+        return self._turn(self._advance)
+
+    def drain(self) -> list[RequestOutput]:
+        """Finish every step in flight without planning another."""
+        return self._turn(self._finish_all)
+
+    def _turn(self, host_turn: Callable[[], list[RequestOutput]]) -> list[RequestOutput]:
+        """Run one host turn: here, or, when the executor computes on this thread, on the host thread
+        while this thread serves the executor (see runtime/base.py)."""
         start = time.perf_counter()
         try:
-            if isinstance(self.executor, HostOverlapExecutor):
-                return self._step_overlap(self.executor)
-            if self.async_batching:
-                return self._step_pipelined()
-            return self._step_sync()
+            if not self.executor.forward_on_engine_thread:
+                return host_turn()
+            host = self._host_thread.submit(self._guarded, host_turn)
+            try:
+                self.executor.serve(until=host)
+            except BaseException:
+                self.executor.close()  # fails the queued steps, so the host turn cannot wait for them forever
+                raise
+            return host.result()
         finally:
             self._active_s += time.perf_counter() - start
 
-    def _step_sync(self) -> list[RequestOutput]:
-        with self.tracer.span("schedule"):
-            plan = self.scheduler.schedule()
-        if plan.is_empty:
-            return []
-        result = self.executor.wait(self.executor.submit(plan, lambda prepared: self._fill_grammar(plan, prepared)))
-        with self.tracer.span("commit", step=plan.step_id):
-            return self.outputs.commit(plan, result)
+    def _guarded(self, host_turn: Callable[[], list[RequestOutput]]) -> list[RequestOutput]:
+        try:
+            return host_turn()
+        except BaseException as exc:  # never leave a forward waiting for masks that cannot come
+            for handle in self._inflight:
+                if handle.grammar is not None:
+                    handle.grammar.fail(RuntimeError(f"step {handle.plan.step_id}: the host failed before its "
+                                                     f"grammar masks were ready ({type(exc).__name__})"))
+            raise
 
-    def _step_pipelined(self) -> list[RequestOutput]:
-        """Plan and launch step N+1 while step N runs, then finish step N.
+    def _advance(self) -> list[RequestOutput]:
+        """The step loop, the same for every executor (`depth` steps at most submitted and unfinished):
 
-        Blocks freed meanwhile (finish, abort, preemption) are held until the newest
-        launched step has run, since it may still read them."""
-        executor = self.executor
-        current = self._inflight
-        with self.tracer.span("schedule"):
-            plan = self.scheduler.schedule()
-        early: list[RequestOutput] = []
-        if current is not None and any(s.sampling.constrained for s in plan.sampling_seqs if s.sampling):
-            # Grammar masks need the in-flight step's tokens: finish it before launching this one.
-            # (Here the CUDA pipeline loses its overlap for constrained steps; see README.)
-            early = self._finish_inflight(current, plan.step_id)
-            current = None
-        following = None if plan.is_empty else executor.submit(plan, lambda p: self._fill_grammar(plan, p))
-        if following is not None:
-            self.scheduler.inflight_step = plan.step_id
-        if current is None:  # the pipeline was empty: this call only fills it
-            self._inflight = following
-            if following is None:
-                self.scheduler.inflight_step = None
-            return early
-        result = executor.wait(current)
-        self.blocks.release_held(current.plan.step_id)
-        self._inflight = following
-        if following is None:
-            self.scheduler.inflight_step = None
-        with self.tracer.span("commit", step=current.plan.step_id):
-            return self.outputs.commit(current.plan, result)
-
-    def _finish_inflight(self, current: InflightStep, next_step: int) -> list[RequestOutput]:
-        """Wait for and commit the in-flight step before `next_step` (planned, not launched) goes out;
-        blocks this commit frees are held until `next_step` has run, as it may still read them."""
-        result = self.executor.wait(current)
-        self.blocks.release_held(current.plan.step_id)
-        self._inflight = None
-        self.scheduler.inflight_step = next_step
-        with self.tracer.span("commit", step=current.plan.step_id):
-            return self.outputs.commit(current.plan, result)
-
-    def _commit_pending(self) -> list[RequestOutput]:
-        if self._pending is None:
-            return []
-        plan, result = self._pending
-        self._pending = None
-        with self.tracer.span("commit", step=plan.step_id):
-            return self.outputs.commit(plan, result)
-
-    def _schedule_and_prepare(self, executor: HostOverlapExecutor,
-                              previous: StepPlan | None) -> tuple[StepPlan, PreparedStep] | None:
-        with self.tracer.span("schedule"):
-            plan = self.scheduler.schedule()
-        return None if plan.is_empty else (plan, executor.prepare(plan, previous))
-
-    def _step_overlap(self, executor: HostOverlapExecutor) -> list[RequestOutput]:
-        """CPU async batching: run step N here while the host thread commits N-1 and schedules
-        and prepares N+1 (placeholders for N's tokens). Blocks freed meanwhile are held until
-        the step that may read them has run."""
+        1. a full pipeline first finishes its oldest step (with depth 2 it ran during the last call);
+        2. steps are planned and submitted until the pipeline is full again; a step planned while
+           another is in flight gets placeholders for that step's tokens;
+        3. the oldest step is finished now as well when none may stay in flight (depth 1), when no
+           step was planned (the pipeline drains), or when it samples a request's first token (the
+           overlap must not delay time to first token).
+        """
         outputs: list[RequestOutput] = []
-        if self._ready is None:  # nothing prepared: catch up on the host side first
-            outputs = self._commit_pending()
-            self._ready = self._schedule_and_prepare(executor, None)
-            if self._ready is None:
-                self.scheduler.inflight_step = None
-                return outputs
-        plan = self._ready[0]
+        depth = self.executor.depth
+        if len(self._inflight) >= depth:
+            outputs += self._finish_oldest()
+        planned_all = True
+        while len(self._inflight) < depth:
+            with self.tracer.span("schedule"):
+                plan = self.scheduler.schedule()
+            if plan.is_empty:
+                planned_all = False
+                break
+            self._submit(plan)
+        if self._inflight and (depth == 1 or not planned_all or self._samples_first_token(self._inflight[0].plan)):
+            outputs += self._finish_oldest()
+        return outputs
 
-        def host_work(committed: list[RequestOutput]) -> tuple[list[RequestOutput],
-                                                               tuple[StepPlan, PreparedStep] | None]:
-            if self.output_sink is not None and committed:  # out now, not when this forward ends
-                self.output_sink(committed)
-                committed = []
-            return committed, self._schedule_and_prepare(executor, plan)
+    def _finish_all(self) -> list[RequestOutput]:
+        outputs: list[RequestOutput] = []
+        while self._inflight:
+            outputs += self._finish_oldest()
+        return outputs
 
-        committed, following = self._run_ready(executor, host_work)
-        self._ready = following
-        self.scheduler.inflight_step = following[0].step_id if following else None
-        if self._samples_first_token(plan):
-            # A request's first token goes out now, not one step later: TTFT is not charged a decode
-            # step for the overlap (measured +35 ms on a single float32 request). N+1 is prepared
-            # already, with placeholders; blocks this commit frees are held until N+1 has run.
-            committed += self._commit_pending()
-        return outputs + committed
+    def _submit(self, plan: StepPlan) -> None:
+        handle = self.executor.submit(plan)
+        self._inflight.append(handle)
+        self.scheduler.inflight_step = plan.step_id
+        if len(self._inflight) == 1:  # every step before it is committed: its grammar masks can be made now
+            self.grammars.fill(plan, handle.prepared, self.outputs, self.tracer)
+
+    def _finish_oldest(self) -> list[RequestOutput]:
+        """Wait for the oldest step, release the blocks held for it, commit it; then the next step's
+        grammar masks can be made (every token before it is committed now)."""
+        handle = self._inflight[0]
+        result = self.executor.wait(handle)
+        self._inflight.popleft()
+        self.blocks.release_held(handle.plan.step_id)
+        self.scheduler.inflight_step = self._inflight[-1].plan.step_id if self._inflight else None
+        with self.tracer.span("commit", step=handle.plan.step_id):
+            outputs = self.outputs.commit(handle.plan, result)
+        if self._inflight:
+            following = self._inflight[0]
+            self.grammars.fill(following.plan, following.prepared, self.outputs, self.tracer)
+        if self.output_sink is not None and outputs and self.executor.forward_on_engine_thread:
+            self.output_sink(outputs)  # out now, from the host thread, while the forward still runs
+            return []
+        return outputs
 
     def _samples_first_token(self, plan: StepPlan) -> bool:
         for seq in plan.seqs:
@@ -288,49 +284,15 @@ class Engine:
                 return True
         return False
 
-    def _run_ready(self, executor: HostOverlapExecutor, after_commit: Callable[[list[RequestOutput]], T]) -> T:
-        """Run the prepared step while the host thread commits the step before it, fills this step's
-        grammar masks (the forward waits for them only when it reaches sampling), then runs
-        `after_commit(committed outputs)`. The step's result waits in `_pending` for the next commit.
-        Returns what after_commit returned."""
-        assert self._ready is not None
-        plan, prepared = self._ready
-        self._ready = None
-        self.scheduler.inflight_step = plan.step_id
-
-        def host_work() -> T:
-            try:
-                committed = self._commit_pending()
-                self._fill_grammar(plan, prepared)
-            finally:
-                if prepared.grammar is not None:  # never leave the forward waiting for masks that cannot come
-                    prepared.grammar.fail(RuntimeError(f"step {plan.step_id}: the host failed before its grammar "
-                                                       f"masks were ready"))
-            return after_commit(committed)
-
-        result, host_result = executor.run_with_host(plan, prepared, host_work)
-        self.blocks.release_held(plan.step_id)
-        self._pending = (plan, result)
-        return host_result
-
-    def drain(self) -> list[RequestOutput]:
-        """Finish the step in flight, if any, without launching another."""
-        if isinstance(self.executor, HostOverlapExecutor):
-            outputs = [] if self._ready is None else self._run_ready(self.executor, lambda committed: committed)
-            self.scheduler.inflight_step = None
-            return outputs + self._commit_pending()
-        if self._inflight is None:
-            return []
-        current, self._inflight = self._inflight, None
-        result = self.executor.wait(current)
-        self.blocks.release_held(current.plan.step_id)
-        self.scheduler.inflight_step = None
-        return self.outputs.commit(current.plan, result)
-
     def close(self) -> None:
         """Finish the step in flight (if any) and stop the executor's worker."""
         self.drain()
         self.executor.close()
+        self._host_thread.shutdown(wait=True)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix block (benchmarks run each round from a cold cache)."""
+        self.blocks.reset_prefix_cache()
 
     def start_trace(self) -> None:
         self.tracer.start()

@@ -19,7 +19,7 @@ from conveyor.model.loader import LoadedModel
 from conveyor.model.native import resolve_kernels
 from conveyor.model.sampler import SampleOutput, SamplingTensors, raw_logprobs, sample
 from conveyor.model.sampling_inputs import build_sampling_tensors
-from conveyor.runtime.device import DeviceInfo, available_memory
+from conveyor.device import DeviceInfo, available_memory
 from conveyor.structured.bitmask import DeferredBitmask, MaskInPlace
 
 logger = logging.getLogger(__name__)

@@ -1,20 +1,82 @@
-"""What every executor shares: the runner it drives, the tracer, and the device-busy clock."""
+"""The executor contract: `submit(plan) -> StepHandle`, then `wait(handle) -> StepResult`, in order.
+
+Every executor (synchronous, CPU overlap, CUDA streams; later a multi-process one) implements
+it, and the engine drives them all with one loop (engine/engine.py):
+
+    submit(plan N+1)        the step is prepared and started, or queued to start
+    wait(handle N)          the result of the oldest step, on the host as plain lists
+
+`depth` says how many steps the engine may hold submitted and unfinished (1: each step is
+waited for before the next is planned; 2: step N+1 is planned and submitted while N runs,
+its next tokens placeholders the device fills from N's samples).
+
+A step's grammar masks (structured output) travel with it as data (`handle.grammar`): the
+engine fills them once every earlier step is committed, possibly after `submit`; the step's
+forward waits for them only when it reaches sampling.
+
+`forward_on_engine_thread`: the forward must run on the thread that calls Engine.step (on
+CPU, the thread whose OpenMP team computes); the engine then runs its host turn on a host
+thread meanwhile and lends the executor its own thread through `serve(until)`.
+"""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.model.runner import ModelRunner, PreparedStep
 from conveyor.runtime.trace import DEVICE_LANE, Tracer
+from conveyor.structured.bitmask import DeferredBitmask
+
+
+@dataclass
+class StepHandle:
+    """A submitted step: its plan and prepared tensors; each executor keeps its own state beside."""
+
+    plan: StepPlan
+    prepared: PreparedStep
+
+    @property
+    def grammar(self) -> DeferredBitmask | None:
+        """The masks this step's constrained rows wait for (None when no row is constrained)."""
+        return self.prepared.grammar
 
 
 class Executor:
+    """Base of every executor: the runner it drives, the tracer, the device-busy clock."""
+
+    depth = 1
+    """Steps the engine may keep submitted and not yet waited for (1 or 2)."""
+    forward_on_engine_thread = False
+    """True when the forward runs on the engine's own thread during `serve` (see the module docstring)."""
+
     def __init__(self, runner: ModelRunner, tracer: Tracer) -> None:
         self.runner = runner
         self.tracer = tracer
         self.device_busy_s = 0.0
         """Seconds the device computed; with the engine's active time it gives the idle fraction."""
+        self._last_plan: StepPlan | None = None
+
+    def prepare(self, plan: StepPlan) -> PreparedStep:
+        """The plan's tensors; a placeholder token is filled from the step submitted just before it."""
+        with self.tracer.span("prepare", step=plan.step_id):
+            prepared = self.runner.prepare(plan, self._last_plan if self.depth > 1 else None)
+        self._last_plan = plan
+        return prepared
+
+    def submit(self, plan: StepPlan) -> StepHandle:
+        raise NotImplementedError
+
+    def wait(self, handle: StepHandle) -> StepResult:
+        raise NotImplementedError
+
+    def serve(self, until: Future[object]) -> None:
+        """Lend the calling thread to the executor until `until` is done (only when forward_on_engine_thread)."""
+
+    def close(self) -> None:
+        """Stop any thread of the executor's own (after the engine has waited for every step)."""
 
     def run_here(self, plan: StepPlan, prepared: PreparedStep) -> StepResult:
         """Forward + sample on this thread until the result is on the host, timed as device-busy

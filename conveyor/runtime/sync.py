@@ -1,35 +1,19 @@
-"""SyncExecutor: runs each plan to completion before the host continues."""
+"""SyncExecutor: depth 1; `submit` prepares the step, `wait` runs it to completion on the calling thread.
+
+Running in `wait` rather than `submit` leaves the engine the moment between them to fill the
+step's grammar masks, so the forward never waits for them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
-from conveyor.model.runner import PreparedStep
-
 from conveyor.core.plan import StepPlan, StepResult
-from conveyor.runtime.base import Executor
-
-
-@dataclass
-class DoneHandle:
-    plan: StepPlan
-    result: StepResult
+from conveyor.runtime.base import Executor, StepHandle
 
 
 class SyncExecutor(Executor):
-    pipelined = False
+    depth = 1
 
-    def submit(self, plan: StepPlan, before_run: Callable[[PreparedStep], None] | None = None) -> DoneHandle:
-        """`before_run` completes the prepared step on the host (grammar masks) before it runs."""
-        with self.tracer.span("prepare", step=plan.step_id):
-            prepared = self.runner.prepare(plan)
-        if before_run is not None:
-            before_run(prepared)
-        return DoneHandle(plan, self.run_here(plan, prepared))
+    def submit(self, plan: StepPlan) -> StepHandle:
+        return StepHandle(plan, self.prepare(plan))
 
-    def wait(self, handle: DoneHandle) -> StepResult:
-        return handle.result
-
-    def close(self) -> None:
-        pass
+    def wait(self, handle: StepHandle) -> StepResult:
+        return self.run_here(handle.plan, handle.prepared)
