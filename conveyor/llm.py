@@ -117,7 +117,7 @@ class LLM:
                         bar.update(1)
                 if use_tqdm:
                     bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9):.1f} tok/s", refresh=False)
-            if not self.engine.scheduler.has_work():
+            if not self.engine.num_unfinished():
                 self.engine.drain()  # a step launched before the last finish: its tokens are discarded
         except BaseException:
             self.engine.abort([i for i in ids if i not in finished])

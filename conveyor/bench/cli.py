@@ -175,7 +175,7 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         engine.step()
     runs = []
     for i in range(args.runs):
-        engine.blocks.reset_prefix_cache()
+        engine.reset_prefix_cache()
         if args.trace and i == args.runs - 1:
             engine.start_trace()
         runs.append(_run_ours(engine, workload))

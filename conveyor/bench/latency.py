@@ -32,7 +32,7 @@ class ConveyorLatency:
         self.params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
 
     def once(self) -> tuple[float, float]:
-        self.engine.blocks.reset_prefix_cache()
+        self.engine.reset_prefix_cache()
         start = time.perf_counter()
         self.engine.add_request(self.prompt, self.params)
         first: float | None = None

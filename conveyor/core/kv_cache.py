@@ -124,6 +124,14 @@ class BlockManager:
             found.append(block)
         return PrefixMatch(found, len(found) * bs)
 
+    def holds_privately(self, request_id: str, num_tokens: int, write_from: int) -> bool:
+        """Whether the request's table already holds `num_tokens` tokens and the block at `write_from`
+        is its own: then writing [write_from, num_tokens) needs no block (the common decode step)."""
+        table = self._tables.get(request_id)
+        if table is None or self.blocks_needed(num_tokens) > len(table):
+            return False
+        return self._shared_block_at(request_id, write_from) is None
+
     def can_allocate(self, request_id: str, num_tokens: int, prefix: PrefixMatch = EMPTY_MATCH,
                      write_from: int | None = None) -> bool:
         """Whether the request's table can grow to hold `num_tokens` tokens (plus a private copy

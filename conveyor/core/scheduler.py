@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from conveyor.core.kv_cache import EMPTY_MATCH, BlockManager
 from conveyor.core.plan import PLACEHOLDER_TOKEN, SamplingSpec, ScheduledSeq, StepPlan
@@ -44,6 +44,8 @@ class Scheduler:
         self._requests: dict[str, Request] = {}
         self._next_step_id = 0
         self._awaiting_fork: dict[str, list[Request]] = {}
+        self._fixed_sampling: dict[str, dict[str, Any]] = {}
+        """Per request: the SamplingSpec fields that never change while it lives."""
         self.inflight_step: int | None = None
         """Id of the newest step submitted and not finished; blocks freed meanwhile are held until it is."""
 
@@ -80,6 +82,7 @@ class Scheduler:
         request.status = status
         self._free_blocks(request.request_id)
         del self._requests[request.request_id]
+        self._fixed_sampling.pop(request.request_id, None)
         for orphan in self._awaiting_fork.pop(request.request_id, []):  # its samples never forked
             orphan.status = status
             del self._requests[orphan.request_id]
@@ -110,6 +113,11 @@ class Scheduler:
             start = request.num_computed_tokens
             if self.limits.kv_window is not None:  # the queries from `start` on attend to start - W + 1 onward
                 self.blocks.free_behind(request.request_id, start - self.limits.kv_window + 1, self.inflight_step)
+            if self.blocks.holds_privately(request.request_id, start + count, start):  # nothing to allocate
+                planned.append((request, count))
+                budget -= count
+                i += 1
+                continue
             while not self.blocks.can_allocate(request.request_id, start + count, write_from=start):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -187,12 +195,15 @@ class Scheduler:
         suppress: tuple[int, ...] = ()
         if produced < p.min_tokens:
             suppress = tuple(sorted(set(request.eos_token_ids) | set(p.stop_token_ids)))
-        return SamplingSpec(
-            temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=request.seed, output_index=produced,
-            min_p=p.min_p, presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-            repetition_penalty=p.repetition_penalty, logit_bias=tuple(sorted(p.logit_bias.items())),
-            suppress_token_ids=suppress, history=history, num_prompt_tokens=request.num_prompt_tokens,
-            logprobs=p.logprobs, constrained=p.structured_outputs is not None)
+        fixed = self._fixed_sampling.get(request.request_id)
+        if fixed is None:  # what never changes while the request lives: built once, not every step
+            fixed = self._fixed_sampling[request.request_id] = dict(
+                temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=request.seed, min_p=p.min_p,
+                presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
+                repetition_penalty=p.repetition_penalty, logit_bias=tuple(sorted(p.logit_bias.items())),
+                num_prompt_tokens=request.num_prompt_tokens, logprobs=p.logprobs,
+                constrained=p.structured_outputs is not None)
+        return SamplingSpec(output_index=produced, suppress_token_ids=suppress, history=history, **fixed)
 
     def _fork(self, parent: Request, parent_seq: ScheduledSeq) -> list[ScheduledSeq]:
         """Samples 1..n-1 of an n > 1 request join now: they share the parent's prompt blocks and

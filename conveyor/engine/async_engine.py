@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Callable, Sequence
 
 from conveyor.config import EngineConfig
 from conveyor.engine.engine import Engine
+from conveyor.engine.info import EngineInfo
 from conveyor.engine.stats import EngineStats
 from conveyor.errors import ConveyorError
 from conveyor.outputs import RequestOutput
@@ -60,7 +61,9 @@ class AsyncEngine:
                  on_timings: Callable[[StreamTimings], None] | None = None) -> None:
         self.config = config
         self.max_queued_requests = max_queued_requests
-        self.engine: Engine | None = None
+        self._engine: Engine | None = None
+        self.info: EngineInfo | None = None
+        """The engine's model facts, published once it is ready (None while the model loads)."""
         self.error: str | None = None
         self._commands: queue.Queue[tuple[str, Any, Future[Any] | None]] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
@@ -78,6 +81,11 @@ class AsyncEngine:
     @property
     def is_ready(self) -> bool:
         return self._ready.is_set() and self.error is None
+
+    @property
+    def failed_to_start(self) -> bool:
+        """The engine never became ready (the model failed to load); `error` says why."""
+        return self.error is not None and not self._ready.is_set()
 
     @property
     def is_dead(self) -> bool:
@@ -108,7 +116,7 @@ class AsyncEngine:
         clock), or in the last `window_s` seconds when `since` is None. Reads the engine's bounded
         timeline only, so it is safe from any thread and costs the engine nothing; (0.0, []) while
         the model loads."""
-        engine = self.engine
+        engine = self._engine
         if engine is None or not self._ready.is_set():
             return 0.0, []
         now = engine.timeline.now()
@@ -172,15 +180,14 @@ class AsyncEngine:
     # ---- the engine thread ------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.engine = Engine(self.config)
-            self.engine.output_sink = self._dispatch  # thread-safe: streams lock + call_soon_threadsafe
-            self._stats = self.engine.stats()
+            engine = Engine(self.config, output_sink=self._dispatch)  # thread-safe: streams lock + call_soon_threadsafe
+            self._stats = engine.stats()
+            self._engine, self.info = engine, engine.info
         except BaseException as exc:  # start-up failure: the server reports it and exits
             self.error = f"the engine failed to start: {exc}"
             logger.error("%s", self.error)
             return
         self._ready.set()
-        engine = self.engine
         while not self._stopping.is_set():
             try:
                 self._drain_commands(block=not engine.has_work())
@@ -206,7 +213,7 @@ class AsyncEngine:
                 return
 
     def _handle(self, kind: str, payload: Any, reply: Future[Any] | None) -> None:
-        engine = self.engine
+        engine = self._engine
         assert engine is not None
         if kind == "add":
             prompt, params, request_id = payload
@@ -216,9 +223,9 @@ class AsyncEngine:
                 if reply is not None:
                     reply.set_exception(asyncio.CancelledError())
                 return
-            if len(engine.scheduler.waiting) >= self.max_queued_requests:
+            if engine.num_waiting() >= self.max_queued_requests:
                 self._fail_admission(request_id, reply, QueueFullError(
-                    f"{len(engine.scheduler.waiting)} requests are already waiting (--max-queued-requests="
+                    f"{engine.num_waiting()} requests are already waiting (--max-queued-requests="
                     f"{self.max_queued_requests}); retry shortly"))
                 return
             try:
@@ -246,8 +253,8 @@ class AsyncEngine:
         with self._streams_lock:
             expired = [rid for rid, s in self._streams.items() if s.deadline is not None and now > s.deadline]
         for rid in expired:
-            assert self.engine is not None
-            self._dispatch(self.engine.abort(rid, error="the request timed out (--request-timeout); it was "
+            assert self._engine is not None
+            self._dispatch(self._engine.abort(rid, error="the request timed out (--request-timeout); it was "
                                                         "aborted"))
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:

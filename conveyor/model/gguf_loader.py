@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from conveyor.errors import ModelLoadError
-from conveyor.model.loader import LoadedModel, fuse_weights
+from conveyor.model.weights import LoadedModel, fuse_weights
 from conveyor.model.rope import yarn_attention_factor
 from conveyor.model.spec import ModelSpec, RopeSpec
 

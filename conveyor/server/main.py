@@ -17,6 +17,7 @@ from conveyor.config import EngineConfig
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.server.app import build_app
 from conveyor.server.guard import ServerOptions, ServerState
+from conveyor.server.metrics import Metrics
 from conveyor.server.vllm_metrics import export_vllm_names
 
 logger = logging.getLogger("conveyor.serve")
@@ -93,12 +94,12 @@ class DrainingServer(uvicorn.Server):
 def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     keys = tuple(args.api_key) + ((os.environ["CONVEYOR_API_KEY"],) if os.environ.get("CONVEYOR_API_KEY") else ())
     origins = tuple(args.allowed_origins)
-    engine = AsyncEngine(config, max_queued_requests=args.max_queued_requests)
+    metrics = Metrics()
+    engine = AsyncEngine(config, max_queued_requests=args.max_queued_requests, on_timings=metrics.observe)
     state = ServerState(engine, ServerOptions(model_name=args.served_model_name or model_name(config), api_keys=keys,
                                               max_body_bytes=args.max_body_bytes,
                                               request_timeout=args.request_timeout, allowed_origins=origins,
-                                              ui=not args.no_ui))
-    engine._on_timings = state.metrics.observe
+                                              ui=not args.no_ui), metrics)
     if args.vllm_metrics:
         export_vllm_names(state.metrics, state.options.model_name)
     engine.start()  # loads the model in the background; /health says 503 until it is ready
@@ -112,7 +113,7 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     watcher.start()
     server.run()
     engine.stop()
-    if engine.error is not None and not engine.is_ready:
+    if engine.failed_to_start:
         print(f"conveyor: error: {engine.error}", flush=True)
         return 2
     return 0
@@ -122,5 +123,5 @@ def _exit_if_engine_fails(engine: AsyncEngine, server: uvicorn.Server) -> None:
     """A model that cannot load ends the server with a clear message instead of serving 503 forever."""
     while not engine.is_ready and engine.error is None:
         threading.Event().wait(0.2)
-    if engine.error is not None and not engine._ready.is_set():
+    if engine.failed_to_start:
         server.should_exit = True

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
 from conveyor.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from conveyor.engine.info import EngineInfo
 from conveyor.errors import InvalidRequestError
 from conveyor.outputs import CompletionOutput, RequestOutput
 from conveyor.params import SamplingParams
@@ -55,9 +56,21 @@ class Serving:
         return self._token_bytes
 
     @property
-    def _core(self) -> Any:
-        assert self.engine.engine is not None
-        return self.engine.engine
+    def _core(self) -> EngineInfo:
+        """The ready engine's model facts (routes that reach here have checked readiness)."""
+        info = self.engine.info
+        if info is None:
+            raise APIError(503, "the model is still loading; retry shortly", code="loading",
+                           headers={"Retry-After": "2"})
+        return info
+
+    @property
+    def max_model_len(self) -> int:
+        return self._core.max_model_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self._core.vocab_size
 
     # ---- request -> engine ------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -97,7 +110,7 @@ class Serving:
 
     def _check_lengths(self, prompts: list[list[int]], max_tokens: int | None, param: str) -> None:
         limit = self._core.max_model_len
-        vocab = self._core.spec.vocab_size
+        vocab = self._core.vocab_size
         for ids in prompts:
             if not ids:
                 raise APIError(400, "the prompt is empty (0 tokens)", "prompt")
@@ -175,7 +188,7 @@ class Serving:
     def tool_parser(self) -> ToolParser:
         """The tool-call format of this model (--tool-call-parser, else read from its chat template)."""
         tokenizer = self._core.tokenizer
-        return parser_for(self._core.config.tool_call_parser, getattr(tokenizer, "chat_template", None))
+        return parser_for(self.engine.config.tool_call_parser, getattr(tokenizer, "chat_template", None))
 
     def chat_text(self, messages: list[ChatMessage], add_generation_prompt: bool,
                   continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,

@@ -51,7 +51,7 @@ def tokenizer_routes(serving: Serving) -> APIRouter:
         if not serving.engine.is_ready:
             raise APIError(503, "the model is still loading; retry shortly", code="loading",
                            headers={"Retry-After": "2"})
-        found = serving.engine.engine.tokenizer if serving.engine.engine is not None else None
+        found = serving.engine.info.tokenizer if serving.engine.info is not None else None
         if found is None:
             raise APIError(400, "this model has no tokenizer, so it cannot tokenize or detokenize text", "model")
         return found
@@ -67,14 +67,14 @@ def tokenizer_routes(serving: Serving) -> APIRouter:
         special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
         encoded = await asyncio.to_thread(tok, text, add_special_tokens=special)
         ids = list(encoded["input_ids"])
-        return {"count": len(ids), "max_model_len": serving.engine.engine.max_model_len, "tokens": ids,
+        return {"count": len(ids), "max_model_len": serving.max_model_len, "tokens": ids,
                 "token_strs": tok.convert_ids_to_tokens(ids) if body.return_token_strs else None}
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         serving.check_model(body.model)
         tok = tokenizer()
-        vocab = serving.engine.engine.spec.vocab_size
+        vocab = serving.vocab_size
         bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
         if bad is not None:
             raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
@@ -83,8 +83,8 @@ def tokenizer_routes(serving: Serving) -> APIRouter:
     @router.get("/tokenizer_info")
     async def tokenizer_info() -> dict[str, Any]:
         tok = tokenizer()
-        return {"tokenizer_class": type(tok).__name__, "vocab_size": serving.engine.engine.spec.vocab_size,
-                "model_max_length": serving.engine.engine.max_model_len,
+        return {"tokenizer_class": type(tok).__name__, "vocab_size": serving.vocab_size,
+                "model_max_length": serving.max_model_len,
                 **{name: getattr(tok, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")},
                 "added_tokens_decoder": {str(i): str(getattr(t, "content", t))
                                          for i, t in (getattr(tok, "added_tokens_decoder", None) or {}).items()},
