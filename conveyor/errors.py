@@ -15,3 +15,9 @@ class ModelLoadError(ConveyorError):
 
 class InvalidRequestError(ConveyorError, ValueError):
     """A request (prompt or sampling parameters) is invalid."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        """The field at fault (a SamplingParams field name), which the API reports as `param`; None when no
+        single field is (a bad prompt, a chat template that refused the conversation)."""

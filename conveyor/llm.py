@@ -180,7 +180,8 @@ def _text_message(message: Message) -> Message:
 def _constrained(params: SamplingParams, constraint: dict[str, Any]) -> SamplingParams:
     if params.structured_outputs is not None:
         raise InvalidRequestError("SamplingParams.structured_outputs cannot be combined with tool_choice 'required' "
-                                  "or a named function: that tool choice already constrains the reply")
+                                  "or a named function: that tool choice already constrains the reply",
+                                  param="structured_outputs")
     return params.clone(structured_outputs=constraint)
 
 

@@ -80,6 +80,10 @@ class RequestOutput:
     num_cached_tokens: int = 0
     """Prompt tokens whose KV came from the prefix cache."""
     error: str | None = None
+    error_code: str | None = None
+    """Why the request failed, for programs (never parse `error`, which is for people): "timeout" (its
+    deadline passed), "grammar" (structured output could not continue), "engine_error" (anything else);
+    None when it did not fail."""
     metrics: dict[str, float] = field(default_factory=dict)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     """When SamplingParams.prompt_logprobs was set: None for the first prompt token, then the

@@ -92,7 +92,7 @@ class SamplingParams(BaseModel):
         try:
             super().__init__(**_guided_fields(data))
         except ValidationError as exc:
-            raise InvalidRequestError(_explain(exc)) from None
+            raise InvalidRequestError(_explain(exc), _field_of(exc)) from None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -132,13 +132,13 @@ class SamplingParams(BaseModel):
     @model_validator(mode="after")
     def _cross_field(self) -> "SamplingParams":
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens={self.min_tokens} is larger than max_tokens={self.max_tokens}")
+            raise FieldValueError("min_tokens", f"min_tokens={self.min_tokens} is larger than max_tokens={self.max_tokens}")
         if self.structured_outputs is not None:
             if self.min_tokens:
-                raise ValueError(f"SamplingParams.min_tokens={self.min_tokens} cannot be combined with structured_outputs: the "
+                raise FieldValueError("min_tokens", f"SamplingParams.min_tokens={self.min_tokens} cannot be combined with structured_outputs: the "
                                  f"grammar decides where the output ends (a complete output may be shorter)")
             if self.ignore_eos:
-                raise ValueError("SamplingParams.ignore_eos=True cannot be combined with structured_outputs: the grammar decides "
+                raise FieldValueError("ignore_eos", "SamplingParams.ignore_eos=True cannot be combined with structured_outputs: the grammar decides "
                                  "where the output ends")
         return self
 
@@ -164,11 +164,31 @@ def _guided_fields(data: dict[str, Any]) -> dict[str, Any]:
     if not given:
         return {k: v for k, v in data.items() if k not in _GUIDED}
     if data.get("structured_outputs") is not None or len(given) > 1:
-        raise InvalidRequestError(f"SamplingParams.structured_outputs: give one constraint, got "
-                                  f"{', '.join(sorted(given) + (['structured_outputs'] if data.get('structured_outputs') is not None else []))}")
+        named = sorted(given) + (["structured_outputs"] if data.get("structured_outputs") is not None else [])
+        raise InvalidRequestError(f"SamplingParams.structured_outputs: give one constraint, got {', '.join(named)}",
+                                  param="structured_outputs")
     (name, value), = given.items()
     rest = {k: v for k, v in data.items() if k not in _GUIDED}
     return rest | {"structured_outputs": {_GUIDED[name]: value}}
+
+
+class FieldValueError(ValueError):
+    """A check across fields that still blames one of them (reported as the error's `param`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _field_of(exc: ValidationError) -> str | None:
+    """The first field a validation error names (None when it is about the whole object)."""
+    for err in exc.errors():
+        cause = err.get("ctx", {}).get("error")
+        if isinstance(cause, FieldValueError):
+            return cause.field
+        if err["loc"] and err["type"] != "extra_forbidden":
+            return str(err["loc"][0])
+    return None
 
 
 def _explain(exc: ValidationError) -> str:

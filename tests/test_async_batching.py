@@ -234,3 +234,64 @@ def test_abort_storm_ends_every_request_exactly_once(tiny_llama: str, data: Any)
 def _storm_engine(folder: str, async_batching: bool) -> Engine:
     return Engine(EngineConfig(model=folder, async_batching=async_batching, block_size=4, max_model_len=64,
                                kv_cache_memory=30 * 4 * 512, max_num_batched_tokens=20))
+
+
+def test_calling_the_engine_during_a_step_is_refused_by_name(tiny_llama: str) -> None:
+    """The scheduler belongs to the step's host turn while it runs: an abort from the output sink (the
+    host thread) is refused with a clear error instead of racing it; between steps it works."""
+    engine = LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=128, async_batching=True).engine
+    errors: list[str] = []
+
+    def sink(outs: list[Any]) -> None:
+        try:
+            engine.abort([o.request_id for o in outs])
+        except RuntimeError as exc:
+            errors.append(str(exc))
+        delivered.extend(outs)
+
+    delivered: list[Any] = []
+    engine.output_sink = sink
+    for i, prompt in enumerate(_prompts(3, seed=4)):
+        engine.add_request(prompt, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), str(i))
+    while engine.has_work():
+        delivered.extend(engine.step())
+    assert errors and all("while a step is running" in e for e in errors)
+    assert sorted(o.request_id for o in delivered if o.finished) == ["0", "1", "2"]  # each ended once, normally
+    engine.check_idle()
+
+
+def test_a_slow_engine_thread_never_runs_a_step_whose_masks_need_the_next_turn(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU overlap: the engine thread runs the forwards queued before the host turn began (and those the
+    turn waits for). A step the turn itself submits may wait for grammar masks that only the next turn can
+    make; had the engine thread counted it (because it started serving after the turn had submitted),
+    its forward would wait for masks nobody makes this turn. Delay the engine thread each turn so the
+    host turn always submits first, and check constrained async output equals the synchronous one."""
+    import time as time_module
+
+    from structured_schemas import save_small_tokenizer
+
+    import conveyor.model.runner as runner_module
+    from conveyor.runtime.cpu_overlap import CpuOverlapExecutor
+
+    folder = str(tmp_path / "tiny-tok")
+    build_tiny_model("llama", folder, vocab_size=520, eos_token_id=1, bos_token_id=0)
+    save_small_tokenizer(folder)
+    monkeypatch.setattr(runner_module, "GRAMMAR_WAIT_S", 30.0)  # a deadlock fails in seconds, not minutes
+    serve = CpuOverlapExecutor.serve
+
+    def late_serve(self: CpuOverlapExecutor, until: Any, owed: int) -> None:
+        time_module.sleep(0.02)  # the host turn schedules and submits before this thread looks at the queue
+        serve(self, until, owed)
+
+    monkeypatch.setattr(CpuOverlapExecutor, "serve", late_serve)
+    prompts = _prompts(6, seed=21)
+    params = [SamplingParams(max_tokens=10, temperature=0.0, structured_outputs={"regex": r"[a-z]{1,8}!"}),
+              SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True)] * 3
+    options = dict(block_size=4, max_model_len=96, kv_cache_memory=2**20, max_num_batched_tokens=16)
+    results = {}
+    for async_batching in (False, True):
+        llm = LLM(model=folder, async_batching=async_batching, **options)
+        results[async_batching] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.engine.check_idle()
+    assert results[True] == results[False]

@@ -84,6 +84,9 @@ def test_decode_step_counts_flops_from_the_model_shape(tmp_path: Any) -> None:
     expected = 3 * (linear_flops_per_token(spec) + attention_flops(spec, 10 + 1 + 4 // 2))
     assert result["gflop_per_step"] == pytest.approx(expected / 1e9)
     assert len(result["step_ms_all"]) == 4
+    parts = result["host_ms_per_step_parts"]  # the host's share: plan, tensors, commit; each measured
+    assert set(parts) == {"schedule", "prepare", "commit"} and all(ms > 0 for ms in parts.values())
+    assert result["host_ms_per_step"] == pytest.approx(sum(parts.values()))
     assert result["share_of_peak"] == pytest.approx(result["achieved_gflops"] / result["matmul_peak_gflops"])
     assert result["dtype"] == "float32" and result["float32_matmul_peak_gflops"] == result["matmul_peak_gflops"]
     assert result["share_of_float32_peak"] == result["share_of_peak"]

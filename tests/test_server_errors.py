@@ -34,7 +34,7 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     (CHAT, {"messages": MSG, "max_tokens": 10**9}, 400, "max_tokens"),
     (CHAT, {"messages": MSG, "max_completion_tokens": 5000}, 400, "max_completion_tokens"),
     (CHAT, {"messages": MSG, "temperature": -0.1}, 400, "temperature"),
-    (CHAT, {"messages": MSG, "temperature": 3.5}, 400, "temperature"),
+    (CHAT, {"messages": MSG, "temperature": 150}, 400, "temperature"),  # past SamplingParams' own bound
     (CHAT, {"messages": MSG, "top_p": 0}, 400, "top_p"),
     (CHAT, {"messages": MSG, "top_p": 1.5}, 400, "top_p"),
     (CHAT, {"messages": []}, 400, "messages"),
@@ -206,3 +206,27 @@ def test_schemathesis_finds_no_500(server: ServerProcess) -> None:
     assert not failures, failures[:3]
     assert len(sent) >= 25, f"only {len(sent)} generated requests were sent"
     assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_server_value_bounds_are_sampling_params_own() -> None:
+    """One source for every value range: what the server's pydantic bodies accept at the edge of a
+    range, SamplingParams accepts too, and one step past it both refuse."""
+    import pydantic
+
+    from conveyor.params import SamplingParams
+    from conveyor.server.protocol import ChatCompletionRequest, bounds
+
+    messages = [{"role": "user", "content": "hi"}]
+    for name, body_name in (("temperature", "temperature"), ("top_p", "top_p"), ("min_p", "min_p"),
+                            ("presence_penalty", "presence_penalty"), ("repetition_penalty", "repetition_penalty"),
+                            ("logprobs", "top_logprobs")):
+        limits = bounds(name)
+        top = limits.get("le")
+        assert top is not None, name
+        ChatCompletionRequest(messages=messages, **{body_name: top})
+        SamplingParams(**{name: top})
+        past = top + 1
+        with pytest.raises(pydantic.ValidationError):
+            ChatCompletionRequest(messages=messages, **{body_name: past})
+        with pytest.raises(Exception):
+            SamplingParams(**{name: past})

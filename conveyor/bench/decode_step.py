@@ -22,6 +22,7 @@ from conveyor.bench.workloads import random_workload
 from conveyor.config import EngineConfig
 from conveyor.model.spec import ModelSpec
 from conveyor.params import SamplingParams
+from conveyor.runtime.timeline import HOST_LANE, Span
 
 
 def linear_flops_per_token(spec: ModelSpec) -> int:
@@ -67,6 +68,19 @@ def timed_decode_steps(engine: Any, prompts: list[list[int]], params: list[Sampl
     return step_seconds
 
 
+HOST_SPANS = ("schedule", "prepare", "commit")
+"""The host's share of a step: plan, tensors from the plan, results into requests (the forward excluded)."""
+
+
+def host_ms_per_step(spans: list[Span], steps: int) -> dict[str, float]:
+    """Median milliseconds of each host part over the last `steps` of its spans (the timed decode steps)."""
+    parts: dict[str, list[float]] = {name: [] for name in HOST_SPANS}
+    for span in spans:
+        if span.lane == HOST_LANE and span.name in parts:
+            parts[span.name].append((span.end - span.start) * 1e3)
+    return {name: statistics.median(ms[-steps:]) if ms else 0.0 for name, ms in parts.items()}
+
+
 def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, steps: int) -> dict[str, Any]:
     """Admit num_seqs requests, run until every one is decoding, then time `steps` engine steps."""
     from conveyor.engine.engine import Engine
@@ -75,7 +89,9 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
     spec = engine.spec
     prompts = random_workload(num_seqs, (prompt_len, prompt_len), (1, 1), spec.vocab_size).prompts
     params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    since = engine.timeline.now()
     step_seconds = timed_decode_steps(engine, prompts, [params] * num_seqs, steps)
+    host_ms = host_ms_per_step(engine.timeline.since(since), steps)
     async_batching, dtype_name = engine.async_batching, engine.dtype
     engine.close()
     step = statistics.median(step_seconds)
@@ -89,6 +105,7 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
         "quantization": config.quantization,
         "async_batching": async_batching, "step_ms_median": step * 1e3,
         "step_ms_all": [s * 1e3 for s in step_seconds], "output_tokens_per_s": num_seqs / step,
+        "host_ms_per_step": sum(host_ms.values()), "host_ms_per_step_parts": host_ms,
         "gflop_per_step": total / 1e9, "achieved_gflops": total / step / 1e9,
         "achieved_linear_gflops": linear / step / 1e9, "matmul_peak_gflops": peak,
         "share_of_peak": total / step / 1e9 / peak,

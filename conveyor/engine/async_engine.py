@@ -9,6 +9,8 @@ releases the GIL, so HTTP handling keeps going while the device computes.
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import logging
 import queue
 import threading
@@ -182,7 +184,9 @@ class AsyncEngine:
         try:
             engine = Engine(self.config, output_sink=self._dispatch)  # thread-safe: streams lock + call_soon_threadsafe
             self._stats = engine.stats()
-            self._engine, self.info = engine, engine.info
+            # the server's threads tokenize with their own copy, never the engine's (see engine.py, "Threads")
+            tokenizer = None if engine.info.tokenizer is None else copy.deepcopy(engine.info.tokenizer)
+            self._engine, self.info = engine, dataclasses.replace(engine.info, tokenizer=tokenizer)
         except BaseException as exc:  # start-up failure: the server reports it and exits
             self.error = f"the engine failed to start: {exc}"
             logger.error("%s", self.error)
@@ -255,7 +259,7 @@ class AsyncEngine:
         for rid in expired:
             assert self._engine is not None
             self._dispatch(self._engine.abort(rid, error="the request timed out (--request-timeout); it was "
-                                                        "aborted"))
+                                                         "aborted", error_code="timeout"))
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         now = time.perf_counter()

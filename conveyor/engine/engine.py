@@ -1,4 +1,21 @@
-"""Engine: add_request / abort / step / has_work. step() is schedule -> run -> commit, nothing else."""
+"""Engine: add_request / abort / step / has_work. step() is schedule -> submit -> wait -> commit, nothing else.
+
+Threads, and what each owns:
+
+- The engine thread (whoever calls the Engine's methods: LLM's caller, AsyncEngine's loop thread) owns
+  the engine between step() calls: add_request, abort, stats, drain. It also runs every large tensor
+  op (the forward), on CPU inside step() through the executor's `serve`.
+- During a step() under CPU async batching, the host thread ("conveyor-host") runs the host turn:
+  the scheduler, the block manager, the output processor (detokenizer, stops), grammar masks and
+  the prepare of step tensors. The engine thread only computes forwards meanwhile and touches none
+  of them; step() returns only after the host turn ended, so ownership passes back whole.
+- The engine's tokenizer is used by one of those two threads at a time (tokenize on admission,
+  detokenize in commit), never by both at once. Frontends get their own copy (EngineInfo.tokenizer
+  from AsyncEngine), so server threads tokenizing never share a tokenizer with the engine (a shared
+  fast tokenizer can fail with "Already borrowed").
+- The StepTimeline and the output sink are the only things other threads read or receive while a
+  step runs; both are thread-safe.
+"""
 
 from __future__ import annotations
 
@@ -86,6 +103,7 @@ class Engine:
                                        self.model_source)
         """Structured output: the grammar backend, per-sample matchers and each step's masks."""
         self._active_s = 0.0
+        self._turn_running = False
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
         self.info = EngineInfo(
@@ -107,6 +125,7 @@ class Engine:
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Admit a request (n samples when params.n > 1); returns its id. Raises InvalidRequestError."""
+        self._check_owner("add_request()")
         params = params or SamplingParams()
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else self._check_token_ids(prompt)
@@ -121,7 +140,11 @@ class Engine:
             raise InvalidRequestError(f"n={params.n} samples cannot run together: max_num_seqs is "
                                       f"{self.config.max_num_seqs}; lower n or raise max_num_seqs")
         self._check_vocab(params)
-        matchers = self.grammars.matchers(params)
+        try:
+            matchers = self.grammars.matchers(params)
+        except InvalidRequestError as exc:  # anything compiling the constraint refuses is about that field
+            exc.param = exc.param or "structured_outputs"
+            raise
         request_id = request_id if request_id is not None else str(next(self._ids))
         sample_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         taken = [i for i in (request_id, *sample_ids) if i in self.outputs.groups or self.scheduler.get(i)]
@@ -146,7 +169,7 @@ class Engine:
             bad = [t for t in ids if t >= vocab]
             if bad:
                 raise InvalidRequestError(f"SamplingParams.{name} has token id {bad[0]}, outside the model's "
-                                          f"vocabulary [0, {vocab})")
+                                          f"vocabulary [0, {vocab})", param=name)
 
     def _check_token_ids(self, ids: Sequence[int]) -> list[int]:
         vocab = self.spec.vocab_size
@@ -158,14 +181,17 @@ class Engine:
             out.append(int(t))
         return out
 
-    def abort(self, request_ids: str | Sequence[str], error: str | None = None) -> list[RequestOutput]:
-        """End requests now (all their samples); one terminal output per request that was live."""
+    def abort(self, request_ids: str | Sequence[str], error: str | None = None,
+              error_code: str = "engine_error") -> list[RequestOutput]:
+        """End requests now (all their samples); one terminal output per request that was live. With
+        `error`, they failed: the outputs carry it and `error_code` (see RequestOutput.error_code)."""
+        self._check_owner("abort()")
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         outputs = []
         for rid in ids:
             out = None
             for request in self.scheduler.abort(self.outputs.sample_ids(rid)):
-                out = self.outputs.abort(request, error) or out
+                out = self.outputs.abort(request, error, error_code) or out
             if out is not None:
                 outputs.append(out)
         return outputs
@@ -196,19 +222,30 @@ class Engine:
     def _turn(self, host_turn: Callable[[], list[RequestOutput]]) -> list[RequestOutput]:
         """Run one host turn: here, or, when the executor computes on this thread, on the host thread
         while this thread serves the executor (see runtime/base.py)."""
+        self._check_owner("step() or drain()")
+        self._turn_running = True
         start = time.perf_counter()
         try:
             if not self.executor.forward_on_engine_thread:
                 return host_turn()
+            owed = self.executor.num_queued()  # before the host turn starts submitting
             host = self._host_thread.submit(self._guarded, host_turn)
             try:
-                self.executor.serve(until=host)
+                self.executor.serve(until=host, owed=owed)
             except BaseException:
                 self.executor.close()  # fails the queued steps, so the host turn cannot wait for them forever
                 raise
             return host.result()
         finally:
             self._active_s += time.perf_counter() - start
+            self._turn_running = False
+
+    def _check_owner(self, what: str) -> None:
+        """The engine belongs to one thread at a time (see "Threads" above): refuse a call that would
+        touch the scheduler while a step's host turn owns it."""
+        if self._turn_running:
+            raise RuntimeError(f"Engine.{what} was called while a step is running (from another thread, or "
+                               f"from the output sink); call the engine from one thread, between steps")
 
     def _guarded(self, host_turn: Callable[[], list[RequestOutput]]) -> list[RequestOutput]:
         try:

@@ -45,6 +45,7 @@ class GroupState:
     first_token_time: float | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     error: str | None = None
+    error_code: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -146,6 +147,7 @@ class OutputProcessor:
         assert state.matcher is not None
         if not state.matcher.accept(token_id):
             group = self._group_of[state.request.request_id]
+            group.error_code = "grammar"
             group.error = (f"structured output: the grammar refused token {token_id} "
                            f"({state.matcher.error or 'not allowed here'})")
             return RequestStatus.FINISHED_ERROR
@@ -196,14 +198,15 @@ class OutputProcessor:
         hold = max(len(s) for s in stops) - 1 if stops else 0
         state.text = text[:max(0, len(text) - hold)] if hold else text
 
-    def abort(self, request: Request, error: str | None = None) -> RequestOutput | None:
+    def abort(self, request: Request, error: str | None = None,
+              error_code: str = "engine_error") -> RequestOutput | None:
         """Output for a sample ended outside commit (abort / error); one per group once all ended."""
         group = self._group_of.get(request.request_id)
         if group is None:
             return None
         self._update_text(self._sample_of[request.request_id])  # flush the held-back tail
         if error is not None:
-            group.error = error
+            group.error, group.error_code = error, error_code
         return self.output_of(group) if group.finished else None
 
     def output_of(self, group: GroupState) -> RequestOutput:
@@ -223,5 +226,6 @@ class OutputProcessor:
         first = group.samples[0].request
         return RequestOutput(request_id=group.request_id, prompt=group.prompt,
                              prompt_token_ids=group.prompt_token_ids, outputs=completions, finished=finished,
-                             num_cached_tokens=first.num_cached_tokens, error=group.error, metrics=metrics,
+                             num_cached_tokens=first.num_cached_tokens, error=group.error,
+                             error_code=group.error_code, metrics=metrics,
                              prompt_logprobs=None if group.prompt_logprobs is None else list(group.prompt_logprobs))

@@ -16,7 +16,9 @@ forward waits for them only when it reaches sampling.
 
 `forward_on_engine_thread`: the forward must run on the thread that calls Engine.step (on
 CPU, the thread whose OpenMP team computes); the engine then runs its host turn on a host
-thread meanwhile and lends the executor its own thread through `serve(until)`.
+thread meanwhile and lends the executor its own thread through `serve(until, owed)`, where
+`owed` is `num_queued()` taken before the host turn began (a step the turn submits may wait
+for masks that only the next turn can make, so it must not be counted).
 """
 
 from __future__ import annotations
@@ -72,8 +74,13 @@ class Executor:
     def wait(self, handle: StepHandle) -> StepResult:
         raise NotImplementedError
 
-    def serve(self, until: Future[object]) -> None:
-        """Lend the calling thread to the executor until `until` is done (only when forward_on_engine_thread)."""
+    def num_queued(self) -> int:
+        """Steps submitted whose forward has not started (only when forward_on_engine_thread)."""
+        return 0
+
+    def serve(self, until: Future[object], owed: int) -> None:
+        """Lend the calling thread to the executor until `until` is done, running the `owed` oldest queued
+        steps and any step `wait` asks for (only when forward_on_engine_thread)."""
 
     def close(self) -> None:
         """Stop any thread of the executor's own (after the engine has waited for every step)."""

@@ -11,7 +11,7 @@ Why this way round: torch's CPU kernels run on an OpenMP thread team owned by th
 calls them. The thread that loaded the model already owns one; a second thread running ops
 creates a second team, and on a small machine the two teams' spinning threads fight for the
 cores. So every large tensor op stays on one thread, and the host thread only runs Python and
-builds small tensors from lists (see benchmarks/RESULTS.md for the measurement).
+builds small tensors from lists (README, "Asynchronous batching, on every device", gives the measurement).
 """
 
 from __future__ import annotations
@@ -57,14 +57,16 @@ class CpuOverlapExecutor(Executor):
             self._changed.notify_all()
         return handle.result.result()
 
-    def serve(self, until: Future[object]) -> None:
-        """Run forwards on this thread, oldest first: those queued when the call began (one, in the
-        steady state: the forward that overlaps this host turn) and any the host thread waits for.
-        Returns once `until` is done and those have run; steps queued during the turn stay queued
-        for the next call, so that the next host turn has a forward to overlap with."""
-        until.add_done_callback(lambda _: self._wake())
+    def num_queued(self) -> int:
         with self._changed:
-            owed = len(self._queue)
+            return len(self._queue)
+
+    def serve(self, until: Future[object], owed: int) -> None:
+        """Run forwards on this thread, oldest first: the `owed` oldest queued ones (those queued before
+        the host turn began: one, in the steady state, the forward that overlaps this turn) and any the
+        host thread waits for. Returns once `until` is done and those have run; steps queued during the
+        turn stay queued for the next call (their grammar masks may wait for a commit of that call)."""
+        until.add_done_callback(lambda _: self._wake())
         while True:
             with self._changed:
                 while not (owed or (self._queue and self._queue[0].wanted) or until.done()):

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response
 
 from conveyor import __version__
 from conveyor.outputs import RequestOutput
-from conveyor.server.errors import APIError, error_response, install_error_handlers
+from conveyor.server.errors import APIError, as_api_error, error_response, install_error_handlers
 from conveyor.server.guard import GuardMiddleware, ServerState
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.logprobs import TokenBytes
@@ -139,8 +139,7 @@ async def _require_ready(state: ServerState) -> None:
 def _raise_if_failed(outputs: list[RequestOutput]) -> None:
     for out in outputs:
         if out.error is not None:
-            timed_out = "timed out" in out.error
-            raise APIError(504 if timed_out else 500, out.error, code="timeout" if timed_out else "engine_error")
+            raise as_api_error(out)
 
 
 async def _until_disconnect(request: Request, work: Any) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor.errors import InvalidRequestError
+from conveyor.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -44,8 +44,8 @@ def sse_error(status: int, message: str, param: str | None = None, code: str | N
 
 
 def param_of(exc: InvalidRequestError) -> str | None:
-    match = re.search(r"SamplingParams\.(\w+)", str(exc))
-    return match.group(1) if match else None
+    """The request field at fault, as the error names it (never parsed from its message)."""
+    return exc.param
 
 
 def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
@@ -92,3 +92,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")
         return error_response(500, "internal server error; the request was not completed (see the server log)")
+
+
+def as_api_error(out: RequestOutput) -> APIError:
+    """A failed request's error for the API, chosen by its code (504 for a timeout, else 500)."""
+    timed_out = out.error_code == "timeout"
+    return APIError(504 if timed_out else 500, out.error or "the request failed",
+                    code="timeout" if timed_out else "engine_error")

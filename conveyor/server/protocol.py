@@ -6,9 +6,25 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
+from conveyor.params import SamplingParams
 from conveyor.server.vllm_extras import VllmChatFields, VllmFields
 
+def bounds(name: str) -> dict[str, Any]:
+    """The numeric bounds SamplingParams puts on its field `name` (ge / gt / le / lt), so the server
+    refuses exactly what the engine would: one source for every value range."""
+    found: dict[str, Any] = {}
+    for constraint in SamplingParams.model_fields[name].metadata:
+        for key in ("ge", "gt", "le", "lt"):
+            value = getattr(constraint, key, None)
+            if value is not None:
+                found[key] = value
+    if not found:
+        raise ValueError(f"SamplingParams.{name} has no numeric bounds to derive")
+    return found
+
+
 MAX_N = 16
+"""The server's own, stricter cap on samples per HTTP request (SamplingParams allows more offline)."""
 MAX_STOP = 16
 
 
@@ -28,12 +44,12 @@ class _SamplingFields(VllmFields):
 
     model: Optional[str] = None
     n: int = Field(default=1, ge=1, le=MAX_N)
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
+    temperature: Optional[float] = Field(default=None, **bounds("temperature"))
+    top_p: Optional[float] = Field(default=None, **bounds("top_p"))
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = Field(default=None, ge=-2**63, lt=2**63)  # int64, as OpenAI and vLLM
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    seed: Optional[int] = Field(default=None, **bounds("seed"))  # int64, as OpenAI and vLLM
+    presence_penalty: float = Field(default=0.0, **bounds("presence_penalty"))
+    frequency_penalty: float = Field(default=0.0, **bounds("frequency_penalty"))
     logit_bias: Optional[dict[str, float]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
@@ -43,10 +59,10 @@ class _SamplingFields(VllmFields):
     metadata: Optional[dict[str, str]] = None
     service_tier: Optional[str] = None
     # vLLM's extra sampling fields
-    top_k: int = Field(default=0, ge=-1)
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=10.0)
-    min_tokens: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, **bounds("top_k"))
+    min_p: float = Field(default=0.0, **bounds("min_p"))
+    repetition_penalty: float = Field(default=1.0, **bounds("repetition_penalty"))
+    min_tokens: int = Field(default=0, **bounds("min_tokens"))
     ignore_eos: bool = False
     stop_token_ids: Optional[list[int]] = Field(default=None, max_length=256)
     include_stop_str_in_output: bool = False
@@ -91,7 +107,7 @@ class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
     max_tokens: Optional[int] = Field(default=16, ge=0)
     """0 only with echo: score the prompt (its logprobs) without generating."""
-    logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    logprobs: Optional[int] = Field(default=None, **bounds("logprobs"))
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[int] = Field(default=None, ge=1)
@@ -150,7 +166,7 @@ class ChatCompletionRequest(_SamplingFields, VllmChatFields):
     max_tokens: Optional[int] = Field(default=None, ge=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    top_logprobs: Optional[int] = Field(default=None, **bounds("logprobs"))
     add_generation_prompt: bool = True
     # tool calling (checked in conveyor/tools/choice.py)
     tools: Optional[list[dict[str, Any]]] = Field(default=None, max_length=128)

@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator
 from fastapi.responses import StreamingResponse
 
 from conveyor.outputs import RequestOutput
-from conveyor.server.errors import APIError
+from conveyor.server.errors import as_api_error
 from conveyor.server.guard import ServerState
 from conveyor.server.logprobs import TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, generated
 from conveyor.server.serving import (Prepared, completion_entries, finish_reason, merged, now, sse, stream_error,
@@ -35,7 +35,7 @@ async def _terminated(chunks: AsyncIterator[str], state: ServerState) -> AsyncIt
         raise
     except BaseException as exc:
         state.metrics.requests.labels("error").inc()
-        yield stream_error(exc) if not isinstance(exc, RuntimeError) else stream_error(as_api_error(str(exc)))
+        yield stream_error(exc)
     yield "data: [DONE]\n\n"
 
 
@@ -73,7 +73,7 @@ async def _completion_chunks(streams: list[AsyncIterator[RequestOutput]], prepar
                 continue
             reason = finish_reason(c.finish_reason, out.error, prepared.score_only)
             if out.error is not None and c.finish_reason == "abort":
-                raise RuntimeError(out.error)
+                raise as_api_error(out)
             echoing = index not in offsets and prepared.echo is not None
             if echoing and not c.token_ids and reason is None:
                 continue  # the echo (and the prompt's logprobs) goes out once the prompt is computed
@@ -133,7 +133,7 @@ async def _chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Pr
             start, lp_start = sent_text.get(c.index, 0), sent_lp.get(c.index, 0)
             reason = finish_reason(c.finish_reason, out.error)
             if out.error is not None and c.finish_reason == "abort":
-                raise RuntimeError(out.error)
+                raise as_api_error(out)
             if len(c.text) <= start and reason is None:
                 continue
             ids = choice_token_ids(extras, c, sent_ids.get(c.index, 0))
@@ -151,8 +151,3 @@ async def _chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Pr
             final = out
     if include_usage and final is not None:
         yield sse(base | {"choices": [], "usage": usage([final])})
-
-
-def as_api_error(message: str) -> APIError:
-    timed_out = "timed out" in message
-    return APIError(504 if timed_out else 500, message, code="timeout" if timed_out else "engine_error")

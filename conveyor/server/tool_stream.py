@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from conveyor.outputs import RequestOutput
+from conveyor.server.errors import as_api_error
 from conveyor.server.logprobs import TokenBytes, chat_logprobs, generated
 from conveyor.server.serving import Prepared, finish_reason, merged, now, sse, usage
 
@@ -48,7 +49,7 @@ async def tool_chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared
                 continue
             reason = finish_reason(c.finish_reason, out.error)
             if out.error is not None and c.finish_reason == "abort":
-                raise RuntimeError(out.error)
+                raise as_api_error(out)
             start = sent.get(c.index, 0)
             logprobs = None
             if c.logprobs is not None:
