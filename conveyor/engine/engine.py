@@ -62,7 +62,13 @@ class Engine:
         self.model_source = loaded.source
         self.sampling_defaults = dict(loaded.sampling_defaults)
         self.max_model_len = resolve_max_model_len(loaded.spec, config.max_model_len)
-        self.runner = ModelRunner(config, loaded, self.max_model_len, self.device_info)
+        if config.tensor_parallel_size > 1:
+            from conveyor.parallel.launch import start_tensor_parallel  # ranks 1..N-1 in their own processes
+
+            self.runner: ModelRunner = start_tensor_parallel(config, loaded, self.dtype, self.max_model_len,
+                                                             self.device_info)
+        else:
+            self.runner = ModelRunner(config, loaded, self.max_model_len, self.device_info)
         plan = self.runner.cache_plan
         self.blocks = BlockManager(plan.num_blocks, plan.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
