@@ -291,10 +291,13 @@ class Engine:
         return False
 
     def close(self) -> None:
-        """Finish the step in flight (if any) and stop the executor's worker."""
-        self.drain()
-        self.executor.close()
-        self._host_thread.shutdown(wait=True)
+        """Finish the step in flight (if any) and stop the executor's worker (and worker processes), even when
+        finishing the step fails (a tensor-parallel worker that died)."""
+        try:
+            self.drain()
+        finally:
+            self.executor.close()
+            self._host_thread.shutdown(wait=True)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix block (benchmarks run each round from a cold cache)."""

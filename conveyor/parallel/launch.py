@@ -125,9 +125,10 @@ class TensorParallelRunner(ModelRunner):
         return super().prepare(plan, previous)
 
     def forward(self, step: PreparedStep) -> StepOutput:
-        payload = self._plans.pop(step.step_id)
+        payload = self._plans[step.step_id]
         start = time.perf_counter()
-        self.workers.send(payload)
+        self.workers.send(payload)  # raises, naming the worker, when one has died (the plan stays for a retry)
+        del self._plans[step.step_id]
         self.workers.plan_send_s += time.perf_counter() - start
         self.workers.plan_bytes_sent += len(payload)
         return super().forward(step)
