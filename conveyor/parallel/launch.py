@@ -48,6 +48,7 @@ class TensorParallelWorkers:
 
     def __init__(self, procs: list[subprocess.Popen[bytes]]) -> None:
         self.procs = procs
+        self.plans_sent = 0
         self.plan_bytes_sent = 0
         self.plan_send_s = 0.0
         """Seconds rank 0 spent encoding and writing plans (the per-step broadcast cost)."""
@@ -131,6 +132,7 @@ class TensorParallelRunner(ModelRunner):
         del self._plans[step.step_id]
         self.workers.plan_send_s += time.perf_counter() - start
         self.workers.plan_bytes_sent += len(payload)
+        self.workers.plans_sent += 1
         return super().forward(step)
 
     def close(self) -> None:
