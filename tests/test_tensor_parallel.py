@@ -187,3 +187,33 @@ def test_a_dead_worker_turns_into_an_error_not_a_hang(tmp_path: pathlib.Path) ->
         with contextlib.suppress(RuntimeError):  # close() finishes the failed step first: the same error again
             llm.engine.close()
     assert not any(_alive(p) for p in llm.engine.runner.workers.pids)
+
+
+def test_scaling_model_arithmetic() -> None:
+    """One cell by hand: Llama-8B (hidden 4096, 32 layers), TP=2, one sequence, bf16, 100 Gb/s with 5 us hops:
+    64 all-reduces x (2 * 1/2 * 8192 B at 100 Gb/s = 0.655 us + 2 hops x 5 us) = 0.682 ms per step."""
+    from conveyor.bench.tp import scaling_model
+
+    row = next(r for r in scaling_model(2, 1) if r["model"] == "llama-8b" and r["link_gbps"] == 100)
+    assert row["all_reduces_per_step"] == 64 and row["bytes_per_all_reduce"] == 8192
+    assert row["all_reduce_ms_per_step"] == pytest.approx(64 * (8192 * 8 / 100e9 * 1e6 + 10) / 1e3, rel=1e-3)
+
+
+@pytest.mark.slow
+def test_default_model_tp3_matches_tp1() -> None:
+    """SmolLM2-135M (9 query / 3 KV heads, MLP 1536, vocabulary 49152: only 1 and 3 divide them all), float32,
+    greedy and seeded sampling, with chunked prefill."""
+    prompts = [[1] + [(97 * i + 31 * j) % 40000 + 50 for j in range(20 + 9 * i)] for i in range(4)]
+    params = [SamplingParams(max_tokens=16, temperature=0.8 if i % 2 else 0.0, seed=i, ignore_eos=True)
+              for i in range(4)]
+    results = []
+    for tp in (1, 3):
+        llm = LLM(tensor_parallel_size=tp, dtype="float32", max_model_len=256, kv_cache_memory="64MiB",
+                  max_num_batched_tokens=32)
+        try:
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            assert llm.engine.stats().num_partial_prefills > 0
+        finally:
+            llm.engine.close()
+        results.append([o.outputs[0].token_ids for o in outs])
+    assert results[0] == results[1]

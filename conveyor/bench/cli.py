@@ -262,7 +262,8 @@ def _tp(args: argparse.Namespace, config: Any) -> int:
     result: dict[str, Any] = {"model_hidden": spec.hidden_size, "model_vocab": spec.vocab_size}
     result.update(measure_collectives(spec.hidden_size, spec.vocab_size, args.iters))
     result.update(measure_decode(config, args.sizes, args.num_seqs, args.prompt_len, args.steps, args.rounds))
-    result["scaling_model"] = scaling_model()
+    result["scaling_model"] = [row for tp, batch in ((2, 1), (2, 64), (8, 1), (8, 64))
+                               for row in scaling_model(tp, batch)]
     print(json.dumps({k: v for k, v in result.items() if k != "scaling_model"}, indent=2))
     _finish(args, result, "tp")
     return 0
