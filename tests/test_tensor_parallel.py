@@ -217,3 +217,56 @@ def test_default_model_tp3_matches_tp1() -> None:
             llm.engine.close()
         results.append([o.outputs[0].token_ids for o in outs])
     assert results[0] == results[1]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.parametrize("model", ["tiny-tp2", pytest.param("default-tp3", marks=pytest.mark.slow)])
+def test_server_streams_concurrent_requests_and_sigterm_leaves_no_worker(model: str,
+                                                                         tmp_path: pathlib.Path) -> None:
+    """`conveyor serve` under tensor parallelism, through the openai client: concurrent streamed requests each
+    get their max_tokens; SIGTERM ends the server and every worker. The tiny model (no tokenizer) takes token-id
+    prompts; the default model at TP=3 (about a minute to start on 2 busy cores) takes text."""
+    import concurrent.futures
+
+    import openai
+    from server_process import running_server
+
+    if model == "tiny-tp2":
+        folder = str(tmp_path / "m")
+        build_tiny_model("llama", folder)
+        args, name, tp = ["--model", folder, "--tensor-parallel-size", "2"], "m", 2
+    else:
+        args, name, tp = ["--tensor-parallel-size", "3"], "SmolLM2-135M-Instruct", 3
+    with running_server(*args, "--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-model-len", "256") \
+            as server:
+        workers = _children(server.proc.pid)
+        assert len(workers) == tp - 1, f"expected {tp - 1} worker processes under the server, found {workers}"
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+        def stream(i: int) -> int:
+            prompt: Any = [5 + i, 6, 7, 8] if model == "tiny-tp2" else f"Count to {i}:"
+            chunks = client.completions.create(model=name, prompt=prompt, max_tokens=6 + i % 3, temperature=0.0,
+                                               stream=True, stream_options={"include_usage": True},
+                                               extra_body={"ignore_eos": True})
+            usage = [c.usage for c in chunks if c.usage is not None]
+            return usage[-1].completion_tokens
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            counts = list(pool.map(stream, range(8)))
+        assert counts == [6 + i % 3 for i in range(8)]
+    assert server.proc.returncode is not None
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in workers), f"workers {workers} outlived the server"
