@@ -170,6 +170,25 @@ def test_workers_die_with_a_killed_engine_process(tmp_path: pathlib.Path) -> Non
         proc.wait()
 
 
+def test_structured_output_is_refused_at_admission_and_the_engine_keeps_serving(tmp_path: pathlib.Path) -> None:
+    from conveyor import InvalidRequestError
+    from conveyor.structured.spec import StructuredOutputs
+
+    folder = str(tmp_path / "m")
+    build_tiny_model("llama", folder)
+    llm = LLM(model=folder, tensor_parallel_size=2, dtype="float32", kv_cache_memory=2**20, max_model_len=64)
+    try:
+        with pytest.raises(InvalidRequestError, match="structured output.*tensor_parallel_size=2"):
+            llm.engine.add_request([3, 4, 5], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputs(
+                choice=("a", "b"))))
+        out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
+                           use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 4
+        llm.engine.check_idle()
+    finally:
+        llm.engine.close()
+
+
 def test_a_dead_worker_turns_into_an_error_not_a_hang(tmp_path: pathlib.Path) -> None:
     folder = str(tmp_path / "m")
     build_tiny_model("llama", folder)

@@ -127,6 +127,10 @@ class Engine:
             raise InvalidRequestError(f"n={params.n} samples cannot run together: max_num_seqs is "
                                       f"{self.config.max_num_seqs}; lower n or raise max_num_seqs")
         self._check_vocab(params)
+        if params.structured_outputs is not None and self.config.tensor_parallel_size > 1:
+            raise InvalidRequestError(f"structured output is not supported with tensor_parallel_size="
+                                      f"{self.config.tensor_parallel_size} yet (the workers would sample without "
+                                      f"the grammar's masks); send it to an engine with tensor_parallel_size=1")
         matchers = self.grammars.matchers(params)
         request_id = request_id if request_id is not None else str(next(self._ids))
         sample_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
