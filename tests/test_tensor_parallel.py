@@ -86,6 +86,31 @@ def test_tp2_matches_tp1_with_chunked_prefill_and_preemption(tiny: str, async_ba
     assert not any(_alive(p) for p in pids), f"worker processes {pids} outlived engine.close()"
 
 
+def test_int4_shards_use_the_int4_kernels_and_match_tp1(tmp_path: pathlib.Path) -> None:
+    """A shard is just a smaller linear: int4 weights (bfloat16 activations; groups of 32 fall on the same input
+    columns, since MLP width / 2 = 64) quantize per rank and give TP=1's tokens on this tiny model. (bfloat16
+    partial sums are rounded before the all-reduce adds them, so a near-tie could in principle differ.)"""
+    from conveyor.model.quant import Int4Projection
+
+    folder = str(tmp_path / "m")
+    build_tiny_model("llama", folder)
+    prompts = [[5, 6, 7, 8, 9] * 3, [11, 12, 13], [40, 41, 42, 43, 44, 45, 46]]
+    results = []
+    for tp in (1, 2):
+        llm = LLM(model=folder, tensor_parallel_size=tp, quantization="int4", kv_cache_memory=2**20,
+                  max_model_len=128)
+        try:
+            layer = llm.engine.runner.model.layers[0]
+            assert isinstance(layer.down, Int4Projection) and isinstance(layer.qkv, Int4Projection)
+            assert layer.down.dense.in_features == 128 // tp
+            outs = llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True),
+                                use_tqdm=False)
+        finally:
+            llm.engine.close()
+        results.append([o.outputs[0].token_ids for o in outs])
+    assert results[0] == results[1]
+
+
 def test_sizes_that_do_not_divide_the_model_are_refused_with_the_ones_that_do(tiny: str) -> None:
     with pytest.raises(ConfigError) as info:
         LLM(model=tiny, tensor_parallel_size=3, **PRESSURE)
