@@ -93,6 +93,11 @@ class EngineConfig:
     structured_output_timeout: float = 10.0
     """Seconds a structured-output grammar (JSON schema, regex, choice, EBNF) may take to compile; a
     slower one is refused with an error naming it. Compiled grammars are cached per schema."""
+    tensor_parallel_size: int = 1
+    """Processes that each hold a 1/N shard of every layer (attention heads, MLP width, vocabulary) and of
+    the KV cache, joined by one torch.distributed group (gloo, CPU only for now). N must divide the model's
+    heads, MLP width and vocabulary, and either divide its KV heads or be a multiple of them (KV heads are
+    then replicated: each rank keeps the one its query heads read); other sizes are refused by name."""
     tool_call_parser: str = "auto"
     """How tool calls are written by the model: 'auto' (chosen from the chat template), 'hermes'
     (Hermes / Qwen <tool_call> JSON), 'llama3_json' (Llama 3.x JSON) or 'mistral' ([TOOL_CALLS])."""
@@ -134,6 +139,12 @@ class EngineConfig:
         timeout = self.structured_output_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
             raise ConfigError(f"structured_output_timeout={timeout!r} must be a number of seconds in (0, 3600]")
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= 64:
+            raise ConfigError(f"tensor_parallel_size={tp!r} must be an integer in [1, 64] (1: one process)")
+        if tp > 1 and self.device == "cuda":
+            raise ConfigError(f"tensor_parallel_size={tp} runs on CPU (gloo) only for now; NCCL on CUDA is not "
+                              f"built yet: pass device='cpu', or tensor_parallel_size=1 on a GPU")
         if self.tool_call_parser not in SUPPORTED_TOOL_CALL_PARSERS:
             raise ConfigError(f"tool_call_parser={self.tool_call_parser!r} is not supported; choose one of "
                               f"{', '.join(SUPPORTED_TOOL_CALL_PARSERS)}")

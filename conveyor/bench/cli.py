@@ -76,6 +76,17 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     sv.add_argument("--out", default=None, help="write results as JSON here")
     sv.add_argument("--plot", default=None, help="PNG prefix: throughput-vs-concurrency and latency CDF")
 
+    tpp = kinds.add_parser("tp", help="tensor parallelism: gloo all-reduce latency, decode step time per "
+                                      "tensor-parallel size, and the across-machines model")
+    tpp.add_argument("--sizes", type=_count, nargs="+", default=[1, 2], help="tensor-parallel sizes to time")
+    tpp.add_argument("--num-seqs", type=_count, default=8)
+    tpp.add_argument("--prompt-len", type=_count, default=64)
+    tpp.add_argument("--steps", type=_count, default=20)
+    tpp.add_argument("--rounds", type=_count, default=2, help="the sizes are alternated this many times")
+    tpp.add_argument("--iters", type=_count, default=200, help="repetitions of each collective")
+    _add_result_flags(tpp)
+    add_engine_flags(tpp)
+
     ds = kinds.add_parser("decode-step", help="one decode step: time, achieved FLOP/s and its share of the "
                                               "measured matmul peaks (float32's and the step dtype's)")
     ds.add_argument("--num-seqs", type=_count, default=64, help="running sequences, all decoding")
@@ -128,6 +139,8 @@ def cmd_bench(args: argparse.Namespace, config: Any) -> int:
         return _latency(args, config)
     if args.bench_command == "decode-step":
         return _decode_step(args, config)
+    if args.bench_command == "tp":
+        return _tp(args, config)
     if args.bench_command == "structured":
         return _structured(args, config)
     return _throughput(args, config)
@@ -237,6 +250,22 @@ def _decode_step(args: argparse.Namespace, config: Any) -> int:
     result = measure_decode_step(config, args.num_seqs, args.prompt_len, args.steps)
     print(json.dumps({k: v for k, v in result.items() if k != "step_ms_all"}, indent=2))
     _finish(args, result, "decode-step")
+    return 0
+
+
+def _tp(args: argparse.Namespace, config: Any) -> int:
+    from conveyor.bench.tp import measure_collectives, measure_decode, scaling_model
+    from conveyor.model.loader import load_model, resolve_dtype, model_path
+
+    spec = load_model(config.model, resolve_dtype(config.dtype, model_path(config.model), "cpu",
+                                                  config.quantization)).spec
+    result: dict[str, Any] = {"model_hidden": spec.hidden_size, "model_vocab": spec.vocab_size}
+    result.update(measure_collectives(spec.hidden_size, spec.vocab_size, args.iters))
+    result.update(measure_decode(config, args.sizes, args.num_seqs, args.prompt_len, args.steps, args.rounds))
+    result["scaling_model"] = [row for tp, batch in ((2, 1), (2, 64), (8, 1), (8, 64))
+                               for row in scaling_model(tp, batch)]
+    print(json.dumps({k: v for k, v in result.items() if k != "scaling_model"}, indent=2))
+    _finish(args, result, "tp")
     return 0
 
 

@@ -79,7 +79,13 @@ class Engine:
         self.model_source = loaded.source
         self.sampling_defaults = dict(loaded.sampling_defaults)
         self.max_model_len = resolve_max_model_len(loaded.spec, config.max_model_len)
-        self.runner = ModelRunner(config, loaded, self.max_model_len, self.device_info)
+        if config.tensor_parallel_size > 1:
+            from conveyor.parallel.launch import start_tensor_parallel  # ranks 1..N-1 in their own processes
+
+            self.runner: ModelRunner = start_tensor_parallel(config, loaded, self.dtype, self.max_model_len,
+                                                             self.device_info)
+        else:
+            self.runner = ModelRunner(config, loaded, self.max_model_len, self.device_info)
         plan = self.runner.cache_plan
         self.blocks = BlockManager(plan.num_blocks, plan.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -140,6 +146,10 @@ class Engine:
             raise InvalidRequestError(f"n={params.n} samples cannot run together: max_num_seqs is "
                                       f"{self.config.max_num_seqs}; lower n or raise max_num_seqs")
         self._check_vocab(params)
+        if params.structured_outputs is not None and self.config.tensor_parallel_size > 1:
+            raise InvalidRequestError(f"structured output is not supported with tensor_parallel_size="
+                                      f"{self.config.tensor_parallel_size} yet (the workers would sample without "
+                                      f"the grammar's masks); send it to an engine with tensor_parallel_size=1")
         try:
             matchers = self.grammars.matchers(params)
         except InvalidRequestError as exc:  # anything compiling the constraint refuses is about that field
@@ -322,10 +332,13 @@ class Engine:
         return False
 
     def close(self) -> None:
-        """Finish the step in flight (if any) and stop the executor's worker."""
-        self.drain()
-        self.executor.close()
-        self._host_thread.shutdown(wait=True)
+        """Finish the step in flight (if any) and stop the executor's worker (and worker processes), even when
+        finishing the step fails (a tensor-parallel worker that died)."""
+        try:
+            self.drain()
+        finally:
+            self.executor.close()
+            self._host_thread.shutdown(wait=True)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix block (benchmarks run each round from a cold cache)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
@@ -12,6 +14,9 @@ from conveyor.model.rope import RotaryEmbedding
 from conveyor.model.ops import layer_ops
 from conveyor.model.quant import make_lm_head, make_projection
 from conveyor.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from conveyor.parallel.group import TensorParallelGroup
 
 
 class LlamaModel:
@@ -41,6 +46,8 @@ class LlamaModel:
         self.layers = [_Layer(w, f"layers.{i}.", quantization, kernels) for i in range(spec.num_layers)]
         self.windows = [spec.window_of(i) for i in range(spec.num_layers)]
         """Per layer: its sliding window, or None for full attention."""
+        self.parallel: TensorParallelGroup | None = None
+        """Under tensor parallelism (conveyor/parallel): this rank's group; the weights are then its shards."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -49,7 +56,9 @@ class LlamaModel:
         n = input_ids.shape[0]
         tables = self.rotary.tables(positions, self.dtype)  # cos, sin: [num_tokens, 1, head_dim] each
         local_tables = self.local_rotary.tables(positions, self.dtype) if self.local_rotary is not None else tables
-        h = F.embedding(input_ids, self.embed)  # [num_tokens, hidden]
+        parallel = self.parallel
+        h = F.embedding(input_ids, self.embed) if parallel is None \
+            else parallel.embed(input_ids, self.embed)  # [num_tokens, hidden]
         if self.embed_multiplier is not None:
             h = h * self.embed_multiplier
         delta: torch.Tensor | None = None  # the previous layer's MLP output, not yet added to h
@@ -68,12 +77,16 @@ class LlamaModel:
             attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, ops.decode_attention,
                                    kv_written, window, spec.attn_logit_softcap)  # [num_tokens, heads * head_dim]
             attn = layer.o_proj(attn)  # [num_tokens, hidden]
+            if parallel is not None:  # row-parallel: each rank's heads gave a partial sum
+                attn = parallel.all_reduce(attn)
             if layer.attn_out_norm is not None:  # Gemma 2's sandwich norms
                 attn = rms_norm(attn, layer.attn_out_norm, eps)
             h, x = ops.add_norm(h, attn, layer.post_norm, eps)
             gate_up = layer.gate_up(x)  # [num_tokens, 2 * intermediate]
             act = ops.silu_and_mul(gate_up) if spec.activation == "silu" else gelu_tanh_and_mul(gate_up)
             delta = layer.down(act)  # [num_tokens, hidden]
+            if parallel is not None:
+                delta = parallel.all_reduce(delta)
             if layer.mlp_out_norm is not None:
                 delta = rms_norm(delta, layer.mlp_out_norm, eps)
         return h if delta is None else h + delta
@@ -82,7 +95,9 @@ class LlamaModel:
         """hidden: [rows, hidden] (only the rows that sample) -> [rows, vocab] logits in the model's dtype
         (the sampler widens them to float32 where it processes them)."""
         _, x = self.ops.add_norm(hidden.contiguous(), None, self.final_norm, self.spec.rms_norm_eps)
-        logits = self.lm_head(x)  # [rows, vocab]
+        logits = self.lm_head(x)  # [rows, vocab] ([rows, vocab / N] on a tensor-parallel rank)
+        if self.parallel is not None:
+            logits = self.parallel.gather_logits(logits)  # [rows, vocab]
         cap = self.spec.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

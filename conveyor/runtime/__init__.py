@@ -10,7 +10,19 @@ __all__ = ["Executor", "StepHandle", "make_executor"]
 
 
 def make_executor(async_batching: bool, runner: ModelRunner, tracer: Tracer) -> Executor:
-    """The synchronous executor, or the device's way to overlap: CUDA streams, or a host thread on CPU."""
+    """The synchronous executor, or the device's way to overlap: CUDA streams, or a host thread on CPU;
+    around it, under tensor parallelism, the executor that also ends the worker processes."""
+    executor = _device_executor(async_batching, runner, tracer)
+    if runner.config.tensor_parallel_size > 1:
+        from conveyor.parallel.launch import TensorParallelRunner
+        from conveyor.runtime.tp_executor import TensorParallelExecutor
+
+        assert isinstance(runner, TensorParallelRunner)
+        return TensorParallelExecutor(executor, runner)
+    return executor
+
+
+def _device_executor(async_batching: bool, runner: ModelRunner, tracer: Tracer) -> Executor:
     if not async_batching:
         from conveyor.runtime.sync import SyncExecutor
 
