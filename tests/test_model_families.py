@@ -23,6 +23,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "lo
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
 YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
 LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
+GEMMA3_LAYER_TYPES = ["sliding_attention"] * 5 + ["full_attention"]
 
 FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     # name: (transformers family, config overrides, GGUF weight types written by the converter)
@@ -35,8 +36,9 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "gemma2": ("gemma2", {}, ("f32", "q8_0")),
     # fused qkv_proj and gate_up_proj, a window on every layer (blocks freed as it moves)
     "phi3-window": ("phi3", dict(sliding_window=16), ("f32",)),
-    # q/k norms, local layers with their own rope base, a global layer with linear scaling (GGUF: refused)
-    "gemma3-text": ("gemma3", {}, ()),
+    # q/k norms, local layers with their own rope base, a global layer with linear scaling; six layers, as the
+    # GGUF stores no layer pattern and llama.cpp reads Gemma 3's (five local, then one global)
+    "gemma3-text": ("gemma3", dict(num_hidden_layers=6, layer_types=GEMMA3_LAYER_TYPES), ("f32", "q8_0")),
 }
 
 
@@ -139,12 +141,17 @@ def test_inspect_describes_each_family_from_folder_and_gguf(name: str, llama_cpp
     text = capsys.readouterr().out
     assert text.count("conveyor      runs it") == len(paths) and "hf-folder" in text
     assert ("format        gguf" in text) == bool(gguf_types)
-    assert "layers        2" in text and "heads         4 query, 2 key/value" in text
+    layers = overrides.get("num_hidden_layers", 2)
+    assert text.count(f"layers        {layers}\n") == len(paths)
+    assert text.count("heads         4 query, 2 key/value") == len(paths)
     rope_type = overrides.get("rope_parameters", {}).get("rope_type")
     if rope_type == "llama3":  # llama.cpp's converter stores it as per-frequency factors
         assert "scaling llama3 x8 from 64 tokens" in text and "per-frequency factors" in text
     elif rope_type is not None:
         assert text.count(f"scaling {rope_type}") == len(paths)
+    if arch == "gemma3":  # the GGUF's layer pattern and local rope base read as the folder's
+        assert text.count("local rope    theta 10000, scaling default") == len(paths)
+        assert text.count("window        16 tokens on 5 of 6 layers; full-attention layers keep") == len(paths)
 
 
 def test_inspect_refuses_an_unsupported_family_without_loading_it(tmp_path: Any, capsys: Any) -> None:

@@ -23,7 +23,7 @@ from conveyor.model.spec import ModelSpec, RopeSpec
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "phi3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -64,7 +64,8 @@ _PHI3_LAYER_NAMES = {
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    layer_names = {"gemma2": _GEMMA2_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
+    layer_names = {"gemma2": _GEMMA2_LAYER_NAMES, "gemma3": _GEMMA2_LAYER_NAMES,
+                   "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
         return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
@@ -94,6 +95,8 @@ _HONOURED_KEYS = {
 }
 """`{arch}.` metadata keys read (and checked) below; any other `{arch}.` key is refused by name."""
 _HONOURED_BY_ARCH = {"gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"},
+                     "gemma3": {"final_logit_softcapping", "attention.sliding_window",
+                                "attention.sliding_window_pattern", "rope.freq_base_swa"},
                      "phi3": {"attention.sliding_window"}}
 _NEUTRAL_NAMESPACES = ("general.", "tokenizer.", "quantize.", "GGUF.")
 """Metadata that describes the file, its tokenizer or how it was quantized: no effect on the computation."""
@@ -194,6 +197,8 @@ def read_spec(reader: Any, path: str) -> ModelSpec:
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(sorted({int(t) for t in (eos, eot) if t is not None})),
         **(_gemma2_fields(reader, hidden, heads, head_dim, int(need("block_count"))) if arch == "gemma2" else {}),
+        **(_gemma3_fields(reader, hidden, heads, head_dim, int(need("block_count")), path) if arch == "gemma3"
+           else {}),
         **(_phi3_fields(reader, int(need("block_count"))) if arch == "phi3" else {}),
     )
 
@@ -214,6 +219,36 @@ def _gemma2_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: 
                 attn_logit_softcap=_field(reader, "gemma2.attn_logit_softcapping"),
                 final_logit_softcap=_field(reader, "gemma2.final_logit_softcapping"), sandwich_norms=True,
                 layer_windows=tuple(int(window) if window and i % 2 == 0 else None for i in range(layers)))
+
+
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
+"""llama.cpp's fixed Gemma 3 layer pattern (its converter writes none): five local layers, then a global one."""
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+"""The local layers' rope base llama.cpp assumes when the file has no gemma3.rope.freq_base_swa."""
+
+
+def _gemma3_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: int, path: str) -> dict[str, Any]:
+    """Gemma 3 text as llama.cpp runs it: local (sliding) and global layers by the sliding_window_pattern key
+    (a period n: layer i is local when i % n < n - 1; or one flag per layer) or llama.cpp's fixed period 6, local
+    layers with their own rope base and no scaling, q/k norms (tensors), the query scale 1/sqrt(head_dim) except
+    for the 62-layer 27B (1/sqrt(hidden / heads)), as llama.cpp (the GGUF has no query_pre_attn_scalar)."""
+    window = _field(reader, "gemma3.attention.sliding_window")
+    if not window:
+        raise ModelLoadError(f"{path}: GGUF metadata gemma3.attention.sliding_window is missing or 0; Gemma 3's "
+                             f"local layers need it (the file is incomplete)")
+    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ModelLoadError(f"{path}: GGUF metadata gemma3.attention.sliding_window_pattern has {len(pattern)} "
+                                 f"flags for {layers} layers; supported: one per layer, or a period")
+        local = [bool(flag) for flag in pattern]
+    else:
+        local = [int(pattern) > 0 and i % int(pattern) < int(pattern) - 1 for i in range(layers)]
+    scale_dim = hidden / heads if layers == 62 else head_dim
+    return dict(activation="gelu_tanh", embedding_multiplier=float(hidden) ** 0.5, attention_scale=scale_dim ** -0.5,
+                final_logit_softcap=_field(reader, "gemma3.final_logit_softcapping"), sandwich_norms=True,
+                local_rope=RopeSpec(theta=float(_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))),
+                layer_windows=tuple(int(window) if is_local else None for is_local in local))
 
 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
