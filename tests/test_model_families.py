@@ -24,6 +24,18 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "lo
 YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
 LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
 GEMMA3_LAYER_TYPES = ["sliding_attention"] * 5 + ["full_attention"]
+LONGROPE_ORIGINAL = 64
+"""The longrope families' original context: prompts 3 and 40 (+ 12 new tokens) stay within it, 150 starts past it."""
+
+
+def _longrope(rotary_dim: int, partial: float = 1.0) -> dict[str, Any]:
+    """Phi-3 128k / Phi-3.5 (partial 1) and Phi-4-mini (partial 0.75) style rope: short factors near 1, long ones
+    up to 5, one per rotating pair, so the set used changes every token."""
+    rng = random.Random(rotary_dim)
+    return {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": partial,
+            "short_factor": [round(1 + rng.random() * 0.5, 3) for _ in range(rotary_dim // 2)],
+            "long_factor": [round(1 + rng.random() * 4, 3) for _ in range(rotary_dim // 2)]}
+
 
 FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     # name: (transformers family, config overrides, GGUF weight types written by the converter)
@@ -36,6 +48,12 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "gemma2": ("gemma2", {}, ("f32", "q8_0")),
     # fused qkv_proj and gate_up_proj, a window on every layer (blocks freed as it moves)
     "phi3-window": ("phi3", dict(sliding_window=16), ("f32",)),
+    # longrope (short and long factors, attention factor from max_position_embeddings / original), fused qkv
+    "phi3.5-longrope": ("phi3", dict(rope_parameters=_longrope(16), original_max_position_embeddings=LONGROPE_ORIGINAL),
+                        ("f32", "q8_0")),
+    # Phi-4-mini: longrope on the first 12 of 16 dimensions per head (partial_rotary_factor 0.75)
+    "phi4-mini-partial-rotary": ("phi3", dict(rope_parameters=_longrope(12, 0.75), partial_rotary_factor=0.75,
+                                              original_max_position_embeddings=LONGROPE_ORIGINAL), ("f32",)),
     # q/k norms, local layers with their own rope base, a global layer with linear scaling; six layers, as the
     # GGUF stores no layer pattern and llama.cpp reads Gemma 3's (five local, then one global)
     "gemma3-text": ("gemma3", dict(num_hidden_layers=6, layer_types=GEMMA3_LAYER_TYPES), ("f32", "q8_0")),
@@ -82,20 +100,38 @@ def _gguf(family: dict[str, Any], outtype: str, tmp_path_factory: Any) -> str:
     return family["ggufs"][outtype]
 
 
-def _generate(source: str, prompts: list[list[int]]) -> list[list[int]]:
-    # block_size 4 and a 64-token budget: prompts span many blocks and long ones are prefilled in chunks
-    llm = LLM(model=source, dtype="float32", block_size=4, max_model_len=256, kv_cache_memory=2**22,
-              max_num_batched_tokens=64)
-    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
-                        use_tqdm=False)
-    llm.engine.check_idle()
-    return [o.outputs[0].token_ids for o in outs]
+def _generate(source: str, prompts: list[list[int]], short_context: int | None = None) -> list[list[int]]:
+    """Greedy tokens of each prompt. short_context (longrope models: the original context): prompts that stay
+    within it run under max_model_len = short_context (short factors, as transformers uses for them), longer ones
+    under 256 (long factors, as transformers uses once a sequence is past it); see conveyor/model/rope.py."""
+    groups: dict[int, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        short = short_context is not None and len(prompt) + NEW_TOKENS <= short_context
+        groups.setdefault(short_context if short and short_context else 256, []).append(i)
+    tokens: dict[int, list[int]] = {}
+    for max_model_len, indices in groups.items():
+        # block_size 4 and a 64-token budget: prompts span many blocks and long ones are prefilled in chunks
+        llm = LLM(model=source, dtype="float32", block_size=4, max_model_len=max_model_len, kv_cache_memory=2**22,
+                  max_num_batched_tokens=64)
+        outs = llm.generate([prompts[i] for i in indices],
+                            SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        llm.engine.check_idle()
+        tokens.update({i: o.outputs[0].token_ids for i, o in zip(indices, outs)})
+    return [tokens[i] for i in range(len(prompts))]
+
+
+def _short_context(name: str) -> int | None:
+    """The original context of a longrope family (None for the others)."""
+    _, overrides, _ = FAMILIES[name]
+    longrope = overrides.get("rope_parameters", {}).get("rope_type") == "longrope"
+    return int(overrides["original_max_position_embeddings"]) if longrope else None
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_hf_folder_matches_transformers(name: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any) -> None:
     family = _family(name, built, tmp_path_factory)
-    compare(family["refs"], _generate(family["folder"], family["prompts"]), allow_ties=True, tie_gap=1e-3)
+    compare(family["refs"], _generate(family["folder"], family["prompts"], _short_context(name)), allow_ties=True,
+            tie_gap=1e-3)
 
 
 @pytest.mark.parametrize("name, outtype", [(name, t) for name, (_, _, types) in FAMILIES.items() for t in types])
@@ -106,7 +142,7 @@ def test_gguf_from_llama_cpp_converter_matches_transformers(name: str, outtype: 
     path = _gguf(family, outtype, tmp_path_factory)
     refs = family["refs"] if outtype == "f32" else hf_greedy(
         quantization_roundtrip_reference(family["model"], path), family["prompts"], NEW_TOKENS)
-    compare(refs, _generate(path, family["prompts"]), allow_ties=True, tie_gap=1e-3)
+    compare(refs, _generate(path, family["prompts"], _short_context(name)), allow_ties=True, tie_gap=1e-3)
 
 
 @pytest.mark.parametrize("weight_type", ["F16", "BF16", "Q4_0", "Q5_1"])
@@ -149,6 +185,12 @@ def test_inspect_describes_each_family_from_folder_and_gguf(name: str, llama_cpp
         assert "scaling llama3 x8 from 64 tokens" in text and "per-frequency factors" in text
     elif rope_type is not None:
         assert text.count(f"scaling {rope_type}") == len(paths)
+    if rope_type == "longrope":
+        assert text.count(f"from {LONGROPE_ORIGINAL} tokens (long factors when max_model_len exceeds it") == len(paths)
+    partial = overrides.get("partial_rotary_factor")
+    assert text.count("(partial)") == (len(paths) if partial else 0)
+    if partial:
+        assert text.count(f"rotary on {int(16 * partial)} dimensions per head") == len(paths)
     if arch == "gemma3":  # the GGUF's layer pattern and local rope base read as the folder's
         assert text.count("local rope    theta 10000, scaling default") == len(paths)
         assert text.count("window        16 tokens on 5 of 6 layers; full-attention layers keep") == len(paths)

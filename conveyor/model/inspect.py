@@ -48,8 +48,12 @@ def _rope_text(rope: RopeSpec) -> str:
     text = f"theta {rope.theta:g}, scaling {rope.scaling_type}"
     if rope.scaling_type != "default":
         text += f" x{rope.factor:g}"
-        if rope.scaling_type in ("llama3", "yarn"):
+        if rope.scaling_type in ("llama3", "yarn", "longrope"):
             text += f" from {rope.original_max_position_embeddings} tokens"
+        if rope.scaling_type == "longrope":
+            text += " (long factors when max_model_len exceeds it, else short)"
+    if rope.rotary_dim is not None:
+        text += f"; rotary on {rope.rotary_dim} dimensions per head (partial)"
     return text
 
 
@@ -76,7 +80,8 @@ def _spec_facts(spec: ModelSpec) -> dict[str, str]:
 def _inspect_gguf(path: str) -> ModelSummary:
     from gguf import GGUFReader
 
-    from conveyor.model.gguf_loader import GGUF_ARCHITECTURES, hf_name, read_spec, supported_weight_types
+    from conveyor.model.gguf_loader import (GGUF_ARCHITECTURES, ROPE_TENSORS, hf_name, read_spec,
+                                            supported_weight_types)
 
     try:
         reader = GGUFReader(path)
@@ -94,7 +99,7 @@ def _inspect_gguf(path: str) -> ModelSummary:
         return ModelSummary(path, "gguf", arch, False, str(exc), facts)
     facts.update(_spec_facts(spec))
     supported = set(supported_weight_types())
-    unknown = [t.name for t in reader.tensors if t.name != "rope_freqs.weight" and hf_name(t.name, arch) is None]
+    unknown = [t.name for t in reader.tensors if t.name not in ROPE_TENSORS and hf_name(t.name, arch) is None]
     bad_types = sorted(k for k in types if k not in supported)
     reason = ""
     if unknown:
