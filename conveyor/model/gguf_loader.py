@@ -177,9 +177,10 @@ def _longrope_spec(reader: Any, arch: str, path: str, names: set[str], theta: fl
     """Phi-3's longrope as llama.cpp's converter writes it: both factor sets as tensors, the attention factor and
     the original context as metadata (the set is chosen per engine, see conveyor/model/rope.py)."""
     if arch != "phi3" or scaling != "none" or not {"rope_factors_long.weight", "rope_factors_short.weight"} <= names:
-        raise ModelLoadError(f"{path}: rope_factors tensors ({sorted(n for n in names if n.startswith('rope_factors'))})"
-                             f" with architecture {arch!r} and {arch}.rope.scaling.type={scaling!r}; supported: both "
-                             f"rope_factors_long and rope_factors_short, architecture phi3, no rope.scaling.type")
+        found = sorted(n for n in names if n.startswith("rope_factors"))
+        raise ModelLoadError(f"{path}: rope_factors tensors ({found}) with architecture {arch!r} and "
+                             f"{arch}.rope.scaling.type={scaling!r}; supported: both rope_factors_long and "
+                             f"rope_factors_short, architecture phi3, no rope.scaling.type")
     original = _field(reader, f"{arch}.rope.scaling.original_context_length")
     if original is None:
         raise ModelLoadError(f"{path}: rope_factors tensors without {arch}.rope.scaling.original_context_length; "
@@ -353,7 +354,8 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
         if name is None:
             raise ModelLoadError(f"{path}: GGUF tensor {t.name!r} is not one Conveyor knows for {spec.architecture} "
                                  f"(skipping it would silently change the model); supported: token_embd, output, "
-                                 f"output_norm, {', '.join(n.split('.')[0] for n in ROPE_TENSORS)} and blk.N.{{{', '.join(_LAYER_NAMES)}}}")
+                                 f"output_norm, {', '.join(n.split('.')[0] for n in ROPE_TENSORS)} and "
+                                 f"blk.N.{{{', '.join(_LAYER_NAMES)}}}")
         array = tensor_array(t, path)
         if spec.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
                                                            "k_proj.bias")):

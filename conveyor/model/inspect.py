@@ -69,7 +69,8 @@ def _spec_facts(spec: ModelSpec) -> dict[str, str]:
     return {
         "layers": str(spec.num_layers), "hidden": str(spec.hidden_size), "mlp": str(spec.intermediate_size),
         "heads": f"{spec.num_heads} query, {spec.num_kv_heads} key/value, head size {spec.head_dim}",
-        "vocab": str(spec.vocab_size), "context": f"{spec.max_position_embeddings} tokens", "rope": _rope_text(spec.rope),
+        "vocab": str(spec.vocab_size), "context": f"{spec.max_position_embeddings} tokens",
+        "rope": _rope_text(spec.rope),
         **({"local rope": _rope_text(spec.local_rope)} if spec.local_rope is not None else {}),
         "window": window_text,
         "extras": ", ".join(name for name, on in (("qkv bias", spec.qkv_bias), ("q/k norm", spec.qk_norm),
