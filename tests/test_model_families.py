@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from conftest import build_tiny_model
-from gguf_convert import ConverterUnavailable, convert, converter_dir, quantization_roundtrip_reference, rewrite
+from gguf_convert import (ConverterUnavailable, convert, converter_dir, dequantized_reference, llama_cpp_quantize,
+                          quantization_roundtrip_reference, rewrite)
 from parity import compare, hf_greedy
 
 from conveyor import LLM, SamplingParams
@@ -162,6 +163,27 @@ def test_gguf_weight_types_match_transformers_on_the_same_weights(weight_type: s
     path = rewrite(family["ggufs"]["f32"], str(tmp_path_factory.mktemp(weight_type) / "model.gguf"), tensors=tensors)
     refs = hf_greedy(quantization_roundtrip_reference(family["model"], path), family["prompts"], NEW_TOKENS)
     compare(refs, _generate(path, family["prompts"]), allow_ties=True, tie_gap=1e-3)
+
+
+def test_q4_k_m_from_llama_model_quantize_matches_transformers_on_the_same_weights(llama_cpp_converter: str,
+                                                                                   tmp_path: Any) -> None:
+    """A Q4_K_M file made as users make them (llama.cpp's converter, then llama.cpp's own quantizer through
+    llama-cpp-python): Q4_K and Q6_K matrices (a Qwen2.5 model 256 wide, as K-quants need rows of 256), greedy
+    tokens equal transformers running the file's dequantized weights."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (llama.cpp's quantizer) is not installed here")
+    import gguf
+
+    folder = str(tmp_path / "qwen2.5-256")
+    model = build_tiny_model("qwen2", folder, hidden_size=256, intermediate_size=512, tie_word_embeddings=True)
+    for sub in ("f32", "q4km"):  # each file in a folder of its own (a GGUF's tokenizer is read from beside it)
+        os.makedirs(tmp_path / sub)
+    f32 = convert(folder, str(tmp_path / "f32" / "model.gguf"), "f32")
+    path = llama_cpp_quantize(f32, str(tmp_path / "q4km" / "model.gguf"))
+    types = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert {"Q4_K", "Q6_K"} <= types, f"expected K-quants in the Q4_K_M file, found {types}"
+    prompts = _prompts(256)
+    refs = hf_greedy(dequantized_reference(model, path), prompts, NEW_TOKENS)
+    compare(refs, _generate(path, prompts), allow_ties=True, tie_gap=1e-3)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
