@@ -36,10 +36,9 @@ def _rope_spec(config: dict[str, Any], arch: str, path: str, layer_type: str | N
         elif "rope_theta" not in merged and config.get("rope_local_base_freq") is not None:
             merged["rope_theta"] = config["rope_local_base_freq"]
     partial = float(merged.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0)
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
     if partial == 1.0:
-        return _scaled_rope_spec(config, merged, arch, path)
-    heads = int(config["num_attention_heads"])
-    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        return _scaled_rope_spec(config, merged, arch, path, head_dim)
     rotary_dim = int(head_dim * partial)
     if arch not in PARTIAL_ROTARY_ARCHITECTURES or not 0 < rotary_dim <= head_dim or rotary_dim % 2:
         raise ModelLoadError(f"{path}: partial_rotary_factor={partial} (rotary on {rotary_dim} of {head_dim} "
@@ -49,7 +48,7 @@ def _rope_spec(config: dict[str, Any], arch: str, path: str, layer_type: str | N
 
 
 def _scaled_rope_spec(config: dict[str, Any], merged: dict[str, Any], arch: str, path: str,
-                      rotary_dim: int | None = None) -> RopeSpec:
+                      rotary_dim: int) -> RopeSpec:
     theta = float(merged.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
     if arch == "phi3" and kind in ("su", "yarn"):
@@ -78,8 +77,7 @@ def _scaled_rope_spec(config: dict[str, Any], merged: dict[str, Any], arch: str,
     factor = float(factor) if factor is not None else int(config["max_position_embeddings"]) / original
     attention_factor = merged.get("attention_factor")
     if kind == "longrope":
-        return _longrope_spec(merged, theta, factor, original, attention_factor, rotary_dim or int(
-            config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"])), path, need)
+        return _longrope_spec(merged, theta, factor, original, attention_factor, rotary_dim, path)
     return RopeSpec(theta=theta, scaling_type="yarn", factor=factor, original_max_position_embeddings=original,
                     beta_fast=float(merged.get("beta_fast") or 32.0), beta_slow=float(merged.get("beta_slow") or 1.0),
                     truncate=bool(merged.get("truncate", True)),
@@ -88,12 +86,15 @@ def _scaled_rope_spec(config: dict[str, Any], merged: dict[str, Any], arch: str,
 
 
 def _longrope_spec(merged: dict[str, Any], theta: float, factor: float, original: int, attention_factor: Any,
-                   rotary_dim: int, path: str, need: Any) -> RopeSpec:
+                   rotary_dim: int, path: str) -> RopeSpec:
     """longrope as transformers computes it: both factor sets, one per rotating pair; the attention factor given,
     or sqrt(1 + ln(factor) / ln(original)) (1 when factor <= 1)."""
     sets = {}
     for key in ("short_factor", "long_factor"):
-        values = need(key)
+        values = merged.get(key)
+        if values is None:
+            raise ModelLoadError(f"{path}: rope scaling 'longrope' needs {key!r} in rope_scaling / rope_parameters; "
+                                 f"found {sorted(merged)}")
         if not isinstance(values, list) or len(values) != rotary_dim // 2:
             raise ModelLoadError(f"{path}: rope scaling 'longrope' needs {key} to be a list of {rotary_dim // 2} "
                                  f"numbers (one per rotating pair); found "
