@@ -14,7 +14,7 @@ from gguf_convert import (ConverterUnavailable, convert, converter_dir, dequanti
                           quantization_roundtrip_reference, rewrite)
 from parity import compare, hf_greedy
 
-from conveyor import LLM, SamplingParams
+from conveyor import LLM, ModelLoadError, SamplingParams
 
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (3, 40, 150)
@@ -229,3 +229,30 @@ def test_inspect_refuses_an_unsupported_family_without_loading_it(tmp_path: Any,
     assert main(["inspect", str(tmp_path)]) == 1
     text = capsys.readouterr().out
     assert "GPTNeoXForCausalLM" in text and "refuses it" in text and "is not supported" in text
+
+
+def test_gemma3_gguf_layer_pattern_key_is_honoured_or_refused(llama_cpp_converter: str,
+                                                               built: dict[str, dict[str, Any]],
+                                                               tmp_path_factory: Any) -> None:
+    """llama.cpp's converter writes no Gemma 3 layer pattern (llama.cpp assumes a period of 6); a file that carries
+    gemma3.attention.sliding_window_pattern gets it honoured (a period, or one flag per layer), and a malformed one
+    is refused by name; an attention soft-cap key (Gemma 3 has none) is refused."""
+    import gguf
+
+    from conveyor.model.gguf_loader import read_spec
+
+    source = _gguf(_family("gemma3-text", built, tmp_path_factory), "f32", tmp_path_factory)
+    key = "gemma3.attention.sliding_window_pattern"
+    cases = [({key: (2, gguf.GGUFValueType.UINT32)}, (16, None, 16, None, 16, None)),
+             ({key: ([False, True, True, False, True, True], gguf.GGUFValueType.ARRAY)}, (None, 16, 16, None, 16, 16)),
+             ({key: ([True, False], gguf.GGUFValueType.ARRAY)}, "sliding_window_pattern has 2 flags for 6 layers"),
+             ({"gemma3.attn_logit_softcapping": (50.0, gguf.GGUFValueType.FLOAT32)},
+              "gemma3.attn_logit_softcapping=50.0 is not supported for gemma3")]
+    for i, (metadata, expected) in enumerate(cases):
+        path = rewrite(source, str(tmp_path_factory.mktemp(f"gemma3-pattern-{i}") / "model.gguf"), metadata=metadata)
+        reader = gguf.GGUFReader(path)
+        if isinstance(expected, str):
+            with pytest.raises(ModelLoadError, match=expected):
+                read_spec(reader, path)
+        else:
+            assert read_spec(reader, path).layer_windows == expected
