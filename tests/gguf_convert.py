@@ -160,3 +160,44 @@ def quantization_roundtrip_reference(model: Any, gguf_path: str) -> Any:
             roundtrip = gguf.quants.dequantize(gguf.quants.quantize(values, kind), kind)
             param.copy_(torch.from_numpy(roundtrip.reshape(values.shape)))
     return quantized
+
+
+def llama_cpp_quantize(source: str, target: str, ftype: str = "Q4_K_M") -> str:
+    """A GGUF file re-quantized by llama.cpp itself (llama-cpp-python's llama_model_quantize), as users make
+    Q4_K_M files; raises ImportError where llama-cpp-python is not installed."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    status = llama_cpp.llama_model_quantize(source.encode(), target.encode(), ctypes.byref(params))
+    if status != 0:
+        raise RuntimeError(f"llama_model_quantize({source} -> {ftype}) failed with status {status}")
+    return target
+
+
+def dequantized_reference(model: Any, gguf_path: str) -> Any:
+    """transformers' model with every weight replaced by the values the GGUF file holds, dequantized by the `gguf`
+    package (names mapped by gguf's own tensor-name table; for architectures whose Q/K rows the converter does not
+    permute), so it computes what the file holds."""
+    import copy
+
+    import gguf
+    import torch
+
+    reader = gguf.GGUFReader(gguf_path)
+    tensors = {t.name: t for t in reader.tensors}
+    arch_name = reader.fields["general.architecture"].contents()
+    assert arch_name not in ("llama",), "llama-arch files permute Q/K rows; map them back before comparing"
+    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch_name)
+    names = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for hf_name, param in reference.named_parameters():
+            gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            tensor = tensors.get(gguf_name or "")
+            assert tensor is not None, f"{hf_name} has no tensor in {gguf_path}"
+            values = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+            param.copy_(torch.from_numpy(values.reshape(param.shape)))
+    return reference

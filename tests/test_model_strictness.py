@@ -61,6 +61,23 @@ def test_gguf_unknown_rope_scaling_type_is_refused_by_name(tiny_gguf: str, tmp_p
         _load(path)
 
 
+def test_gguf_longrope_factors_outside_phi3_and_partial_rotary_are_refused(tiny_gguf: str, tmp_path: Any) -> None:
+    import gguf
+    factors = np.ones(8, np.float32)
+    path = _variant(tiny_gguf, tmp_path, tensors={"rope_factors_long.weight": (factors, _type("F32")),
+                                                  "rope_factors_short.weight": (factors, _type("F32"))})
+    with pytest.raises(ModelLoadError, match=r"rope_factors tensors \(\['rope_factors_long\.weight', "
+                                             r"'rope_factors_short\.weight'\]\) with architecture 'llama'"):
+        _load(path)
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    path = rewrite(tiny_gguf, str(partial / "model.gguf"),
+                   metadata={"llama.rope.dimension_count": (8, gguf.GGUFValueType.UINT32)})
+    with pytest.raises(ModelLoadError, match=r"llama\.rope\.dimension_count=8 differs from the head size 16; "
+                                             r"supported: equal, or an even part of it for phi3"):
+        _load(path)
+
+
 def test_gguf_unknown_metadata_key_that_changes_the_computation_is_refused(tiny_gguf: str, tmp_path: Any) -> None:
     import gguf
     path = _variant(tiny_gguf, tmp_path,
@@ -109,9 +126,14 @@ def _folder_variant(source: str, tmp_path: Any, config_changes: dict[str, Any],
 @pytest.mark.parametrize("changes, fragment", [
     (dict(rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}),
      "rope scaling type 'dynamic' is not supported; supported: default, linear, llama3, yarn"),
-    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0]}),
-     "rope scaling type 'longrope' is not supported"),
-    (dict(partial_rotary_factor=0.5), "partial_rotary_factor=0.5"),
+    (dict(rope_scaling={"rope_type": "longrope", "short_factor": [1.0], "long_factor": [1.0],
+                        "original_max_position_embeddings": 64}),
+     "rope scaling 'longrope' needs short_factor to be a list of 8 numbers (one per rotating pair); found 1"),
+    (dict(rope_scaling={"rope_type": "longrope", "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}),
+     "rope scaling 'longrope' needs 'short_factor'"),
+    (dict(partial_rotary_factor=0.5), "partial_rotary_factor=0.5 (rotary on 8 of 16 dimensions per head) is "
+                                      "not supported for llama; supported: 1.0, or an even number of rotating "
+                                      "dimensions for phi3"),
     (dict(hidden_act="gelu"), "hidden_act='gelu' is not supported for llama"),
     (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping=50.0 is not supported for llama"),
     (dict(final_logit_softcapping=30.0), "final_logit_softcapping=30.0"),
@@ -135,6 +157,37 @@ def test_hf_folder_unknown_tensor_is_refused_by_name(tiny_folder: str, tmp_path:
         _load(path)
     summary = inspect_model(path)  # the same verdict from the headers alone
     assert not summary.runs and "model.layers.0.self_attn.mystery.weight" in summary.reason
+
+
+@pytest.mark.parametrize("partial", [1.0, 0.75])
+def test_longrope_tables_match_transformers_on_each_side_of_the_original_context(tmp_path: Any,
+                                                                                 partial: float) -> None:
+    """Phi-3's longrope: with max_model_len within the original context, cos/sin equal transformers' for a
+    sequence within it (short factors); beyond it, transformers' for a sequence past it (long factors). Partial
+    rotary: ours are reordered per head (rope.partial_rotary_order), theirs cover the rotating dimensions only."""
+    import transformers
+    from conveyor.model.hf_loader import read_hf_config
+    from conveyor.model.rope import partial_rotary_order
+
+    rotary_dim = int(16 * partial)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": partial,
+            "short_factor": [1.0 + 0.1 * i for i in range(rotary_dim // 2)],
+            "long_factor": [1.0 + 0.5 * i for i in range(rotary_dim // 2)]}
+    build_tiny_model("phi3", str(tmp_path), rope_parameters=rope, original_max_position_embeddings=64)
+    spec = read_hf_config(str(tmp_path))
+    assert spec.rope.scaling_type == "longrope" and spec.rope.rotary_dim == (rotary_dim if partial != 1.0 else None)
+    config = transformers.AutoConfig.from_pretrained(str(tmp_path))
+    theirs = transformers.models.phi3.modeling_phi3.Phi3RotaryEmbedding(config)
+    order = partial_rotary_order(16, rotary_dim)  # [16] our dimension -> theirs
+    for max_model_len, length in ((64, 64), (300, 300)):
+        ours = RotaryEmbedding(spec.rope, spec.head_dim, max_model_len, torch.device("cpu"))
+        cos, sin = theirs(torch.zeros(1, length, 16), torch.arange(length)[None])  # [1, length, rotary_dim]
+        full_cos = torch.cat([cos[0], torch.ones(length, 16 - rotary_dim)], dim=-1)[:, order]  # [length, 16]
+        full_sin = torch.cat([sin[0], torch.zeros(length, 16 - rotary_dim)], dim=-1)[:, order]
+        torch.testing.assert_close(ours.cos[:length], full_cos, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours.sin[:length], full_sin, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(RotaryEmbedding(spec.rope, 16, 64, torch.device("cpu")).cos[:64],
+                              RotaryEmbedding(spec.rope, 16, 300, torch.device("cpu")).cos[:64])
 
 
 @pytest.mark.parametrize("rope", [

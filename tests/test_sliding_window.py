@@ -94,3 +94,25 @@ def test_mixed_local_and_global_layers_match_transformers(tmp_path: Any) -> None
     assert llm.engine.spec.kv_window is None
     outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
     compare(hf_greedy(model, prompts, 24), [o.outputs[0].token_ids for o in outs], allow_ties=True, tie_gap=1e-3)
+
+
+@pytest.mark.parametrize("async_batching", [False, True])
+def test_preemption_with_sliding_windows_matches_transformers(mistral: tuple[str, Any], async_batching: bool) -> None:
+    """Eight requests, each 2-5 windows long, in a pool of 20 blocks (the least one max_model_len request may need;
+    each request holds up to ceil(W / block) + 2 = 6 at once while decoding): running requests are preempted and
+    recomputed (their freed, windowed-out blocks included), and every request's tokens still equal
+    transformers'; no block leaks."""
+    folder, model = mistral
+    new_tokens = 2 * WINDOW
+    prompts = _prompts((WINDOW + 3, 2 * WINDOW, 2 * WINDOW + 7, 3 * WINDOW, 9, 3 * WINDOW - 1, 5, 2 * WINDOW + 1),
+                       seed=11)
+    block_bytes = 2 * model.config.num_hidden_layers * 2 * 16 * 4 * BLOCK_SIZE  # K and V, 2 kv heads of 16, float32
+    llm = LLM(model=folder, dtype="float32", block_size=BLOCK_SIZE, max_model_len=3 * WINDOW + new_tokens,
+              kv_cache_memory=20 * block_bytes, max_num_batched_tokens=16, async_batching=async_batching)
+    assert llm.engine.stats().kv_blocks_total == 20
+    outs = llm.generate(prompts, SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True),
+                        use_tqdm=False)
+    assert llm.engine.stats().num_preemptions > 0, "the small pool was meant to force preemption"
+    llm.engine.check_idle()
+    compare(hf_greedy(model, prompts, new_tokens), [o.outputs[0].token_ids for o in outs], allow_ties=True,
+            tie_gap=1e-3)

@@ -239,3 +239,39 @@ def test_native_bitmask_kernel_matches_torch(native_kernels: Any, dtype: torch.d
         native_kernels.apply_token_bitmask_(logits.clone(), rows, bitmask[:, :10].contiguous())
     with pytest.raises(RuntimeError, match="outside"):
         native_kernels.apply_token_bitmask_(logits.clone(), torch.tensor([0, 1, 2, 9]), bitmask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("native", [False, True])
+def test_greedy_grammar_rows_masked_in_the_model_dtype_pick_the_float32_ids(native_kernels: Any, dtype: torch.dtype,
+                                                                            native: bool) -> None:
+    """A plain greedy batch with grammar rows is masked in the model's dtype (in place when the caller owns the
+    logits): the ids equal the float32 path's (the same batch with logprobs asked), ties and all-forbidden rows
+    included, and logits the caller still owns are left alone."""
+    from conveyor.model.sampler import SamplingTensors, sample
+
+    gen = torch.Generator().manual_seed(5)
+    rows, vocab = 8, 1000
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(dtype)  # coarse bfloat16 values: ties
+    logits[1, 7] = logits[1, 900] = logits[1].max() + 1  # a tie at the top; token 7 forbidden below
+    bitmask = torch.randint(-2**31, 2**31 - 1, (5, bitmask_words(vocab)), dtype=torch.int32, generator=gen)
+    bitmask[0] = -1  # all allowed
+    bitmask[2] = 0  # all forbidden
+    bitmask[1, 0] &= ~(1 << 7)
+    grammar = (torch.tensor([6, 1, 3, 0, 4]), bitmask)
+    greedy = SamplingTensors(temperature=torch.zeros(rows), top_k=torch.zeros(rows, dtype=torch.int64),
+                             top_p=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.int64),
+                             output_index=torch.zeros(rows, dtype=torch.int64), all_greedy=True,
+                             any_top_k_or_p=False)
+    kernel = native_kernels.apply_token_bitmask_ if native else None
+    before = logits.clone()
+    got = sample(logits, greedy, grammar, kernel).tokens
+    assert torch.equal(logits, before)
+    owned = logits.clone()
+    assert torch.equal(sample(owned, greedy, grammar, kernel, logits_owned=True).tokens, got)
+    greedy.num_logprobs = 1  # the float32 path
+    reference = sample(logits, greedy, grammar, kernel).tokens
+    assert torch.equal(got, reference) and torch.equal(logits, before)
+    assert got[1] == 900  # the forbidden first maximum lost to the allowed one
+    allowed = ((bitmask[1, got[1] // 32] >> (got[1] % 32)) & 1) == 1
+    assert allowed

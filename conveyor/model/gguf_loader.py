@@ -7,6 +7,7 @@ Hugging Face's layout and one rotary implementation (rotate-half) serves all.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -23,7 +24,7 @@ from conveyor.model.spec import ModelSpec, RopeSpec
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "phi3")
+GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -64,7 +65,8 @@ _PHI3_LAYER_NAMES = {
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    layer_names = {"gemma2": _GEMMA2_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
+    layer_names = {"gemma2": _GEMMA2_LAYER_NAMES, "gemma3": _GEMMA2_LAYER_NAMES,
+                   "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
         return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
@@ -94,10 +96,17 @@ _HONOURED_KEYS = {
 }
 """`{arch}.` metadata keys read (and checked) below; any other `{arch}.` key is refused by name."""
 _HONOURED_BY_ARCH = {"gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"},
-                     "phi3": {"attention.sliding_window"}}
+                     "gemma3": {"final_logit_softcapping", "attention.sliding_window",
+                                "attention.sliding_window_pattern", "rope.freq_base_swa"},
+                     "phi3": {"attention.sliding_window", "rope.scaling.attn_factor"}}
 _NEUTRAL_NAMESPACES = ("general.", "tokenizer.", "quantize.", "GGUF.")
 """Metadata that describes the file, its tokenizer or how it was quantized: no effect on the computation."""
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
+ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+"""Tensors read into the spec's rope (llama3's per-frequency factors; Phi-3's longrope sets), not weights."""
+PARTIAL_ROTARY_ARCHITECTURES = ("phi3",)
+"""Architectures llama.cpp rotates with rotate-half (NEOX) over the first rope.dimension_count dimensions, as
+transformers does for them."""
 
 
 def check_metadata_keys(reader: Any, arch: str, path: str) -> None:
@@ -120,9 +129,14 @@ def check_metadata_keys(reader: Any, arch: str, path: str) -> None:
                              f"{', '.join(sorted(honoured))}")
 
 
-def _rope_spec(reader: Any, arch: str, path: str, names: set[str]) -> RopeSpec:
+def _rope_spec(reader: Any, arch: str, path: str, names: set[str], rotary_dim: int) -> RopeSpec:
     theta = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
     scaling = _field(reader, f"{arch}.rope.scaling.type", "none") or "none"
+    if "rope_factors_long.weight" in names or "rope_factors_short.weight" in names:
+        return _longrope_spec(reader, arch, path, names, theta, scaling, rotary_dim)
+    if _field(reader, f"{arch}.rope.scaling.attn_factor") is not None:
+        raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.scaling.attn_factor without the rope_factors_long "
+                             f"and rope_factors_short tensors; supported: with them (Phi-3's longrope)")
     if scaling not in _GGUF_ROPE_TYPES:
         raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.scaling.type={scaling!r} is not supported; "
                              f"supported: {', '.join(_GGUF_ROPE_TYPES)} (and llama3 scaling as a rope_freqs tensor)")
@@ -158,6 +172,33 @@ def _rope_spec(reader: Any, arch: str, path: str, names: set[str]) -> RopeSpec:
                     yarn_attention_factor(factor))
 
 
+def _longrope_spec(reader: Any, arch: str, path: str, names: set[str], theta: float, scaling: str,
+                   rotary_dim: int) -> RopeSpec:
+    """Phi-3's longrope as llama.cpp's converter writes it: both factor sets as tensors, the attention factor and
+    the original context as metadata (the set is chosen per engine, see conveyor/model/rope.py)."""
+    if arch != "phi3" or scaling != "none" or not {"rope_factors_long.weight", "rope_factors_short.weight"} <= names:
+        found = sorted(n for n in names if n.startswith("rope_factors"))
+        raise ModelLoadError(f"{path}: rope_factors tensors ({found}) with architecture {arch!r} and "
+                             f"{arch}.rope.scaling.type={scaling!r}; supported: both rope_factors_long and "
+                             f"rope_factors_short, architecture phi3, no rope.scaling.type")
+    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    if original is None:
+        raise ModelLoadError(f"{path}: rope_factors tensors without {arch}.rope.scaling.original_context_length; "
+                             f"longrope needs it to choose between them")
+    sets = {}
+    for name in ("rope_factors_short.weight", "rope_factors_long.weight"):
+        tensor = next(t for t in reader.tensors if t.name == name)
+        sets[name] = tuple(float(x) for x in tensor_array(tensor, path).reshape(-1))
+        if len(sets[name]) != rotary_dim // 2:
+            raise ModelLoadError(f"{path}: the {name} tensor has {len(sets[name])} factors; {rotary_dim} rotating "
+                                 f"dimensions need {rotary_dim // 2}")
+    context = int(_field(reader, f"{arch}.context_length", original))
+    return RopeSpec(theta=theta, scaling_type="longrope", factor=context / int(original),
+                    original_max_position_embeddings=int(original),
+                    attention_factor=float(_field(reader, f"{arch}.rope.scaling.attn_factor", 1.0)),
+                    short_factors=sets["rope_factors_short.weight"], long_factors=sets["rope_factors_long.weight"])
+
+
 def read_spec(reader: Any, path: str) -> ModelSpec:
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -173,12 +214,20 @@ def read_spec(reader: Any, path: str) -> ModelSpec:
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
-    for key in ("attention.value_length", "rope.dimension_count"):
-        value = _field(reader, f"{arch}.{key}")
-        if value is not None and int(value) != head_dim:
-            raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key}={value} differs from the head size {head_dim}; "
-                                 f"supported: equal (partial rotary and distinct value sizes are not implemented)")
+    value_length = _field(reader, f"{arch}.attention.value_length")
+    if value_length is not None and int(value_length) != head_dim:
+        raise ModelLoadError(f"{path}: GGUF metadata {arch}.attention.value_length={value_length} differs from the "
+                             f"head size {head_dim}; supported: equal (distinct value sizes are not implemented)")
+    rotary_dim = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    if rotary_dim != head_dim and (arch not in PARTIAL_ROTARY_ARCHITECTURES or rotary_dim % 2
+                                   or not 0 < rotary_dim < head_dim):
+        raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.dimension_count={rotary_dim} differs from the head "
+                             f"size {head_dim}; supported: equal, or an even part of it for "
+                             f"{', '.join(PARTIAL_ROTARY_ARCHITECTURES)} (partial rotary)")
     names = {t.name for t in reader.tensors}
+    rope = _rope_spec(reader, arch, path, names, rotary_dim)
+    if rotary_dim != head_dim:
+        rope = dataclasses.replace(rope, rotary_dim=rotary_dim)
     vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
@@ -187,13 +236,15 @@ def read_spec(reader: Any, path: str) -> ModelSpec:
         intermediate_size=int(need("feed_forward_length")), num_layers=int(need("block_count")),
         num_heads=heads, num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim, rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        rope=_rope_spec(reader, arch, path, names),
+        rope=rope,
         max_position_embeddings=int(need("context_length")),
         tie_word_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names, qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(sorted({int(t) for t in (eos, eot) if t is not None})),
         **(_gemma2_fields(reader, hidden, heads, head_dim, int(need("block_count"))) if arch == "gemma2" else {}),
+        **(_gemma3_fields(reader, hidden, heads, head_dim, int(need("block_count")), path) if arch == "gemma3"
+           else {}),
         **(_phi3_fields(reader, int(need("block_count"))) if arch == "phi3" else {}),
     )
 
@@ -214,6 +265,36 @@ def _gemma2_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: 
                 attn_logit_softcap=_field(reader, "gemma2.attn_logit_softcapping"),
                 final_logit_softcap=_field(reader, "gemma2.final_logit_softcapping"), sandwich_norms=True,
                 layer_windows=tuple(int(window) if window and i % 2 == 0 else None for i in range(layers)))
+
+
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
+"""llama.cpp's fixed Gemma 3 layer pattern (its converter writes none): five local layers, then a global one."""
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+"""The local layers' rope base llama.cpp assumes when the file has no gemma3.rope.freq_base_swa."""
+
+
+def _gemma3_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: int, path: str) -> dict[str, Any]:
+    """Gemma 3 text as llama.cpp runs it: local (sliding) and global layers by the sliding_window_pattern key
+    (a period n: layer i is local when i % n < n - 1; or one flag per layer) or llama.cpp's fixed period 6, local
+    layers with their own rope base and no scaling, q/k norms (tensors), the query scale 1/sqrt(head_dim) except
+    for the 62-layer 27B (1/sqrt(hidden / heads)), as llama.cpp (the GGUF has no query_pre_attn_scalar)."""
+    window = _field(reader, "gemma3.attention.sliding_window")
+    if not window:
+        raise ModelLoadError(f"{path}: GGUF metadata gemma3.attention.sliding_window is missing or 0; Gemma 3's "
+                             f"local layers need it (the file is incomplete)")
+    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
+    if isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise ModelLoadError(f"{path}: GGUF metadata gemma3.attention.sliding_window_pattern has {len(pattern)} "
+                                 f"flags for {layers} layers; supported: one per layer, or a period")
+        local = [bool(flag) for flag in pattern]
+    else:
+        local = [int(pattern) > 0 and i % int(pattern) < int(pattern) - 1 for i in range(layers)]
+    scale_dim = hidden / heads if layers == 62 else head_dim
+    return dict(activation="gelu_tanh", embedding_multiplier=float(hidden) ** 0.5, attention_scale=scale_dim ** -0.5,
+                final_logit_softcap=_field(reader, "gemma3.final_logit_softcapping"), sandwich_norms=True,
+                local_rope=RopeSpec(theta=float(_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))),
+                layer_windows=tuple(int(window) if is_local else None for is_local in local))
 
 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -267,13 +348,14 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
     spec = read_spec(reader, path)
     tensors: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        if t.name == "rope_freqs.weight":
-            continue  # read into spec.rope.freq_factors
+        if t.name in ROPE_TENSORS:
+            continue  # read into spec.rope
         name = hf_name(t.name, spec.architecture)
         if name is None:
             raise ModelLoadError(f"{path}: GGUF tensor {t.name!r} is not one Conveyor knows for {spec.architecture} "
                                  f"(skipping it would silently change the model); supported: token_embd, output, "
-                                 f"output_norm, rope_freqs and blk.N.{{{', '.join(_LAYER_NAMES)}}}")
+                                 f"output_norm, {', '.join(n.split('.')[0] for n in ROPE_TENSORS)} and "
+                                 f"blk.N.{{{', '.join(_LAYER_NAMES)}}}")
         array = tensor_array(t, path)
         if spec.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
                                                            "k_proj.bias")):

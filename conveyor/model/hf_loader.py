@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import logging
+import math
 import os
 from typing import Any
 
@@ -18,7 +20,11 @@ from conveyor.model.spec import SUPPORTED_ARCHITECTURES, ModelSpec, RopeSpec
 logger = logging.getLogger(__name__)
 
 
-def _rope_spec(config: dict[str, Any], path: str, layer_type: str | None = None) -> RopeSpec:
+PARTIAL_ROTARY_ARCHITECTURES = ("phi3",)
+"""Architectures whose transformers implementation rotates only partial_rotary_factor of each head."""
+
+
+def _rope_spec(config: dict[str, Any], arch: str, path: str, layer_type: str | None = None) -> RopeSpec:
     # transformers >= 5 writes "rope_parameters"; older checkpoints have rope_theta + rope_scaling, which
     # transformers still prefers when both are there (checked: rope_scaling wins, rope_theta from the top level).
     # Gemma 3 keeps one set per layer type.
@@ -29,12 +35,24 @@ def _rope_spec(config: dict[str, Any], path: str, layer_type: str | None = None)
             merged.update(config.get("rope_scaling") or {})
         elif "rope_theta" not in merged and config.get("rope_local_base_freq") is not None:
             merged["rope_theta"] = config["rope_local_base_freq"]
+    partial = float(merged.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0)
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
+    if partial == 1.0:
+        return _scaled_rope_spec(config, merged, arch, path, head_dim)
+    rotary_dim = int(head_dim * partial)
+    if arch not in PARTIAL_ROTARY_ARCHITECTURES or not 0 < rotary_dim <= head_dim or rotary_dim % 2:
+        raise ModelLoadError(f"{path}: partial_rotary_factor={partial} (rotary on {rotary_dim} of {head_dim} "
+                             f"dimensions per head) is not supported for {arch}; supported: 1.0, or an even number "
+                             f"of rotating dimensions for {', '.join(PARTIAL_ROTARY_ARCHITECTURES)}")
+    return dataclasses.replace(_scaled_rope_spec(config, merged, arch, path, rotary_dim), rotary_dim=rotary_dim)
+
+
+def _scaled_rope_spec(config: dict[str, Any], merged: dict[str, Any], arch: str, path: str,
+                      rotary_dim: int) -> RopeSpec:
     theta = float(merged.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = merged.get("rope_type", merged.get("type", "default")) or "default"
-    partial = float(merged.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)) or 1.0)
-    if partial != 1.0:
-        raise ModelLoadError(f"{path}: partial_rotary_factor={partial} (rotary on part of each head) is not "
-                             f"supported; supported: 1.0")
+    if arch == "phi3" and kind in ("su", "yarn"):
+        kind = "longrope"  # transformers reads Phi-3's older names as longrope
     if kind not in ROPE_SCALING_TYPES:
         raise ModelLoadError(f"{path}: rope scaling type {kind!r} is not supported; supported: "
                              f"{', '.join(ROPE_SCALING_TYPES)}")
@@ -58,11 +76,35 @@ def _rope_spec(config: dict[str, Any], path: str, layer_type: str | None = None)
     factor = merged.get("factor")
     factor = float(factor) if factor is not None else int(config["max_position_embeddings"]) / original
     attention_factor = merged.get("attention_factor")
+    if kind == "longrope":
+        return _longrope_spec(merged, theta, factor, original, attention_factor, rotary_dim, path)
     return RopeSpec(theta=theta, scaling_type="yarn", factor=factor, original_max_position_embeddings=original,
                     beta_fast=float(merged.get("beta_fast") or 32.0), beta_slow=float(merged.get("beta_slow") or 1.0),
                     truncate=bool(merged.get("truncate", True)),
                     attention_factor=float(attention_factor) if attention_factor is not None else
                     yarn_attention_factor(factor, merged.get("mscale"), merged.get("mscale_all_dim")))
+
+
+def _longrope_spec(merged: dict[str, Any], theta: float, factor: float, original: int, attention_factor: Any,
+                   rotary_dim: int, path: str) -> RopeSpec:
+    """longrope as transformers computes it: both factor sets, one per rotating pair; the attention factor given,
+    or sqrt(1 + ln(factor) / ln(original)) (1 when factor <= 1)."""
+    sets = {}
+    for key in ("short_factor", "long_factor"):
+        values = merged.get(key)
+        if values is None:
+            raise ModelLoadError(f"{path}: rope scaling 'longrope' needs {key!r} in rope_scaling / rope_parameters; "
+                                 f"found {sorted(merged)}")
+        if not isinstance(values, list) or len(values) != rotary_dim // 2:
+            raise ModelLoadError(f"{path}: rope scaling 'longrope' needs {key} to be a list of {rotary_dim // 2} "
+                                 f"numbers (one per rotating pair); found "
+                                 f"{len(values) if isinstance(values, list) else type(values).__name__}")
+        sets[key] = tuple(float(v) for v in values)
+    if attention_factor is None:
+        attention_factor = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1.0 else 1.0
+    return RopeSpec(theta=theta, scaling_type="longrope", factor=factor, original_max_position_embeddings=original,
+                    attention_factor=float(attention_factor), short_factors=sets["short_factor"],
+                    long_factors=sets["long_factor"])
 
 
 _REFUSED_UNLESS_NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -168,7 +210,7 @@ def read_hf_config(path: str) -> ModelSpec:
         num_heads=heads, num_kv_heads=int(config.get("num_key_value_heads") or heads),
         head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope=_rope_spec(config, config_path, "full_attention" if arch == "gemma3" else None),
+        rope=_rope_spec(config, arch, config_path, "full_attention" if arch == "gemma3" else None),
         max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
@@ -187,7 +229,7 @@ def _gemma_fields(config: dict[str, Any], arch: str, path: str) -> dict[str, Any
                   attn_logit_softcap=config.get("attn_logit_softcapping"),
                   final_logit_softcap=config.get("final_logit_softcapping"), sandwich_norms=True)
     if arch == "gemma3":  # local layers have their own rope (base rope_local_base_freq, no scaling)
-        fields["local_rope"] = _rope_spec(config, path, "sliding_attention")
+        fields["local_rope"] = _rope_spec(config, arch, path, "sliding_attention")
     return fields
 
 
@@ -226,7 +268,6 @@ def spec_for_tensors(spec: ModelSpec, names: Any) -> ModelSpec:
     """The spec with what the tensor names settle: a Llama-family attention_bias config whose checkpoint has no
     q/k/v biases loads without them."""
     if spec.qkv_bias and "model.layers.0.self_attn.q_proj.bias" not in names:
-        import dataclasses
         return dataclasses.replace(spec, qkv_bias=False)
     return spec
 

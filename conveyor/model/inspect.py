@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.errors import ModelLoadError
-from conveyor.model.spec import ModelSpec
+from conveyor.model.spec import ModelSpec, RopeSpec
 
 
 @dataclass
@@ -42,15 +42,22 @@ def inspect_model(path: str) -> ModelSummary:
                          f"checkpoint folder")
 
 
-def _spec_facts(spec: ModelSpec) -> dict[str, str]:
-    rope = spec.rope
-    rope_text = f"theta {rope.theta:g}, scaling {rope.scaling_type}"
+def _rope_text(rope: RopeSpec) -> str:
     if rope.freq_factors is not None:
-        rope_text = f"theta {rope.theta:g}, per-frequency factors (llama3 scaling from rope_freqs)"
-    elif rope.scaling_type != "default":
-        rope_text += f" x{rope.factor:g}"
-        if rope.scaling_type in ("llama3", "yarn"):
-            rope_text += f" from {rope.original_max_position_embeddings} tokens"
+        return f"theta {rope.theta:g}, per-frequency factors (llama3 scaling from rope_freqs)"
+    text = f"theta {rope.theta:g}, scaling {rope.scaling_type}"
+    if rope.scaling_type != "default":
+        text += f" x{rope.factor:g}"
+        if rope.scaling_type in ("llama3", "yarn", "longrope"):
+            text += f" from {rope.original_max_position_embeddings} tokens"
+        if rope.scaling_type == "longrope":
+            text += " (long factors when max_model_len exceeds it, else short)"
+    if rope.rotary_dim is not None:
+        text += f"; rotary on {rope.rotary_dim} dimensions per head (partial)"
+    return text
+
+
+def _spec_facts(spec: ModelSpec) -> dict[str, str]:
     windows = sorted({w for w in spec.layer_windows if w is not None})
     if not windows:
         window_text = "none (every layer attends fully)"
@@ -62,7 +69,9 @@ def _spec_facts(spec: ModelSpec) -> dict[str, str]:
     return {
         "layers": str(spec.num_layers), "hidden": str(spec.hidden_size), "mlp": str(spec.intermediate_size),
         "heads": f"{spec.num_heads} query, {spec.num_kv_heads} key/value, head size {spec.head_dim}",
-        "vocab": str(spec.vocab_size), "context": f"{spec.max_position_embeddings} tokens", "rope": rope_text,
+        "vocab": str(spec.vocab_size), "context": f"{spec.max_position_embeddings} tokens",
+        "rope": _rope_text(spec.rope),
+        **({"local rope": _rope_text(spec.local_rope)} if spec.local_rope is not None else {}),
         "window": window_text,
         "extras": ", ".join(name for name, on in (("qkv bias", spec.qkv_bias), ("q/k norm", spec.qk_norm),
                                                   ("tied embeddings", spec.tie_word_embeddings)) if on) or "none",
@@ -72,7 +81,8 @@ def _spec_facts(spec: ModelSpec) -> dict[str, str]:
 def _inspect_gguf(path: str) -> ModelSummary:
     from gguf import GGUFReader
 
-    from conveyor.model.gguf_loader import GGUF_ARCHITECTURES, hf_name, read_spec, supported_weight_types
+    from conveyor.model.gguf_loader import (GGUF_ARCHITECTURES, ROPE_TENSORS, hf_name, read_spec,
+                                            supported_weight_types)
 
     try:
         reader = GGUFReader(path)
@@ -90,7 +100,7 @@ def _inspect_gguf(path: str) -> ModelSummary:
         return ModelSummary(path, "gguf", arch, False, str(exc), facts)
     facts.update(_spec_facts(spec))
     supported = set(supported_weight_types())
-    unknown = [t.name for t in reader.tensors if t.name != "rope_freqs.weight" and hf_name(t.name, arch) is None]
+    unknown = [t.name for t in reader.tensors if t.name not in ROPE_TENSORS and hf_name(t.name, arch) is None]
     bad_types = sorted(k for k in types if k not in supported)
     reason = ""
     if unknown:

@@ -6,8 +6,23 @@ Scaling types (the names transformers and llama.cpp use):
   llama3   long wavelengths / factor, short kept, a smooth band between (Llama 3.1+)
   yarn     interpolated and extrapolated frequencies blended by a linear ramp over the
            dimensions, cos/sin scaled by an attention factor (Qwen2.5 long context, ...)
+  longrope per-frequency divisors, one set for contexts up to the original length and one for longer
+           ones, cos/sin scaled by an attention factor (Phi-3 128k, Phi-3.5, Phi-4-mini; "su" before)
 A GGUF file may instead carry per-frequency divisors (the `rope_freqs` tensor: how llama.cpp's
 converter stores llama3 scaling); they divide the default frequencies.
+
+longrope in a paged engine: transformers picks the set by the length of each sequence so far and, when a
+sequence first grows past the original length, recomputes its whole cache with the long set. Conveyor picks
+one set per engine, as vLLM and llama.cpp do: the long set when max_model_len exceeds the original length,
+else the short one, so cached keys (and shared prefix blocks) never change meaning mid-request. The tokens
+equal transformers' wherever transformers uses the same set: sequences that stay within the original length
+under a max_model_len at most that long, and prompts already longer than it under a larger max_model_len.
+
+Partial rotary (Phi-4-mini: the first rotary_dim dimensions of each head rotate, rotate-half over them, the
+rest pass through): the loader reorders each Q and K head's dimensions (`partial_rotary_order`) so that the
+rotating pairs (i, i + rotary_dim / 2) sit at (i, i + head_dim / 2) and the passing dimensions get angle 0
+and factor 1; q . k is unchanged by a reordering applied to both, so one full-head rotate-half (and the
+native kernel) serves it.
 """
 
 from __future__ import annotations
@@ -18,25 +33,50 @@ import torch
 
 from conveyor.model.spec import RopeSpec
 
-ROPE_SCALING_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_SCALING_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 """Every scaling type Conveyor computes; anything else is refused by name at load."""
 
 
-def rope_inv_freq(rope: RopeSpec, head_dim: int) -> torch.Tensor:
-    """[head_dim // 2] inverse frequencies with the spec's scaling applied."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [head_dim // 2]
-    inv_freq = 1.0 / (rope.theta ** exponents)
+def rope_inv_freq(rope: RopeSpec, head_dim: int, max_positions: int) -> torch.Tensor:
+    """[head_dim // 2] inverse frequencies with the spec's scaling applied; with partial rotary, the first
+    rotary_dim // 2 are the rotating pairs' and the rest 0 (see partial_rotary_order)."""
+    dim = rope.rotary_dim or head_dim
+    inv_freq = _inv_freq(rope, dim, max_positions)  # [dim // 2]
+    return torch.cat([inv_freq, inv_freq.new_zeros((head_dim - dim) // 2)])  # [head_dim // 2]
+
+
+def _inv_freq(rope: RopeSpec, dim: int, max_positions: int) -> torch.Tensor:
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim // 2]
     if rope.freq_factors is not None:
-        return inv_freq / torch.tensor(rope.freq_factors, dtype=torch.float32)
+        return (1.0 / (rope.theta ** exponents)) / torch.tensor(rope.freq_factors, dtype=torch.float32)
     if rope.scaling_type == "linear":
-        return inv_freq / rope.factor
+        return (1.0 / (rope.theta ** exponents)) / rope.factor
     if rope.scaling_type == "llama3":
-        return _llama3(inv_freq, rope)
+        return _llama3(1.0 / (rope.theta ** exponents), rope)
     if rope.scaling_type == "yarn":
-        return _yarn(rope, head_dim)
+        return _yarn(rope, dim)
+    if rope.scaling_type == "longrope":
+        factors = longrope_factors(rope, max_positions)
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * rope.theta ** exponents)
     if rope.scaling_type != "default":
         raise ValueError(f"rope scaling type {rope.scaling_type!r} is not one of {ROPE_SCALING_TYPES}")
-    return inv_freq
+    return 1.0 / (rope.theta ** exponents)
+
+
+def longrope_factors(rope: RopeSpec, max_positions: int) -> tuple[float, ...]:
+    """The long set when the engine's context exceeds the original one, else the short set (module docstring)."""
+    assert rope.short_factors is not None and rope.long_factors is not None
+    return rope.long_factors if max_positions > rope.original_max_position_embeddings else rope.short_factors
+
+
+def partial_rotary_order(head_dim: int, rotary_dim: int) -> torch.Tensor:
+    """[head_dim] new dimension j of a head -> the old dimension it takes: the rotating halves [0, r/2) and
+    [r/2, r) go to the fronts of the two halves of the head, the passing dimensions [r, head_dim) fill the rest."""
+    half, rot_half, pass_half = head_dim // 2, rotary_dim // 2, (head_dim - rotary_dim) // 2
+    first = list(range(rot_half)) + list(range(rotary_dim, rotary_dim + pass_half))
+    second = list(range(rot_half, rotary_dim)) + list(range(rotary_dim + pass_half, head_dim))
+    assert len(first) == len(second) == half
+    return torch.tensor(first + second, dtype=torch.int64)
 
 
 def _llama3(inv_freq: torch.Tensor, rope: RopeSpec) -> torch.Tensor:
@@ -88,12 +128,16 @@ class RotaryEmbedding:
     """Rotate-half rotary embedding with a precomputed cos/sin table per position."""
 
     def __init__(self, rope: RopeSpec, head_dim: int, max_positions: int, device: torch.device) -> None:
-        inv_freq = rope_inv_freq(rope, head_dim)  # [head_dim // 2]
+        inv_freq = rope_inv_freq(rope, head_dim, max_positions)  # [head_dim // 2]
         positions = torch.arange(max_positions, dtype=torch.int64).float()  # [max_positions]
         freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, head_dim // 2]
         angles = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
-        self.cos = (angles.cos() * rope.attention_factor).to(device)  # [max_positions, head_dim] float32
-        self.sin = (angles.sin() * rope.attention_factor).to(device)  # [max_positions, head_dim] float32
+        rotating = (rope.rotary_dim or head_dim) // 2
+        factor = torch.ones(head_dim // 2)  # [head_dim // 2]: the attention factor scales rotating pairs only
+        factor[:rotating] = rope.attention_factor
+        factor = torch.cat([factor, factor])  # [head_dim]
+        self.cos = (angles.cos() * factor).to(device)  # [max_positions, head_dim] float32
+        self.sin = (angles.sin() * factor).to(device)  # [max_positions, head_dim] float32
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [tokens] -> cos, sin [tokens, 1, head_dim] in dtype (computed once per step)."""

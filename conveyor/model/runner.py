@@ -246,7 +246,8 @@ class ModelRunner:
         sample_out = prompt_out = None
         if hidden is not None and step.sample_rows is not None and step.sampling is not None:
             logits = self.model.logits(hidden[step.sample_rows])  # [num_sampled, vocab]
-            sample_out = sample(logits, step.sampling, self._grammar_mask(step), self.mask_in_place)
+            sample_out = sample(logits, step.sampling, self._grammar_mask(step), self.mask_in_place,
+                                logits_owned=True)
         if hidden is not None and step.prompt_rows is not None and step.prompt_targets is not None:
             logits = self.model.logits(hidden[step.prompt_rows])  # [prompt_rows, vocab]
             prompt_out = raw_logprobs(logits, step.prompt_targets, step.prompt_top_n)

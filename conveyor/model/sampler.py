@@ -150,7 +150,7 @@ def _first_argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor, torch.Tensor] | None = None,
-           mask_in_place: MaskInPlace | None = None) -> SampleOutput:
+           mask_in_place: MaskInPlace | None = None, logits_owned: bool = False) -> SampleOutput:
     """logits: [rows, vocab] raw model logits, in the model's dtype -> sampled ids [rows] (+ raw
     logprobs when asked).
 
@@ -164,15 +164,23 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
 
     `grammar` (rows [k], bitmask [k, words]): structured-output rows, whose forbidden tokens are set
     to -inf after the other logits processing (so no bias or penalty can bring them back), by the
-    native kernel `mask_in_place` where given (CPU)."""
-    if t.all_greedy and t.bias is None and t.suppress is None and t.penalties is None and t.num_logprobs is None \
-            and grammar is None:
+    native kernel `mask_in_place` where given (CPU). A plain greedy batch is masked in the model's
+    dtype too (-inf and widening are exact, so the ids are the same) and, with `logits_owned` (the
+    caller reads `logits` no more), in place: all-JSON greedy steps, 64 x 49,152 bfloat16, one thread
+    under load: 15.0 -> 6.9 ms (float32 copy, clone, mask, argmax -> mask, argmax; unconstrained
+    argmax 6.5 ms; /tmp micro-benchmark in the #19 report)."""
+    plain = t.bias is None and t.suppress is None and t.penalties is None and t.num_logprobs is None
+    if t.all_greedy and plain:
+        if grammar is not None:
+            logits = apply_bitmask(logits, *grammar, native=mask_in_place, owned=logits_owned)
         return SampleOutput(_first_argmax(logits))
+    raw = logits
     logits = logits.float()  # [rows, vocab]
     processed = process_logits(logits, t)  # [rows, vocab]
     if grammar is not None:
         # in place only into a tensor of our own: `logits` is still read for the raw logprobs below
-        processed = apply_bitmask(processed, *grammar, native=mask_in_place, owned=processed is not logits)
+        own = processed is not logits or t.num_logprobs is None and (logits is not raw or logits_owned)
+        processed = apply_bitmask(processed, *grammar, native=mask_in_place, owned=own)
     tokens = _first_argmax(processed)  # [rows]
     if not t.all_greedy:
         is_greedy = t.temperature == 0  # [rows]

@@ -17,11 +17,11 @@ SUPPORTED_ARCHITECTURES = {
 @dataclass(frozen=True)
 class RopeSpec:
     theta: float
-    scaling_type: str = "default"  # "default" | "linear" | "llama3" | "yarn" (conveyor/model/rope.py)
+    scaling_type: str = "default"  # "default" | "linear" | "llama3" | "yarn" | "longrope" (conveyor/model/rope.py)
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 4.0  # llama3
-    original_max_position_embeddings: int = 8192  # llama3, yarn
+    original_max_position_embeddings: int = 8192  # llama3, yarn, longrope
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
     truncate: bool = True  # yarn: round the ramp's ends to whole dimensions
@@ -29,6 +29,12 @@ class RopeSpec:
     """cos and sin are multiplied by it (yarn's mscale; 1 otherwise)."""
     freq_factors: tuple[float, ...] | None = None
     """Per-frequency divisors from a GGUF file's rope_freqs tensor (llama.cpp's form of llama3 scaling)."""
+    short_factors: tuple[float, ...] | None = None
+    """longrope (Phi-3 128k, Phi-3.5, Phi-4-mini): per-frequency divisors for contexts up to the original one."""
+    long_factors: tuple[float, ...] | None = None
+    """longrope: the divisors for longer contexts (used when the engine's max_model_len exceeds the original)."""
+    rotary_dim: int | None = None
+    """How many leading dimensions of each head rotate (partial rotary, Phi-4-mini); None: all of them."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from conveyor.errors import ModelLoadError
+from conveyor.model.rope import partial_rotary_order
 from conveyor.model.spec import ModelSpec
 
 
@@ -86,6 +87,8 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
         if spec.qk_norm:
             out[p + "q_norm"] = norm(a + "q_norm.weight")
             out[p + "k_norm"] = norm(a + "k_norm.weight")
+        if spec.rope.rotary_dim is not None and spec.rope.rotary_dim != spec.head_dim:
+            _reorder_for_partial_rotary(out, p, spec)
         out[p + "o_proj"] = cast(need(a + "o_proj.weight"))
         o_bias = get(a + "o_proj.bias")
         if o_bias is not None:
@@ -112,3 +115,20 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
                              f"{unread[:5]}{' ...' if len(unread) > 5 else ''}; skipping them would silently change "
                              f"the model, so it is refused (see the model table in README.md)")
     return out
+
+
+def _reorder_for_partial_rotary(out: dict[str, torch.Tensor], prefix: str, spec: ModelSpec) -> None:
+    """Reorder each Q and K head's dimensions (rows of qkv and its bias, q/k norm weights) so that a full-head
+    rotate-half computes partial rotary (conveyor/model/rope.py); V's rows stay."""
+    assert spec.rope.rotary_dim is not None
+    order = partial_rotary_order(spec.head_dim, spec.rope.rotary_dim)  # [head_dim]
+    heads = spec.num_heads + spec.num_kv_heads
+    rows = torch.cat([(torch.arange(heads)[:, None] * spec.head_dim + order[None, :]).reshape(-1),
+                      torch.arange(spec.q_size + spec.kv_size, spec.q_size + 2 * spec.kv_size)])  # [qkv rows]
+    out[prefix + "qkv"] = out[prefix + "qkv"][rows].contiguous()  # [q_size + 2 * kv_size, hidden]
+    if prefix + "qkv_bias" in out:
+        out[prefix + "qkv_bias"] = out[prefix + "qkv_bias"][rows].contiguous()
+    for name in ("q_norm", "k_norm"):
+        if prefix + name in out:
+            out[prefix + name] = out[prefix + name][order].contiguous()
+
