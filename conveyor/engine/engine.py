@@ -11,6 +11,7 @@ from typing import Callable, Sequence, TypeVar
 import torch
 
 from conveyor.config import EngineConfig
+from conveyor.openmp import warn_if_spinning
 from conveyor.core.kv_cache import BlockManager
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.core.request import Request
@@ -47,6 +48,7 @@ def sample_seed(seed: int, index: int) -> int:
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        warn_if_spinning()
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device_info = detect_device(config.device)
