@@ -2,7 +2,7 @@
 
 from conveyor.openmp import set_wait_policy
 
-set_wait_policy()  # before anything imports torch: OpenMP threads sleep instead of spinning (see conveyor/openmp.py)
+set_wait_policy()  # before anything imports torch: OpenMP threads spin briefly, then sleep (conveyor/openmp.py)
 
 from conveyor.config import EngineConfig  # noqa: E402
 from conveyor.errors import ConfigError, ConveyorError, InvalidRequestError, ModelLoadError  # noqa: E402
