@@ -81,7 +81,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     """Token budget of one step (prefill chunks + decodes)."""
     kv_cache_memory: Union[int, float, str, None] = None
-    """KV cache size: bytes, a string like '2GiB', or a fraction of available memory; None = 0.2."""
+    """KV cache size: bytes, a string like '2GiB', or a fraction of available memory. None = on CPU, room for
+    max(max_num_seqs x 256, max_model_len) tokens, capped at 20% of available memory and 2 GiB (a 1B-class
+    Llama at 128 sequences: 1 GiB); on CUDA, 80% of free memory capped at max_num_seqs full-length requests."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of identical prompt prefixes across requests."""
     async_batching: Union[bool, Literal["auto"]] = "auto"

@@ -90,6 +90,10 @@ def test_decode_step_counts_flops_from_the_model_shape(tmp_path: Any) -> None:
     assert result["share_of_peak"] == pytest.approx(result["achieved_gflops"] / result["matmul_peak_gflops"])
     assert result["dtype"] == "float32" and result["float32_matmul_peak_gflops"] == result["matmul_peak_gflops"]
     assert result["share_of_float32_peak"] == result["share_of_peak"]
+    assert result["weight_bytes_per_step"] == (2 * per_layer + 64 * 512) * 4  # every linear weight, float32
+    assert result["bandwidth_bound_ms"] == pytest.approx(
+        result["weight_bytes_per_step"] / result["copy_bandwidth_gbs"] / 1e6)
+    assert result["step_over_bandwidth_bound"] == pytest.approx(result["step_ms_median"] / result["bandwidth_bound_ms"])
     cli = subprocess.run([sys.executable, "-m", "conveyor.cli", "bench", "decode-step", "--model", folder,
                           "--num-seqs", "2", "--prompt-len", "5", "--steps", "3", "--kv-cache-memory", "1MiB",
                           "--max-model-len", "64", "--dtype", "float32", "--results-dir", str(tmp_path / "r")],

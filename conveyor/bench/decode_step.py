@@ -8,6 +8,10 @@ Two peaks are measured in the same run, both as the best square matmul:
 - the float32 matmul peak, the machine's reference (the one the benchmark issue and PERF_NOTES give);
 - the peak in the step's own dtype (for bfloat16 on a CPU with AMX, several times the float32 one).
 A step is reported against both, so a dtype change cannot hide behind a change of yardstick.
+
+A step with few rows is bound by memory, not arithmetic: it must stream every weight once. So the
+same run also measures the copy bandwidth (bytes copied per second by one large torch copy, all
+threads) and reports the step against weight bytes / that bandwidth ("bandwidth_bound_ms").
 """
 
 from __future__ import annotations
@@ -48,6 +52,26 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -
         a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * size ** 3 / best / 1e9
+
+
+def weight_bytes_per_step(spec: ModelSpec, element_size: int) -> int:
+    """Bytes of the weights one decode step streams: every decoder linear layer and the LM head, in the compute
+    dtype (the embedding rows a step looks up are left out)."""
+    return linear_flops_per_token(spec) // 2 * element_size
+
+
+def copy_bandwidth_gbs(nbytes: int = 2**30, repeats: int = 5) -> float:
+    """Best of `repeats` copies of `nbytes` between two float32 tensors with torch's threads, in GB/s of bytes
+    copied (each byte is read once and written once)."""
+    src = torch.ones(nbytes // 4)  # [nbytes / 4]
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: the destination's pages are faulted in once
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
 
 
 def timed_decode_steps(engine: Any, prompts: list[list[int]], params: list[SamplingParams],
@@ -98,6 +122,9 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
     context = prompt_len + 1 + steps // 2  # median context over the timed steps
     linear = linear_flops_per_token(spec) * num_seqs
     total = linear + attention_flops(spec, context) * num_seqs
+    bandwidth = copy_bandwidth_gbs()
+    weight_bytes = weight_bytes_per_step(spec, torch.empty((), dtype=getattr(torch, dtype_name)).element_size())
+    bound = weight_bytes / bandwidth / 1e9 if config.quantization is None else None
     peak = matmul_peak_gflops(getattr(torch, dtype_name))
     float32_peak = peak if dtype_name == "float32" else matmul_peak_gflops(torch.float32)
     return {
@@ -111,4 +138,7 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
         "share_of_peak": total / step / 1e9 / peak,
         "float32_matmul_peak_gflops": float32_peak,
         "share_of_float32_peak": total / step / 1e9 / float32_peak,
+        "weight_bytes_per_step": weight_bytes, "copy_bandwidth_gbs": bandwidth,
+        "bandwidth_bound_ms": bound * 1e3 if bound is not None else None,
+        "step_over_bandwidth_bound": step / bound if bound is not None else None,
     }

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import torch
 
 from conveyor.config import EngineConfig
+from conveyor.openmp import warn_if_spinning
 from conveyor.core.kv_cache import BlockManager
 from conveyor.core.plan import StepPlan
 from conveyor.core.request import Request
@@ -66,6 +67,7 @@ class Engine:
     def __init__(self, config: EngineConfig,
                  output_sink: Callable[[list[RequestOutput]], None] | None = None) -> None:
         self.config = config
+        warn_if_spinning()
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device_info = detect_device(config.device)

@@ -317,6 +317,18 @@ def tensor_array(tensor: Any, path: str) -> np.ndarray:
     return array.reshape([int(d) for d in reversed(tensor.shape)]) if array.ndim != len(tensor.shape) else array
 
 
+def float_tensor_view(tensor: Any) -> torch.Tensor | None:
+    """An F32 / F16 / BF16 GGUF tensor -> a torch view of the file's memory map [rows, cols] (no copy); None for
+    every other type."""
+    kind = tensor.tensor_type.name
+    if kind not in ("F32", "F16", "BF16"):
+        return None
+    data = tensor.data
+    if kind == "BF16":  # the reader gives raw bytes [..., 2 * cols]; reinterpret them as bfloat16
+        return torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(data)
+
+
 def supported_weight_types() -> list[str]:
     """GGML weight types this loader reads: the float types and every type `gguf` dequantizes."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -342,7 +354,7 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
     from gguf import GGUFReader
 
     try:
-        reader = GGUFReader(path)
+        reader = GGUFReader(path, "c")  # a private read-only use of the map: tensors are views, never written
     except Exception as exc:  # the gguf package raises plain ValueError/struct errors on bad files
         raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     spec = read_spec(reader, path)
@@ -356,12 +368,14 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
                                  f"(skipping it would silently change the model); supported: token_embd, output, "
                                  f"output_norm, {', '.join(n.split('.')[0] for n in ROPE_TENSORS)} and "
                                  f"blk.N.{{{', '.join(_LAYER_NAMES)}}}")
-        array = tensor_array(t, path)
+        mapped = float_tensor_view(t)  # F32 / F16 / BF16: read in place, cast once in fuse_weights
+        array = mapped if mapped is not None else tensor_array(t, path)
         if spec.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
                                                            "k_proj.bias")):
             heads = spec.num_heads if "q_proj" in name else spec.num_kv_heads
             array = unpermute_rows(array, heads)
-        tensors[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+        tensors[name] = array.contiguous() if isinstance(array, torch.Tensor) else \
+            torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
     weights = fuse_weights(spec, tensors, dtype, path)
     return LoadedModel(spec=spec, weights=weights, tokenizer=load_gguf_tokenizer(path), source=path)
 

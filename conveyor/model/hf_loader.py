@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -242,15 +243,19 @@ def load_hf_folder(path: str, dtype: torch.dtype) -> LoadedModel:
         found = sorted(os.listdir(path))[:10]
         raise ModelLoadError(f"{path} has no *.safetensors files (found: {found}); only safetensors weights are "
                              f"read (convert .bin checkpoints with transformers' save_pretrained)")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            for name in f.keys():
-                tensors[name] = f.get_tensor(name)
-    spec = spec_for_tensors(spec, tensors)
-    weights = fuse_weights(spec, tensors, dtype, path, HF_NORM_OFFSETS.get(spec.architecture, 0.0))
-    return LoadedModel(spec=spec, weights=weights, tokenizer=load_hf_tokenizer(path), source=path,
-                       sampling_defaults=_sampling_defaults(path))
+    # The tokenizer (seconds: most of it importing transformers, in Python) loads on a thread while the weights
+    # are fused (torch's ops, outside the GIL). safetensors maps each file: the tensors are views of the map.
+    with ThreadPoolExecutor(1, thread_name_prefix="conveyor-tokenizer") as pool:
+        tokenizer = pool.submit(load_hf_tokenizer, path)
+        tensors: dict[str, torch.Tensor] = {}
+        for file in files:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        spec = spec_for_tensors(spec, tensors)
+        weights = fuse_weights(spec, tensors, dtype, path, HF_NORM_OFFSETS.get(spec.architecture, 0.0))
+        return LoadedModel(spec=spec, weights=weights, tokenizer=tokenizer.result(), source=path,
+                           sampling_defaults=_sampling_defaults(path))
 
 
 def _sampling_defaults(path: str) -> dict[str, float]:

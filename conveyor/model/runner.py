@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CPU_FRACTION = 0.2
 DEFAULT_CPU_CAP = 2 * 2**30
+DEFAULT_TOKENS_PER_SEQ = 256
+"""The default KV cache holds max_num_seqs x this many tokens (a typical chat turn; longer requests
+share the cache and are preempted when it runs out), and never less than one max_model_len request."""
 DEFAULT_CUDA_FRACTION = 0.8
 GRAMMAR_WAIT_S = 600.0
 """Longest wait for a step's grammar masks (the host fills them in milliseconds; this only turns a
@@ -33,15 +36,23 @@ bug into an error instead of a hang)."""
 
 
 def plan_kv_cache(config: EngineConfig, info: DeviceInfo, bytes_per_token: int, max_model_len: int) -> CachePlan:
-    """Number of KV blocks from the budget in config.kv_cache_memory (see EngineConfig)."""
+    """Number of KV blocks from the budget in config.kv_cache_memory (see EngineConfig).
+
+    The default on CPU: room for max(max_num_seqs x DEFAULT_TOKENS_PER_SEQ, max_model_len) tokens, capped
+    by DEFAULT_CPU_FRACTION of the available memory and by DEFAULT_CPU_CAP (a 1B-class Llama with 128
+    sequences: 1 GiB; the default model: 720 MiB). On CUDA: DEFAULT_CUDA_FRACTION of the free memory,
+    capped at what max_num_seqs full-length requests could use."""
     requested = config.kv_cache_memory
     free = available_memory(info)
-    if requested is None:
-        fraction = DEFAULT_CUDA_FRACTION if info.is_cuda else DEFAULT_CPU_FRACTION
-        budget = int(free * fraction)
-        useful = config.max_num_seqs * max_model_len * bytes_per_token
-        budget = min(budget, useful) if info.is_cuda else min(budget, useful, DEFAULT_CPU_CAP)
-        text = f"the default ({fraction:.0%} of {free / 2**30:.1f} GiB available, capped)"
+    if requested is None and info.is_cuda:
+        budget = min(int(free * DEFAULT_CUDA_FRACTION), config.max_num_seqs * max_model_len * bytes_per_token)
+        text = f"the default ({DEFAULT_CUDA_FRACTION:.0%} of {free / 2**30:.1f} GiB free, capped)"
+    elif requested is None:
+        tokens = max(config.max_num_seqs * DEFAULT_TOKENS_PER_SEQ, max_model_len)
+        budget = min(tokens * bytes_per_token, int(free * DEFAULT_CPU_FRACTION), DEFAULT_CPU_CAP)
+        text = (f"the default (max(max_num_seqs={config.max_num_seqs} x {DEFAULT_TOKENS_PER_SEQ}, max_model_len="
+                f"{max_model_len}) tokens, capped at {DEFAULT_CPU_FRACTION:.0%} of {free / 2**30:.1f} GiB "
+                f"available and {DEFAULT_CPU_CAP / 2**30:.0f} GiB)")
     elif isinstance(requested, float):
         budget = int(free * requested)
         text = f"kv_cache_memory={requested} ({requested:.0%} of {free / 2**30:.1f} GiB available)"

@@ -52,12 +52,19 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
         return tensor
 
     def cast(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype).contiguous()
+        return t.to(dtype).contiguous()  # a weight matrix already in dtype stays a view of the file's memory map
+
+    def owned(t: torch.Tensor) -> torch.Tensor:
+        """cast(t), never sharing t's memory. The model keeps the embedding and biases as they are, and a view of a
+        checkpoint's memory map would keep the whole mapped file resident; weight matrices (cast) stay views, as the
+        projections repack them (or use them in place) and the map is released once they have."""
+        kept = cast(t)
+        return kept.clone() if kept.data_ptr() == t.data_ptr() else kept
 
     def norm(name: str) -> torch.Tensor:
-        return cast(need(name).float() + norm_offset)
+        return cast(need(name).float() + norm_offset)  # a new tensor
 
-    out: dict[str, torch.Tensor] = {"embed": cast(need("model.embed_tokens.weight")),
+    out: dict[str, torch.Tensor] = {"embed": owned(need("model.embed_tokens.weight")),
                                     "final_norm": norm("model.norm.weight")}
     lm_head = get("lm_head.weight")
     if lm_head is not None and not spec.tie_word_embeddings:
@@ -92,7 +99,7 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
         out[p + "o_proj"] = cast(need(a + "o_proj.weight"))
         o_bias = get(a + "o_proj.bias")
         if o_bias is not None:
-            out[p + "o_proj_bias"] = cast(o_bias)
+            out[p + "o_proj_bias"] = owned(o_bias)
         out[p + "input_norm"] = norm(hf + "input_layernorm.weight")
         if spec.sandwich_norms:  # Gemma 2: post_attention_layernorm normalises the attention output
             out[p + "attn_out_norm"] = norm(hf + "post_attention_layernorm.weight")
