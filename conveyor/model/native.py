@@ -111,11 +111,11 @@ class NativeKernels(Protocol):
         ...
 
 
-_HEADERS = [Path(__file__).parent / "csrc" / "vec_bf16.h"]
+_HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h")]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp", "norm_act.cpp",
                                                             "rotary_cache.cpp", "quant_linear.cpp",
                                                             "f32_linear.cpp", "token_bitmask.cpp",
-                                                            "gguf_linear.cpp")]
+                                                            "gguf_linear.cpp", "gguf_vnni.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
 """-ffp-contract=off: no fused multiply-adds the source does not write, so that float32 results round
 like torch's separate kernels (the attention kernel's explicit FMA intrinsics are unaffected)."""

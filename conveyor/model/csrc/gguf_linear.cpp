@@ -1,9 +1,11 @@
 // Matrix products with GGUF-quantized weights kept in the file's own blocks (CPU):
-//   gguf_linear_rows:  few activation rows (decode steps): each weight row is dequantized once, in
-//                      registers / L1, and multiplied by every activation row (float32 sums);
+//   gguf_linear_rows:  few activation rows (decode steps): bfloat16 activations are quantized to int8 per
+//                      32 columns and multiplied with integer dot products (gguf_vnni.cpp, llama.cpp's way)
+//                      where the type has one; otherwise (and for float32 activations, exactly) each weight
+//                      row is dequantized once, in L1, and multiplied by every activation row (float32 sums);
 //   gguf_linear_tiles: many rows (prefill chunks, busy decode steps): each thread dequantizes a tile of
-//                      kTileRows weight rows x all K to the activations' dtype in its own scratch and runs
-//                      torch's GEMM (oneDNN: AVX-512 BF16 / AMX) on the tile;
+//                      weight rows x all K (about kTileBytes, so that it stays in L2) to the activations'
+//                      dtype in its own scratch and runs torch's GEMM (oneDNN: AVX-512 BF16 / AMX) on it;
 //   gguf_dequantize:   whole rows to float32 (embedding lookups, reference checks).
 // The weights stay as the file stores them, [N rows][K / block blocks]: no float copy is ever kept.
 //
@@ -17,11 +19,14 @@
 #include <cstring>
 #include <vector>
 
+#include "gguf_vnni.h"
+
 namespace {
 
 enum Kind : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
 
-constexpr int64_t kTileRows = 64;             // weight rows per GEMM tile
+constexpr int64_t kTileBytes = 512 * 1024;    // dequantized weights per GEMM tile (fewer, larger GEMMs)
+constexpr int64_t kMinTileRows = 32;
 constexpr int64_t kMinBytesPerThread = 32768;  // less is not worth waking a thread for
 
 inline float half_to_float(const uint8_t* p) {
@@ -214,6 +219,26 @@ torch::Tensor gguf_linear_rows(const torch::Tensor& x, const torch::Tensor& bloc
   const uint8_t* bp = blocks.data_ptr<uint8_t>();
   float* yp = y.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / row_bytes);
+  if (x.scalar_type() == torch::kBFloat16 && conveyor_gguf::vnni_kind(kind)) {
+    const int64_t groups = in_features / 32;
+    std::vector<int8_t> q(rows * in_features);
+    std::vector<float> scale(rows * groups), scale16(rows * 2 * groups);
+    std::vector<int32_t> sum16(rows * 2 * groups);
+    std::vector<conveyor_gguf::QuantizedActivations> acts(rows);
+    for (int64_t m = 0; m < rows; ++m) {
+      conveyor_gguf::quantize_activations(xp + m * in_features, in_features, q.data() + m * in_features,
+                                          scale.data() + m * groups, scale16.data() + 2 * m * groups,
+                                          sum16.data() + 2 * m * groups);
+      acts[m] = {q.data() + m * in_features, scale.data() + m * groups, scale16.data() + 2 * m * groups,
+                 sum16.data() + 2 * m * groups};
+    }
+    at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n)
+        for (int64_t m = 0; m < rows; ++m)
+          yp[m * out_features + n] = conveyor_gguf::vnni_dot(kind, bp + n * row_bytes, in_features, acts[m]);
+    });
+    return y.to(x.scalar_type());
+  }
   at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> w(in_features);
     for (int64_t n = begin; n < end; ++n) {
@@ -239,14 +264,36 @@ torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blo
   const torch::Tensor xc = x.contiguous();  // [rows, in]
   auto y = torch::empty({rows, out_features}, x.options());
   const uint8_t* bp = blocks.data_ptr<uint8_t>();
-  const int64_t tiles = (out_features + kTileRows - 1) / kTileRows;
+  const int64_t threads = at::get_num_threads();
+  const int64_t fits = std::max(kMinTileRows, kTileBytes / (in_features * static_cast<int64_t>(x.element_size())));
+  const int64_t tile_rows = std::max<int64_t>(1, std::min(fits, (out_features + threads - 1) / threads));
+  const int64_t tiles = (out_features + tile_rows - 1) / tile_rows;
+  const int64_t element = x.element_size();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> w(kTileRows * in_features);
+    std::vector<float> w(in_features);
+    torch::Tensor tile = torch::empty({tile_rows, in_features}, x.options());  // [tile rows, in]
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t n0 = t * kTileRows, n = std::min(kTileRows, out_features - n0);
-      for (int64_t r = 0; r < n; ++r) dequant_row(f, bp + (n0 + r) * row_bytes, in_features, w.data() + r * in_features);
-      const torch::Tensor tile = torch::from_blob(w.data(), {n, in_features}, torch::kFloat).to(x.scalar_type());
-      y.narrow(1, n0, n).copy_(torch::mm(xc, tile.t()));  // [rows, n]: one thread's GEMM on its tile
+      const int64_t n0 = t * tile_rows, n = std::min(tile_rows, out_features - n0);
+      for (int64_t r = 0; r < n; ++r) {
+        if (x.scalar_type() == torch::kBFloat16 && conveyor_gguf::bf16_kind(kind)) {
+          conveyor_gguf::dequantize_row_bf16(kind, bp + (n0 + r) * row_bytes, in_features,
+                                             tile.data_ptr<c10::BFloat16>() + r * in_features);
+          continue;
+        }
+        dequant_row(f, bp + (n0 + r) * row_bytes, in_features, w.data());
+        if (x.scalar_type() == torch::kFloat) {
+          std::copy(w.begin(), w.end(), tile.data_ptr<float>() + r * in_features);
+        } else {
+          c10::BFloat16* dst = tile.data_ptr<c10::BFloat16>() + r * in_features;
+          for (int64_t k = 0; k < in_features; ++k) dst[k] = c10::BFloat16(w[k]);
+        }
+      }
+      const torch::Tensor part = torch::mm(xc, tile.narrow(0, 0, n).t()).contiguous();  // [rows, n]
+      // copied by hand: torch ops writing y here would run outside the caller's inference mode
+      const char* src = static_cast<const char*>(part.data_ptr());
+      char* dst = static_cast<char*>(y.data_ptr());
+      for (int64_t m = 0; m < rows; ++m)
+        std::memcpy(dst + (m * out_features + n0) * element, src + m * n * element, n * element);
     }
   });
   return y;
