@@ -16,9 +16,10 @@ from gguf_convert import ConverterUnavailable, convert, rewrite
 from parity import Reference, compare
 
 from conveyor import LLM, SamplingParams
+from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
 from conveyor.model.gguf_projection import ROWS_MAX, GGUFProjection
-from conveyor.model.gguf_quant import FORMATS, INT8_DOT_TYPES, QuantizedWeight, quantize
+from conveyor.model.gguf_quant import FORMATS, INT8_DOT_TYPES, QuantizedWeight, RowStack, cat_rows, quantize
 
 BF16_TIE_GAP = 0.5  # as in test_parity_bf16: bfloat16 activations against a float32 reference
 F32_TIE_GAP = 1e-3  # float32 both sides, sums in another order
@@ -215,3 +216,18 @@ def test_hf_folder_quantized_at_load_keeps_the_blocks(tiny_f32_gguf: str, tmp_pa
     out = _greedy(llm, [[3, 4, 5, 6]])[0]
     assert len(out.token_ids) == NEW_TOKENS
     llm.engine.check_idle()
+
+
+def test_rows_of_one_type_are_merged_and_mixed_types_kept_apart() -> None:
+    """Fused QKV of a Q4_K_M layer: Q and K (Q4_K) become one block matrix, V (Q6_K) its own part."""
+    q, k, v = (random_blocks(kind, rows, 256, seed=rows) for kind, rows in (("Q4_K", 8), ("Q4_K", 4), ("Q6_K", 4)))
+    stacked = cat_rows([q, k, v])
+    assert isinstance(stacked, RowStack) and [p.kind for p in stacked.parts] == ["Q4_K", "Q6_K"]  # type: ignore
+    assert stacked.shape == (16, 256)
+    assert torch.equal(stacked.dequantize(), torch.cat([q.dequantize(), k.dequantize(), v.dequantize()]))
+    merged = cat_rows([q, k])
+    assert isinstance(merged, QuantizedWeight) and torch.equal(merged.blocks, torch.cat([q.blocks, k.blocks]))
+
+
+def test_the_old_int4_name_still_works() -> None:
+    assert EngineConfig(quantization="int4").quantization == "int4_latency"

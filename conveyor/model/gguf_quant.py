@@ -164,16 +164,18 @@ def place_weights(weights: dict[str, AnyWeight], device: torch.device, kernels: 
     if mode == "compact" and reason is not None:
         raise ConfigError(f"gguf_weights='compact' was requested, but {reason}; use gguf_weights='auto' or "
                           f"'dequantize'")
+    chosen = mode == "dequantize" or (mode == "auto" and reason is None and dense_bytes <= COMPACT_AUTO_BYTES)
     if mode == "auto" and reason is None and dense_bytes <= COMPACT_AUTO_BYTES:
-        reason = (f"gguf_weights='auto' and they would take only {dense_bytes / 2**20:.0f} MiB dequantized "
-                  f"(compact from {COMPACT_AUTO_BYTES >> 20} MiB; pass gguf_weights='compact' to keep them so)")
+        reason = (f"gguf_weights='auto' and they take only {dense_bytes / 2**20:.0f} MiB dequantized (compact "
+                  f"from {COMPACT_AUTO_BYTES >> 20} MiB; pass gguf_weights='compact' to keep them so)")
     if mode == "dequantize":
         reason = "gguf_weights='dequantize'"
     if reason is None:
         logger.info("GGUF-quantized weights kept compact (%d matrices)", len(quantized))
         return dict(weights)
-    logger.warning("GGUF-quantized weights are dequantized to %s at load (%.0f MiB): %s",
-                   str(dtype).removeprefix("torch."), dense_bytes / 2**20, reason)
+    log = logger.info if chosen else logger.warning  # a choice is noted; a fallback (no kernels here) warned
+    log("GGUF-quantized weights are dequantized to %s at load (%.0f MiB): %s", str(dtype).removeprefix("torch."),
+        dense_bytes / 2**20, reason)
     return {name: (w if isinstance(w, torch.Tensor) else w.dequantize().to(dtype)).to(device)
             for name, w in weights.items()}
 
