@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Any, Sequence
 
-from conveyor.config import (SUPPORTED_KERNELS, SUPPORTED_DEVICES, SUPPORTED_DTYPES,
-                             SUPPORTED_QUANTIZATIONS, SUPPORTED_TOOL_CALL_PARSERS, EngineConfig, field_docs)
+from conveyor.config import (RENAMED_QUANTIZATIONS, SUPPORTED_GGUF_WEIGHTS, SUPPORTED_KERNELS, SUPPORTED_DEVICES,
+                             SUPPORTED_DTYPES, SUPPORTED_QUANTIZATIONS, SUPPORTED_TOOL_CALL_PARSERS, EngineConfig, field_docs)
 from conveyor.errors import ConveyorError, InvalidRequestError
 from conveyor.params import SamplingParams
 
@@ -54,10 +54,11 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
         elif isinstance(f.default, bool):
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=f.default,
                                help=help_text)
-        elif f.name in ("dtype", "device", "quantization", "kernels", "tool_call_parser"):
+        elif f.name in ("dtype", "device", "quantization", "kernels", "tool_call_parser", "gguf_weights"):
             choices = {"dtype": list(SUPPORTED_DTYPES), "device": list(SUPPORTED_DEVICES),
-                       "quantization": [q for q in SUPPORTED_QUANTIZATIONS if q],
-                       "kernels": list(SUPPORTED_KERNELS), "tool_call_parser": list(SUPPORTED_TOOL_CALL_PARSERS)}[f.name]
+                       "quantization": [*(q for q in SUPPORTED_QUANTIZATIONS if q), *RENAMED_QUANTIZATIONS],
+                       "kernels": list(SUPPORTED_KERNELS), "tool_call_parser": list(SUPPORTED_TOOL_CALL_PARSERS),
+                       "gguf_weights": list(SUPPORTED_GGUF_WEIGHTS)}[f.name]
             group.add_argument(flag, dest=dest, choices=choices, default=f.default, help=help_text)
         elif isinstance(f.default, float):
             group.add_argument(flag, dest=dest, type=float, default=f.default, help=help_text)

@@ -8,6 +8,7 @@ objects (`model.spec.ModelSpec`, `core.kv_cache.CachePlan`), not here.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import re
 from dataclasses import dataclass
@@ -16,9 +17,14 @@ from typing import Literal, Union
 from conveyor.errors import ConfigError
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
-SUPPORTED_QUANTIZATIONS = (None, "int4")
+SUPPORTED_QUANTIZATIONS = (None, "int4_latency", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
+"""int4_latency: 4-bit weights for small batches plus a bfloat16 copy for large ones; q*: GGUF formats kept
+compact (conveyor/model/gguf_quant.py)."""
+RENAMED_QUANTIZATIONS = {"int4": "int4_latency"}
+"""Old names still accepted (with a logged note), and what they are called now."""
 SUPPORTED_DEVICES = ("auto", "cpu", "cuda")
 SUPPORTED_KERNELS = ("auto", "native", "torch")
+SUPPORTED_GGUF_WEIGHTS = ("auto", "compact", "dequantize")
 SUPPORTED_TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
@@ -61,10 +67,12 @@ class EngineConfig:
     """Compute and KV-cache dtype: 'auto' (float32 for float32 checkpoints; otherwise bfloat16 where
     the CPU/GPU computes it natively, else float32), float32, bfloat16 or float16."""
     quantization: str | None = None
-    """Weight-only quantization: None, or 'int4' (CPU, with dtype bfloat16: 4-bit decoder weights in
-    groups of 32 and an 8-bit LM head, like a GGUF Q4_1 file with its Q8_0 output matrix; fastest
-    single-request decoding; it keeps bfloat16 copies of the same weights for large batches, so it
-    takes more weight memory than bfloat16, not less)."""
+    """Weight-only quantization of a checkpoint at load: None; 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1',
+    'q4_k', 'q5_k' or 'q6_k' (CPU with the native kernels: decoder weights and the LM head quantized into
+    that GGUF format and kept compact, as a GGUF file of those types is; the LM head in Q8_0); or 'int4'
+    'int4_latency' (formerly 'int4', still accepted; CPU, dtype bfloat16: 4-bit decoder weights in groups of 32 and an 8-bit LM head for
+    small batches, plus bfloat16 copies of the same weights for large ones, so it takes more weight memory
+    than bfloat16, not less). GGUF files need none of this: their quantized weights stay compact."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu' or 'cuda'."""
     kernels: str = "auto"
@@ -72,6 +80,13 @@ class EngineConfig:
     KV-cache write and the int4/int8 products, built once per machine where a C++ compiler exists; else
     torch's ops), 'native' (those, or an error saying why not) or 'torch' (torch's ops only: gather +
     SDPA attention, torch's int4/int8 kernels; any device)."""
+    gguf_weights: str = "auto"
+    """How a GGUF file's quantized weights of types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are held:
+    'compact' (the file's own blocks, multiplied by the native GGUF kernels: weight memory near the file's
+    size, the fastest single-request decoding; CPU with AVX-512 BF16/VNNI, or an error saying why not),
+    'dequantize' (to the compute dtype at load, as before: several times the memory, faster large batches),
+    or 'auto' (compact where the kernels run and the dequantized weights would take over 1 GiB, as a 1B
+    model's do; else dequantize, so the embedded 135M model keeps its batch throughput)."""
     max_model_len: int | None = None
     """Longest prompt + output in tokens; None = the model's own context length."""
     block_size: int = 16
@@ -105,17 +120,26 @@ class EngineConfig:
     (Hermes / Qwen <tool_call> JSON), 'llama3_json' (Llama 3.x JSON) or 'mistral' ([TOOL_CALLS])."""
 
     def __post_init__(self) -> None:
+        if self.quantization in RENAMED_QUANTIZATIONS:
+            new_name = RENAMED_QUANTIZATIONS[self.quantization]
+            logging.getLogger(__name__).warning("quantization=%r is now called %r (it keeps bfloat16 copies of the "
+                                                "weights; 'q4_0' / 'q4_k' keep them compact)", self.quantization,
+                                                new_name)
+            object.__setattr__(self, "quantization", new_name)
         if self.dtype not in SUPPORTED_DTYPES:
             raise ConfigError(f"dtype={self.dtype!r} is not supported; choose one of "
                               f"{', '.join(SUPPORTED_DTYPES)} ('auto' is the default)")
         if self.quantization not in SUPPORTED_QUANTIZATIONS:
             raise ConfigError(f"quantization={self.quantization!r} is not supported; choose one of "
                               f"{', '.join(str(q) for q in SUPPORTED_QUANTIZATIONS)}")
-        if self.quantization == "int4" and self.dtype not in ("auto", "bfloat16"):
-            raise ConfigError(f"quantization='int4' computes with bfloat16 activations, but dtype={self.dtype!r}; "
+        if self.quantization is not None and self.dtype not in ("auto", "bfloat16"):
+            raise ConfigError(f"quantization={self.quantization!r} computes with bfloat16 activations, but dtype={self.dtype!r}; "
                               f"leave dtype at 'auto' or pass dtype='bfloat16'")
         if self.device not in SUPPORTED_DEVICES:
             raise ConfigError(f"device={self.device!r} is not supported; choose one of {', '.join(SUPPORTED_DEVICES)}")
+        if self.gguf_weights not in SUPPORTED_GGUF_WEIGHTS:
+            raise ConfigError(f"gguf_weights={self.gguf_weights!r} is not supported; choose one of "
+                              f"{', '.join(SUPPORTED_GGUF_WEIGHTS)} ('auto' is the default)")
         if self.kernels not in SUPPORTED_KERNELS:
             raise ConfigError(f"kernels={self.kernels!r} is not supported; choose one of "
                               f"{', '.join(SUPPORTED_KERNELS)} ('auto' is the default)")

@@ -75,7 +75,7 @@ def test_every_command_prints_its_help(command: list[str]) -> None:
     assert done.returncode == 0, done.stderr
     if command != ["bench", "serve"]:  # the load generator takes no engine options
         text = " ".join(done.stdout.split())
-        assert "--kernels" in text and "like a GGUF Q4_1 file" in text
+        assert "--kernels" in text and "--gguf-weights" in text and "the file's own blocks" in text
 
 
 def test_engine_seed_and_sampling_seed_are_separate_flags() -> None:

@@ -62,7 +62,7 @@ def test_int4_projection_multiplies_by_the_dequantized_weights(rows: int, bias: 
     torch.manual_seed(rows)
     w = torch.randn(64, 3 * GROUP_SIZE) / 10  # [out, in]
     b = torch.randn(64) if bias else None  # [out]
-    proj = make_projection(w, b, "int4", _kernels(backend, request))
+    proj = make_projection(w, b, "int4_latency", _kernels(backend, request))
     assert isinstance(proj, Int4Projection)
     assert (proj.blocks is not None) == (backend == "native")
     deq = dequantize_int4(*quantize_int4(w))  # [out, in] float32
@@ -84,7 +84,7 @@ def test_int8_lm_head_multiplies_by_its_dequantized_weights(rows: int, backend: 
                                                             request: pytest.FixtureRequest) -> None:
     torch.manual_seed(rows)
     w = (torch.randn(320, 96) / 10).to(torch.bfloat16)  # [vocab, hidden]
-    head = make_lm_head(w, "int4", _kernels(backend, request))
+    head = make_lm_head(w, "int4_latency", _kernels(backend, request))
     assert isinstance(head, Int8Projection) and head.codes.dtype == torch.int8
     assert head.max_rows == (LM_HEAD_INT8_ROWS if backend == "torch" else LM_HEAD_INT8_ROWS_NATIVE)
     deq = head.dequantized()  # [vocab, hidden] float32
@@ -105,8 +105,8 @@ def test_int8_lm_head_multiplies_by_its_dequantized_weights(rows: int, backend: 
 
 
 def test_shapes_the_kernel_cannot_take_stay_unquantized() -> None:
-    assert isinstance(make_projection(torch.randn(40, 64), None, "int4"), Projection)  # out not a multiple of 16
-    assert isinstance(make_projection(torch.randn(64, 48), None, "int4"), Projection)  # in not whole groups
+    assert isinstance(make_projection(torch.randn(40, 64), None, "int4_latency"), Projection)  # out not a multiple of 16
+    assert isinstance(make_projection(torch.randn(64, 48), None, "int4_latency"), Projection)  # in not whole groups
     assert isinstance(make_projection(torch.randn(64, 64), None, None), Projection)
 
 
@@ -248,7 +248,7 @@ def test_native_int8_head_is_exact_up_to_output_rounding(rows: int, request: pyt
     kernels = _kernels("native", request)
     gen = torch.Generator().manual_seed(rows)
     w = (torch.randn(4096, 97, generator=gen) / 10).to(torch.bfloat16)  # [vocab, hidden]
-    head = make_lm_head(w, "int4", kernels)
+    head = make_lm_head(w, "int4_latency", kernels)
     assert isinstance(head, Int8Projection) and head.kernels is not None
     x = torch.randn(rows, 97, generator=gen).to(torch.bfloat16)  # [rows, hidden]
     got = head(x).double()  # [rows, vocab]

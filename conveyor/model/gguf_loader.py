@@ -1,4 +1,5 @@
-"""GGUF files: metadata -> ModelSpec, tensors dequantized with the `gguf` package.
+"""GGUF files: metadata -> ModelSpec; weights of the types in gguf_quant.FORMATS kept in their blocks,
+the rest dequantized with the `gguf` package.
 
 llama.cpp's converter permutes the rows of Llama's Q and K projections so that rotary
 pairs are adjacent (interleaved rope). We undo that permutation, so every format ends in
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from conveyor.errors import ModelLoadError
+from conveyor.model.gguf_quant import FORMATS, QuantizedWeight
 from conveyor.model.weights import LoadedModel, fuse_weights
 from conveyor.model.rope import yarn_attention_factor
 from conveyor.model.spec import ModelSpec, RopeSpec
@@ -358,7 +360,7 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
     except Exception as exc:  # the gguf package raises plain ValueError/struct errors on bad files
         raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     spec = read_spec(reader, path)
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor | QuantizedWeight] = {}
     for t in reader.tensors:
         if t.name in ROPE_TENSORS:
             continue  # read into spec.rope
@@ -368,14 +370,19 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
                                  f"(skipping it would silently change the model); supported: token_embd, output, "
                                  f"output_norm, {', '.join(n.split('.')[0] for n in ROPE_TENSORS)} and "
                                  f"blk.N.{{{', '.join(_LAYER_NAMES)}}}")
-        mapped = float_tensor_view(t)  # F32 / F16 / BF16: read in place, cast once in fuse_weights
-        array = mapped if mapped is not None else tensor_array(t, path)
+        compact = t.tensor_type.name in FORMATS and len(t.shape) == 2
+        mapped = None if compact else float_tensor_view(t)  # F32 / F16 / BF16: read in place, cast once in fuse_weights
+        array = np.asarray(t.data) if compact else mapped if mapped is not None else tensor_array(t, path)
         if spec.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
                                                            "k_proj.bias")):
             heads = spec.num_heads if "q_proj" in name else spec.num_kv_heads
-            array = unpermute_rows(array, heads)
-        tensors[name] = array.contiguous() if isinstance(array, torch.Tensor) else \
-            torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+            array = unpermute_rows(array, heads)  # whole rows move: the same for blocks
+        if compact:
+            blocks = torch.from_numpy(np.array(array, dtype=np.uint8, order="C", copy=True))  # [rows, row bytes]
+            tensors[name] = QuantizedWeight(t.tensor_type.name, blocks, int(t.shape[0]))
+        else:
+            tensors[name] = array.contiguous() if isinstance(array, torch.Tensor) else \
+                torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
     weights = fuse_weights(spec, tensors, dtype, path)
     return LoadedModel(spec=spec, weights=weights, tokenizer=load_gguf_tokenizer(path), source=path)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.native import NativeKernels
 from conveyor.model.layers import apply_rotary, gelu_tanh_and_mul, rms_norm
 from conveyor.model.rope import RotaryEmbedding
 from conveyor.model.ops import layer_ops
+from conveyor.model.gguf_quant import embedding_rows, place_weights
 from conveyor.model.quant import make_lm_head, make_projection
 from conveyor.model.spec import ModelSpec
 
@@ -24,10 +24,11 @@ class LlamaModel:
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_positions: int,
                  device: torch.device, quantization: str | None = None,
-                 kernels: NativeKernels | None = None) -> None:
+                 kernels: NativeKernels | None = None, gguf_weights: str = "auto") -> None:
         self.spec = spec
         self.device = device
-        w = {name: t.to(device) for name, t in weights.items()}
+        w = place_weights(weights, device, kernels, gguf_weights)  # GGUF blocks compact or dequantized
+        self.kernels = kernels
         self.dtype = w["embed"].dtype
         self.rotary = RotaryEmbedding(spec.rope, spec.head_dim, max_positions, device)
         self.local_rotary = RotaryEmbedding(spec.local_rope, spec.head_dim, max_positions, device) \
@@ -57,7 +58,7 @@ class LlamaModel:
         tables = self.rotary.tables(positions, self.dtype)  # cos, sin: [num_tokens, 1, head_dim] each
         local_tables = self.local_rotary.tables(positions, self.dtype) if self.local_rotary is not None else tables
         parallel = self.parallel
-        h = F.embedding(input_ids, self.embed) if parallel is None \
+        h = embedding_rows(self.embed, input_ids, self.kernels) if parallel is None \
             else parallel.embed(input_ids, self.embed)  # [num_tokens, hidden]
         if self.embed_multiplier is not None:
             h = h * self.embed_multiplier

@@ -52,7 +52,7 @@ def resolve_dtype(requested: str, path: str, device_type: str, quantization: str
     """
     if requested != "auto":
         return requested
-    if quantization == "int4":
+    if quantization is not None:
         return "bfloat16"
     from conveyor.model.hf_loader import checkpoint_dtype
     if checkpoint_dtype(path) == "float32":

@@ -94,11 +94,28 @@ class NativeKernels(Protocol):
         sets every token a row's mask forbids to -inf, in place (conveyor/structured/bitmask.py's layout)."""
         ...
 
+    def gguf_linear_vectorized(self) -> bool:
+        """Whether the GGUF products were built with AVX-512 BF16 and VNNI (else gguf_quant dequantizes at load)."""
+        ...
 
-_HEADERS = [Path(__file__).parent / "csrc" / "vec_bf16.h"]
+    def gguf_dequantize(self, blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
+        """blocks [rows, row bytes] uint8 of GGML type id `kind` -> float32 [rows, in_features]."""
+        ...
+
+    def gguf_linear_rows(self, x: torch.Tensor, blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
+        """x [rows, in] float32/bfloat16, blocks [out, row bytes] -> x W^T [rows, out] in x's dtype (few rows)."""
+        ...
+
+    def gguf_linear_tiles(self, x: torch.Tensor, blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
+        """The same product by dequantized tiles of W and torch's GEMM (many rows)."""
+        ...
+
+
+_HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h")]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp", "norm_act.cpp",
                                                             "rotary_cache.cpp", "quant_linear.cpp",
-                                                            "f32_linear.cpp", "token_bitmask.cpp")]
+                                                            "f32_linear.cpp", "token_bitmask.cpp",
+                                                            "gguf_linear.cpp", "gguf_vnni.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
 """-ffp-contract=off: no fused multiply-adds the source does not write, so that float32 results round
 like torch's separate kernels (the attention kernel's explicit FMA intrinsics are unaffected)."""

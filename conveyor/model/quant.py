@@ -19,8 +19,14 @@ Q4_1 group uses both q = 0 and q = 15); only its fp16 scale and minimum are roun
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from conveyor.errors import ConfigError
+from conveyor.model.gguf_projection import GGUFProjection
+from conveyor.model.gguf_quant import (FORMATS, QUANTIZATIONS, AnyWeight, QuantizedWeight, kernels_keep_compact,
+                                       quantize)
 from conveyor.model.layers import Projection
 from conveyor.model.native import NativeKernels
 
@@ -28,6 +34,7 @@ GROUP_SIZE = 32
 SMALL_BATCH_ROWS = 8
 """Batches of at most this many rows use the int4 kernel; larger ones the bfloat16 copy."""
 _INNER_K_TILES = 2
+logger = logging.getLogger(__name__)
 
 
 def can_quantize(weight: torch.Tensor) -> bool:
@@ -156,17 +163,57 @@ def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.float() * scale.float()[:, None]
 
 
-def make_lm_head(weight: torch.Tensor, quantization: str | None,
-                 kernels: NativeKernels | None = None) -> Projection | Int8Projection:
-    """The LM head: int8 rows beside int4 decoder weights, else the dtype's fastest layout."""
-    if quantization == "int4" and weight.device.type == "cpu":
+def make_lm_head(weight: AnyWeight, quantization: str | None,
+                 kernels: NativeKernels | None = None) -> Projection | Int8Projection | GGUFProjection:
+    """The LM head: GGUF blocks as loaded, or Q8_0 with quantization='q*'; int8 rows beside int4 decoder
+    weights; else the dtype's fastest layout."""
+    if quantization == "int4_latency" and not isinstance(weight, torch.Tensor):
+        weight = weight.dequantize().to(weight.dtype)  # the latency mode re-quantizes what the file holds
+    if not isinstance(weight, torch.Tensor):
+        return GGUFProjection(weight, None, _compact_kernels(kernels, weight))
+    if quantization in QUANTIZATIONS:
+        return GGUFProjection(quantize_for_load(weight, "q8_0", kernels), None, _compact_kernels(kernels, weight))
+    if quantization == "int4_latency" and weight.device.type == "cpu":
         return Int8Projection(weight, kernels)
     return Projection(weight, None, kernels)
 
 
-def make_projection(weight: torch.Tensor, bias: torch.Tensor | None, quantization: str | None,
-                    kernels: NativeKernels | None = None) -> Projection | Int4Projection:
-    """The decoder's linear layers: int4 where asked and the shape allows it, else the dtype's fastest layout."""
-    if quantization == "int4" and can_quantize(weight):
+def make_projection(weight: AnyWeight, bias: torch.Tensor | None, quantization: str | None,
+                    kernels: NativeKernels | None = None) -> Projection | Int4Projection | GGUFProjection:
+    """The decoder's linear layers: GGUF blocks as loaded; quantized into a GGUF format where asked (q*);
+    int4 where asked and the shape allows it; else the dtype's fastest layout."""
+    if quantization == "int4_latency" and not isinstance(weight, torch.Tensor):
+        weight = weight.dequantize().to(weight.dtype)  # the latency mode re-quantizes what the file holds
+    if not isinstance(weight, torch.Tensor):
+        return GGUFProjection(weight, bias, _compact_kernels(kernels, weight))
+    if quantization in QUANTIZATIONS:
+        return GGUFProjection(quantize_for_load(weight, quantization, kernels), bias, _compact_kernels(kernels, weight))
+    if quantization == "int4_latency" and can_quantize(weight):
         return Int4Projection(weight, bias, kernels)
     return Projection(weight, bias, kernels)
+
+
+K_QUANT_FALLBACKS = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+"""What a K-quant becomes for a weight whose input width is not a multiple of 256 (llama.cpp's choice)."""
+
+
+def quantize_for_load(weight: torch.Tensor, quantization: str, kernels: NativeKernels | None) -> QuantizedWeight:
+    """A checkpoint's weight [out, in] -> GGUF blocks of the asked format (quantization='q4_k' etc.)."""
+    reason = kernels_keep_compact(kernels, weight.device, weight.dtype)
+    if reason is not None:
+        raise ConfigError(f"quantization={quantization!r} needs the native GGUF kernels, but {reason}; leave "
+                          f"quantization unset, or use kernels='auto' on a CPU with AVX-512 BF16/VNNI")
+    kind = quantization.upper()
+    if weight.shape[1] % FORMATS[kind].block and kind in K_QUANT_FALLBACKS:
+        fallback = K_QUANT_FALLBACKS[kind]
+        logger.warning("quantization=%r: a weight %s has %d input columns, not a multiple of 256; it is "
+                       "quantized to %s instead (as llama.cpp does)", quantization, tuple(weight.shape),
+                       weight.shape[1], fallback)
+        kind = fallback
+    return quantize(weight, kind)
+
+
+def _compact_kernels(kernels: NativeKernels | None, weight: AnyWeight) -> NativeKernels:
+    """The kernels for weights kept compact (place_weights / quantize_for_load checked that they apply)."""
+    assert kernels is not None, "GGUF blocks reach a projection only where the native kernels multiply them"
+    return kernels

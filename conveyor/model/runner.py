@@ -106,11 +106,12 @@ class ModelRunner:
         self.info = info
         self.device = info.device
         self.block_size = config.block_size
-        if config.quantization == "int4" and info.device.type != "cpu":
-            raise ConfigError(f"quantization='int4' has CPU kernels only and cannot run on {info.name}; "
+        if config.quantization is not None and info.device.type != "cpu":
+            raise ConfigError(f"quantization={config.quantization!r} has CPU kernels only and cannot run on {info.name}; "
                               f"use device='cpu', or leave quantization unset (dtype='bfloat16' is fast on GPUs)")
         kernels = resolve_kernels(config.kernels, info.device)
-        self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device, config.quantization, kernels)
+        self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device, config.quantization, kernels,
+                                config.gguf_weights)
         self.decode_group_size = DECODE_GROUP_SIZE if kernels is None else 2**31
         """Decodes per attention group: the torch path pads each group to its longest context; the
         native kernel pads nothing and takes them all at once."""

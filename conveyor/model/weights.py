@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from conveyor.errors import ModelLoadError
+from conveyor.model.gguf_quant import AnyWeight, cast_weight, cat_rows
 from conveyor.model.rope import partial_rotary_order
 from conveyor.model.spec import ModelSpec
 
@@ -19,8 +20,9 @@ from conveyor.model.spec import ModelSpec
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    weights: dict[str, torch.Tensor]
-    """Fused weights by our names (see `fuse_weights`), on CPU, in the compute dtype."""
+    weights: dict[str, AnyWeight]
+    """Fused weights by our names (see `fuse_weights`), on CPU, in the compute dtype; a GGUF file's quantized
+    matrices as their blocks (QuantizedWeight / RowStack, model/gguf_quant.py)."""
     tokenizer: Any | None
     source: str
     """The file or folder the weights came from."""
@@ -33,8 +35,8 @@ _IGNORED_TENSORS = (".rotary_emb.inv_freq",)
 """Tensors some old checkpoints carry that are recomputed from the config (never read)."""
 
 
-def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch.dtype, source: str,
-                 norm_offset: float = 0.0) -> dict[str, torch.Tensor]:
+def fuse_weights(spec: ModelSpec, tensors: dict[str, AnyWeight], dtype: torch.dtype, source: str,
+                 norm_offset: float = 0.0) -> dict[str, AnyWeight]:
     """Hugging Face names -> our fused layout in `dtype`. A tensor left unread is refused by name: skipping it
     would silently compute a different model. norm_offset: added to every RMSNorm weight, in float32 before the
     cast (Gemma's checkpoints store weight - 1; llama.cpp's converter already adds the 1)."""
@@ -51,15 +53,16 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
                                  f"{spec.architecture} model")
         return tensor
 
-    def cast(t: torch.Tensor) -> torch.Tensor:
-        return t.to(dtype).contiguous()  # a weight matrix already in dtype stays a view of the file's memory map
+    def cast(t: Any) -> Any:  # a float tensor, or GGUF blocks kept compact (model/gguf_quant.py)
+        return cast_weight(t, dtype)  # a weight matrix already in dtype stays a view of the file's memory map
 
     def owned(t: torch.Tensor) -> torch.Tensor:
         """cast(t), never sharing t's memory. The model keeps the embedding and biases as they are, and a view of a
         checkpoint's memory map would keep the whole mapped file resident; weight matrices (cast) stay views, as the
         projections repack them (or use them in place) and the map is released once they have."""
         kept = cast(t)
-        return kept.clone() if kept.data_ptr() == t.data_ptr() else kept
+        shared = isinstance(kept, torch.Tensor) and isinstance(t, torch.Tensor) and kept.data_ptr() == t.data_ptr()
+        return kept.clone() if shared else kept
 
     def norm(name: str) -> torch.Tensor:
         return cast(need(name).float() + norm_offset)  # a new tensor
@@ -87,7 +90,7 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
             if (q.shape[0], k.shape[0], v.shape[0]) != expected:
                 raise ModelLoadError(f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
                                      f"config implies {expected}; config.json and weights disagree")
-            out[p + "qkv"] = cast(torch.cat([q, k, v], dim=0))  # [q_size + 2 * kv_size, hidden]
+            out[p + "qkv"] = cast(cat_rows([q, k, v]))  # [q_size + 2 * kv_size, hidden]
         if spec.qkv_bias:
             out[p + "qkv_bias"] = cast(torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"),
                                                   need(a + "v_proj.bias")]))
@@ -110,7 +113,7 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, torch.Tensor], dtype: torch
         m = hf + "mlp."
         gate_up = get(m + "gate_up_proj.weight")  # Phi-3: gate and up stacked, as we do
         if gate_up is None:
-            gate_up = torch.cat([need(m + "gate_proj.weight"), need(m + "up_proj.weight")], dim=0)
+            gate_up = cat_rows([need(m + "gate_proj.weight"), need(m + "up_proj.weight")])
         if gate_up.shape[0] != 2 * spec.intermediate_size:
             raise ModelLoadError(f"{source}: layer {i} gate/up rows are {gate_up.shape[0]}, config implies "
                                  f"{2 * spec.intermediate_size}; config.json and weights disagree")
@@ -129,6 +132,8 @@ def _reorder_for_partial_rotary(out: dict[str, torch.Tensor], prefix: str, spec:
     rotate-half computes partial rotary (conveyor/model/rope.py); V's rows stay."""
     assert spec.rope.rotary_dim is not None
     order = partial_rotary_order(spec.head_dim, spec.rope.rotary_dim)  # [head_dim]
+    if not isinstance(out[prefix + "qkv"], torch.Tensor):  # GGUF blocks: rows are reordered on the dense matrix
+        out[prefix + "qkv"] = out[prefix + "qkv"].dequantize().to(out[prefix + "qkv"].dtype)
     heads = spec.num_heads + spec.num_kv_heads
     rows = torch.cat([(torch.arange(heads)[:, None] * spec.head_dim + order[None, :]).reshape(-1),
                       torch.arange(spec.q_size + spec.kv_size, spec.q_size + 2 * spec.kv_size)])  # [qkv rows]

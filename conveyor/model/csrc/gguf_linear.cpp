@@ -1,0 +1,308 @@
+// Matrix products with GGUF-quantized weights kept in the file's own blocks (CPU):
+//   gguf_linear_rows:  few activation rows (decode steps): bfloat16 activations are quantized to int8 per
+//                      32 columns and multiplied with integer dot products (gguf_vnni.cpp, llama.cpp's way)
+//                      where the type has one; otherwise (and for float32 activations, exactly) each weight
+//                      row is dequantized once, in L1, and multiplied by every activation row (float32 sums);
+//   gguf_linear_tiles: many rows (prefill chunks, busy decode steps): each thread dequantizes a tile of
+//                      weight rows x all K (about kTileBytes, so that it stays in L2) to the activations'
+//                      dtype in its own scratch and runs torch's GEMM (oneDNN: AVX-512 BF16 / AMX) on it;
+//   gguf_dequantize:   whole rows to float32 (embedding lookups, reference checks).
+// The weights stay as the file stores them, [N rows][K / block blocks]: no float copy is ever kept.
+//
+// Block layouts and their dequantization are ggml's (ggml-quants.c, dequantize_row_*), for the
+// types named by their GGML type ids below; conveyor.model.gguf_quant holds the same table.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gguf_vnni.h"
+
+namespace {
+
+enum Kind : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+
+constexpr int64_t kTileBytes = 512 * 1024;    // dequantized weights per GEMM tile (fewer, larger GEMMs)
+constexpr int64_t kMinTileRows = 32;
+constexpr int64_t kMinBytesPerThread = 32768;  // less is not worth waking a thread for
+
+inline float half_to_float(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof(bits));
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+}
+
+// --- one block -> `block` floats -------------------------------------------------------------------
+
+void dequant_q4_0(const uint8_t* b, float* y) {  // d, qs[16]: (q - 8) d
+  const float d = half_to_float(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>((qs[j] & 0xF) - 8) * d;
+    y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
+  }
+}
+
+void dequant_q4_1(const uint8_t* b, float* y) {  // d, m, qs[16]: q d + m
+  const float d = half_to_float(b), m = half_to_float(b + 2);
+  const uint8_t* qs = b + 4;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = static_cast<float>(qs[j] & 0xF) * d + m;
+    y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
+  }
+}
+
+void dequant_q5_0(const uint8_t* b, float* y) {  // d, qh (32 high bits), qs[16]: (q - 16) d
+  const float d = half_to_float(b);
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, sizeof(qh));
+  const uint8_t* qs = b + 6;
+  for (int j = 0; j < 16; ++j) {
+    const int high0 = ((qh >> j) << 4) & 0x10, high1 = (qh >> (j + 12)) & 0x10;
+    y[j] = static_cast<float>(((qs[j] & 0xF) | high0) - 16) * d;
+    y[j + 16] = static_cast<float>(((qs[j] >> 4) | high1) - 16) * d;
+  }
+}
+
+void dequant_q5_1(const uint8_t* b, float* y) {  // d, m, qh, qs[16]: q d + m
+  const float d = half_to_float(b), m = half_to_float(b + 2);
+  uint32_t qh;
+  std::memcpy(&qh, b + 4, sizeof(qh));
+  const uint8_t* qs = b + 8;
+  for (int j = 0; j < 16; ++j) {
+    const int high0 = ((qh >> j) << 4) & 0x10, high1 = (qh >> (j + 12)) & 0x10;
+    y[j] = static_cast<float>((qs[j] & 0xF) | high0) * d + m;
+    y[j + 16] = static_cast<float>((qs[j] >> 4) | high1) * d + m;
+  }
+}
+
+void dequant_q8_0(const uint8_t* b, float* y) {  // d, qs[32] int8: q d
+  const float d = half_to_float(b);
+  const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+}
+
+// The 6-bit scale and minimum of sub-block j (0..7) of a Q4_K / Q5_K block (ggml's get_scale_min_k4).
+inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
+  if (j < 4) {
+    *scale = q[j] & 63;
+    *min = q[j + 4] & 63;
+  } else {
+    *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+void dequant_q4_k(const uint8_t* b, float* y) {  // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32
+  const float d = half_to_float(b), dmin = half_to_float(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* q = b + 16;
+  for (int j = 0; j < 4; ++j, q += 32, y += 64) {
+    int sc, m;
+    scale_min_k4(2 * j, scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    scale_min_k4(2 * j + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = dmin * m;
+    for (int l = 0; l < 32; ++l) y[l] = d1 * static_cast<float>(q[l] & 0xF) - m1;
+    for (int l = 0; l < 32; ++l) y[l + 32] = d2 * static_cast<float>(q[l] >> 4) - m2;
+  }
+}
+
+void dequant_q5_k(const uint8_t* b, float* y) {  // d, dmin, scales[12], qh[32], qs[128]
+  const float d = half_to_float(b), dmin = half_to_float(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;
+  const uint8_t* ql = b + 48;
+  for (int j = 0; j < 4; ++j, ql += 32, y += 64) {
+    int sc, m;
+    scale_min_k4(2 * j, scales, &sc, &m);
+    const float d1 = d * sc, m1 = dmin * m;
+    scale_min_k4(2 * j + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = dmin * m;
+    const int bit1 = 2 * j, bit2 = 2 * j + 1;
+    for (int l = 0; l < 32; ++l) y[l] = d1 * static_cast<float>((ql[l] & 0xF) | (((qh[l] >> bit1) & 1) << 4)) - m1;
+    for (int l = 0; l < 32; ++l) y[l + 32] = d2 * static_cast<float>((ql[l] >> 4) | (((qh[l] >> bit2) & 1) << 4)) - m2;
+  }
+}
+
+void dequant_q6_k(const uint8_t* b, float* y) {  // ql[128], qh[64], scales[16] int8, d: 16 sub-blocks of 16
+  const uint8_t* ql = b;
+  const uint8_t* qh = b + 128;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = half_to_float(b + 208);
+  for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l] = d * sc[is] * static_cast<float>(q1);
+      y[l + 32] = d * sc[is + 2] * static_cast<float>(q2);
+      y[l + 64] = d * sc[is + 4] * static_cast<float>(q3);
+      y[l + 96] = d * sc[is + 6] * static_cast<float>(q4);
+    }
+  }
+}
+
+struct Format {
+  int64_t block;  // weights per block
+  int64_t bytes;  // bytes per block
+  void (*dequant)(const uint8_t*, float*);
+};
+
+Format format_of(int64_t kind) {
+  switch (kind) {
+    case kQ4_0: return {32, 18, dequant_q4_0};
+    case kQ4_1: return {32, 20, dequant_q4_1};
+    case kQ5_0: return {32, 22, dequant_q5_0};
+    case kQ5_1: return {32, 24, dequant_q5_1};
+    case kQ8_0: return {32, 34, dequant_q8_0};
+    case kQ4_K: return {256, 144, dequant_q4_k};
+    case kQ5_K: return {256, 176, dequant_q5_k};
+    case kQ6_K: return {256, 210, dequant_q6_k};
+    default: break;
+  }
+  TORCH_CHECK(false, "GGML weight type id ", kind, " has no native kernel; supported ids: 2 (Q4_0), 3 (Q4_1), "
+              "6 (Q5_0), 7 (Q5_1), 8 (Q8_0), 12 (Q4_K), 13 (Q5_K), 14 (Q6_K)");
+  return {};
+}
+
+inline void dequant_row(const Format& f, const uint8_t* row, int64_t in_features, float* y) {
+  for (int64_t k = 0; k < in_features; k += f.block, row += f.bytes) f.dequant(row, y + k);
+}
+
+// Checks the blocks against K and the type; -> the format.
+Format checked_format(const torch::Tensor& blocks, int64_t kind, int64_t in_features) {
+  const Format f = format_of(kind);
+  TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == torch::kUInt8 && blocks.dim() == 2 &&
+              blocks.is_contiguous(), "blocks must be a contiguous CPU uint8 tensor [rows, row bytes], got ",
+              blocks.sizes(), " ", blocks.scalar_type());
+  TORCH_CHECK(in_features > 0 && in_features % f.block == 0 && blocks.size(1) == in_features / f.block * f.bytes,
+              "blocks of ", blocks.size(1), " bytes per row do not hold ", in_features, " weights of a type with ",
+              f.block, " weights in ", f.bytes, " bytes");
+  return f;
+}
+
+void check_x(const torch::Tensor& x, int64_t in_features) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(1) == in_features &&
+              (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat),
+              "x must be a CPU float32 or bfloat16 tensor [rows, ", in_features, "], got ", x.sizes(), " ",
+              x.scalar_type());
+}
+
+}  // namespace
+
+torch::Tensor gguf_dequantize(const torch::Tensor& blocks, int64_t kind, int64_t in_features) {
+  const Format f = checked_format(blocks, kind, in_features);
+  const int64_t rows = blocks.size(0), row_bytes = blocks.size(1);
+  auto y = torch::empty({rows, in_features}, torch::kFloat);
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, kMinBytesPerThread / row_bytes), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) dequant_row(f, bp + r * row_bytes, in_features, yp + r * in_features);
+  });
+  return y;
+}
+
+torch::Tensor gguf_linear_rows(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
+                               int64_t in_features) {
+  const Format f = checked_format(blocks, kind, in_features);
+  check_x(x, in_features);
+  const int64_t rows = x.size(0), out_features = blocks.size(0), row_bytes = blocks.size(1);
+  const torch::Tensor xf = x.to(torch::kFloat).contiguous();  // [rows, in]
+  auto y = torch::empty({rows, out_features}, torch::kFloat);
+  const float* xp = xf.data_ptr<float>();
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  float* yp = y.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / row_bytes);
+  if (x.scalar_type() == torch::kBFloat16 && conveyor_gguf::vnni_kind(kind)) {
+    const int64_t groups = in_features / 32;
+    std::vector<int8_t> q(rows * in_features);
+    std::vector<float> scale(rows * groups), scale16(rows * 2 * groups);
+    std::vector<int32_t> sum16(rows * 2 * groups);
+    std::vector<conveyor_gguf::QuantizedActivations> acts(rows);
+    for (int64_t m = 0; m < rows; ++m) {
+      conveyor_gguf::quantize_activations(xp + m * in_features, in_features, q.data() + m * in_features,
+                                          scale.data() + m * groups, scale16.data() + 2 * m * groups,
+                                          sum16.data() + 2 * m * groups);
+      acts[m] = {q.data() + m * in_features, scale.data() + m * groups, scale16.data() + 2 * m * groups,
+                 sum16.data() + 2 * m * groups};
+    }
+    at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n)
+        for (int64_t m = 0; m < rows; ++m)
+          yp[m * out_features + n] = conveyor_gguf::vnni_dot(kind, bp + n * row_bytes, in_features, acts[m]);
+    });
+    return y.to(x.scalar_type());
+  }
+  at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(in_features);
+    for (int64_t n = begin; n < end; ++n) {
+      dequant_row(f, bp + n * row_bytes, in_features, w.data());
+      const float* wp = w.data();
+      for (int64_t m = 0; m < rows; ++m) {
+        const float* xm = xp + m * in_features;
+        float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t k = 0; k < in_features; ++k) sum += wp[k] * xm[k];
+        yp[m * out_features + n] = sum;
+      }
+    }
+  });
+  return x.scalar_type() == torch::kFloat ? y : y.to(x.scalar_type());
+}
+
+torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
+                                int64_t in_features) {
+  const Format f = checked_format(blocks, kind, in_features);
+  check_x(x, in_features);
+  const int64_t rows = x.size(0), out_features = blocks.size(0), row_bytes = blocks.size(1);
+  const torch::Tensor xc = x.contiguous();  // [rows, in]
+  auto y = torch::empty({rows, out_features}, x.options());
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  const int64_t threads = at::get_num_threads();
+  const int64_t fits = std::max(kMinTileRows, kTileBytes / (in_features * static_cast<int64_t>(x.element_size())));
+  const int64_t tile_rows = std::max<int64_t>(1, std::min(fits, (out_features + threads - 1) / threads));
+  const int64_t tiles = (out_features + tile_rows - 1) / tile_rows;
+  const int64_t element = x.element_size();
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> w(in_features);
+    torch::Tensor tile = torch::empty({tile_rows, in_features}, x.options());  // [tile rows, in]
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * tile_rows, n = std::min(tile_rows, out_features - n0);
+      for (int64_t r = 0; r < n; ++r) {
+        if (x.scalar_type() == torch::kBFloat16 && conveyor_gguf::bf16_kind(kind)) {
+          conveyor_gguf::dequantize_row_bf16(kind, bp + (n0 + r) * row_bytes, in_features,
+                                             tile.data_ptr<c10::BFloat16>() + r * in_features);
+          continue;
+        }
+        dequant_row(f, bp + (n0 + r) * row_bytes, in_features, w.data());
+        if (x.scalar_type() == torch::kFloat) {
+          std::copy(w.begin(), w.end(), tile.data_ptr<float>() + r * in_features);
+        } else {
+          c10::BFloat16* dst = tile.data_ptr<c10::BFloat16>() + r * in_features;
+          for (int64_t k = 0; k < in_features; ++k) dst[k] = c10::BFloat16(w[k]);
+        }
+      }
+      const torch::Tensor part = torch::mm(xc, tile.narrow(0, 0, n).t()).contiguous();  // [rows, n]
+      // copied by hand: torch ops writing y here would run outside the caller's inference mode
+      const char* src = static_cast<const char*>(part.data_ptr());
+      char* dst = static_cast<char*>(y.data_ptr());
+      for (int64_t m = 0; m < rows; ++m)
+        std::memcpy(dst + (m * out_features + n0) * element, src + m * n * element, n * element);
+    }
+  });
+  return y;
+}
+
+bool gguf_linear_vectorized() {
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512VNNI__)
+  return true;
+#else
+  return false;
+#endif
+}

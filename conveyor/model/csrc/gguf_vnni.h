@@ -1,0 +1,34 @@
+// gguf_vnni.cpp's interface to gguf_linear.cpp: int8 dot products of GGUF blocks with quantized activations.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+
+namespace conveyor_gguf {
+
+// One activation row quantized per 32 columns: x[k] ~ scale[k / 32] * q[k].
+struct QuantizedActivations {
+  const int8_t* q;       // [in]
+  const float* scale;    // [in / 32]
+  const float* scale16;  // [in / 16]: scale repeated per 16 columns (Q6_K's sub-blocks)
+  const int32_t* sum16;  // [in / 16]: sums of q per 16 columns
+};
+
+// Whether GGML type id `kind` has an int8 dot product here (false for all where VNNI is not built in).
+bool vnni_kind(int64_t kind);
+
+// x [in] (in a multiple of 32) -> q, scale, scale16, sum16 as QuantizedActivations describes.
+void quantize_activations(const float* x, int64_t in_features, int8_t* q, float* scale, float* scale16,
+                          int32_t* sum16);
+
+// One weight row of GGML type `kind` (vnni_kind) times one quantized activation row.
+float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x);
+
+// Whether GGML type id `kind` has a vectorized dequantization to bfloat16 here.
+bool bf16_kind(int64_t kind);
+
+// One row of `in_features` weights of type `kind` (bf16_kind) -> bfloat16.
+void dequantize_row_bf16(int64_t kind, const uint8_t* row, int64_t in_features, c10::BFloat16* y);
+
+}  // namespace conveyor_gguf

@@ -1,0 +1,48 @@
+"""A projection whose weight stays in GGUF blocks (gguf_quant.QuantizedWeight), or a RowStack of such parts.
+
+Few rows (single-request decoding) go to the kernel that dequantizes each weight row once and multiplies
+it by every activation row; more than ROWS_MAX rows (prefill chunks, busy decode steps) to the one that
+dequantizes a tile of weights at a time into a thread's scratch and runs torch's GEMM on it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conveyor.model.gguf_quant import QuantizedWeight, RowStack
+from conveyor.model.layers import Projection
+from conveyor.model.native import NativeKernels
+
+ROWS_MAX = 4
+"""Activation rows up to which the row kernel is used (see benchmarks/RESULTS.md, GGUF kernels)."""
+
+
+class GGUFProjection:
+    """y = x W^T + b with W in GGUF blocks (x: float32 or bfloat16; y in x's dtype)."""
+
+    def __init__(self, weight: QuantizedWeight | RowStack, bias: torch.Tensor | None, kernels: NativeKernels) -> None:
+        parts = weight.parts if isinstance(weight, RowStack) else (weight,)
+        self.parts: list[QuantizedWeight | Projection] = [
+            p if isinstance(p, QuantizedWeight) else Projection(p, None, kernels) for p in parts]
+        self.kernels = kernels
+        self.bias = bias
+        self.out_features, self.in_features = weight.shape
+
+    def _part(self, part: QuantizedWeight | Projection, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(part, Projection):
+            return part(x)
+        product = self.kernels.gguf_linear_rows if x.shape[0] <= ROWS_MAX else self.kernels.gguf_linear_tiles
+        return product(x, part.blocks, part.type_id, part.in_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, in] -> [tokens, out]."""
+        x = x.contiguous()
+        outs = [self._part(p, x) for p in self.parts]  # each [tokens, part rows]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # [tokens, out]
+        return y if self.bias is None else y + self.bias
+
+    def unpacked(self) -> torch.Tensor:
+        """-> W [out, in] float32, dequantized by the `gguf` package (the values the float paths multiply by;
+        the int8 dot products of bfloat16 activations round the activations, not these)."""
+        return torch.cat([p.dequantize() if isinstance(p, QuantizedWeight) else p.unpacked().float()
+                          for p in self.parts])

@@ -1,0 +1,233 @@
+"""GGUF-quantized weights kept compact: the native kernels on random valid blocks against the `gguf` package's
+reference dequantization, the load-time quantizers, and tiny models of every kept-compact type (GGUF files
+written from random weights) against a float32 forward over the same dequantized weights."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import build_tiny_model
+from gguf_convert import ConverterUnavailable, convert, rewrite
+from parity import Reference, compare
+
+from conveyor import LLM, SamplingParams
+from conveyor.config import EngineConfig
+from conveyor.errors import ConfigError
+from conveyor.model.gguf_projection import ROWS_MAX, GGUFProjection
+from conveyor.model.gguf_quant import FORMATS, INT8_DOT_TYPES, QuantizedWeight, RowStack, cat_rows, quantize
+
+BF16_TIE_GAP = 0.5  # as in test_parity_bf16: bfloat16 activations against a float32 reference
+F32_TIE_GAP = 1e-3  # float32 both sides, sums in another order
+NEW_TOKENS = 24
+
+
+def _kernels(request: pytest.FixtureRequest) -> Any:
+    kernels = request.getfixturevalue("native_kernels")
+    if not kernels.gguf_linear_vectorized():
+        pytest.skip("the GGUF kernels are built for AVX-512 BF16/VNNI; this CPU dequantizes at load")
+    return kernels
+
+
+def random_blocks(kind: str, rows: int, in_features: int, seed: int) -> QuantizedWeight:
+    """Random bytes, with every float16 scale field finite and small: valid blocks of any bit pattern."""
+    fmt = FORMATS[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, in_features // fmt.block, fmt.block_bytes), dtype=np.uint8)
+    halves = {"Q6_K": (208,), "Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,)}.get(kind, (0, 2))  # d (and m / dmin)
+    for offset in halves:
+        scale = (rng.standard_normal(raw.shape[:2]) * 0.02).astype(np.float16)  # [rows, blocks]
+        raw[:, :, offset:offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
+    return QuantizedWeight(kind, torch.from_numpy(raw.reshape(rows, -1)), in_features)
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_native_dequantization_is_the_reference_one(kind: str, request: pytest.FixtureRequest) -> None:
+    kernels = _kernels(request)
+    in_features = 3 * FORMATS[kind].block
+    weight = random_blocks(kind, 37, in_features, seed=FORMATS[kind].type_id)
+    got = kernels.gguf_dequantize(weight.blocks, weight.type_id, in_features)  # [37, in]
+    assert torch.equal(got, weight.dequantize())
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 33, 100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_products_match_float64_over_the_dequantized_weights(kind: str, rows: int, dtype: torch.dtype,
+                                                             request: pytest.FixtureRequest) -> None:
+    """Both kernels at every row count (the projection picks one by ROWS_MAX), odd output widths, input widths
+    of an odd number of blocks; bias added."""
+    kernels = _kernels(request)
+    out_features, in_features = 37, 3 * FORMATS[kind].block
+    weight = random_blocks(kind, out_features, in_features, seed=rows).with_dtype(dtype)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, in_features, generator=gen).to(dtype)  # [rows, in]
+    bias = torch.randn(out_features, generator=gen).to(dtype)  # [out]
+    w = weight.dequantize().double()  # [out, in]
+    magnitude = x.double().abs() @ w.abs().t()  # [rows, out]: bounds every partial sum
+    exact = x.double() @ w.t()  # [rows, out]
+    projection = GGUFProjection(weight, bias, kernels)
+    for name in ("gguf_linear_rows", "gguf_linear_tiles"):
+        got = getattr(kernels, name)(x, weight.blocks, weight.type_id, in_features)
+        assert got.dtype == dtype and got.shape == (rows, out_features)
+        if dtype == torch.float32:
+            assert ((got.double() - exact).abs() <= magnitude * 1e-5).all(), name
+        elif name == "gguf_linear_rows" and kind in INT8_DOT_TYPES:  # activations rounded to int8 per 32 columns
+            step = x.double().reshape(rows, -1, 32).abs().amax(-1) / 127  # [rows, in / 32]
+            rounding = (step.repeat_interleave(32, dim=1) / 2) @ w.abs().t()  # [rows, out]: at most half a step each
+            assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + rounding * 1.001 + magnitude * 2 ** -16
+                    ).all(), name
+        elif name == "gguf_linear_rows":  # exact products, float32 sums, one bfloat16 rounding
+            assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all(), name
+        else:  # the tile's weights rounded to bfloat16 first
+            rounded = x.double() @ weight.dequantize().bfloat16().double().t()
+            assert ((got.double() - rounded).abs() <= rounded.abs() * 2 ** -8 + magnitude * 2 ** -16).all(), name
+    direct = kernels.gguf_linear_rows if rows <= ROWS_MAX else kernels.gguf_linear_tiles
+    assert torch.equal(projection(x), direct(x, weight.blocks, weight.type_id, in_features) + bias)
+
+
+def test_kernels_refuse_blocks_that_do_not_fit(request: pytest.FixtureRequest) -> None:
+    kernels = _kernels(request)
+    weight = random_blocks("Q4_K", 4, 256, seed=0)
+    with pytest.raises(RuntimeError, match="do not hold 512 weights"):
+        kernels.gguf_linear_rows(torch.randn(1, 512), weight.blocks, weight.type_id, 512)
+    with pytest.raises(RuntimeError, match="no native kernel"):
+        kernels.gguf_linear_rows(torch.randn(1, 256), weight.blocks, 10, 256)  # Q2_K
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_load_time_quantizers_round_trip_through_the_reference(kind: str) -> None:
+    """quantize() writes blocks that gguf's own dequantizer reads back close to the weights."""
+    gen = torch.Generator().manual_seed(FORMATS[kind].type_id)
+    w = torch.randn(12, 512, generator=gen)  # [out, in]
+    w[0] = w[0].abs()  # all positive
+    w[1] = -w[1].abs()  # all negative
+    w[2, :256] = 0  # an all-zero block
+    q = quantize(w, kind)
+    assert q.blocks.shape == (12, 512 // FORMATS[kind].block * FORMATS[kind].block_bytes)
+    back = q.dequantize()  # [out, in]
+    assert torch.equal(back[2, :256], torch.zeros(256))
+    bound = {"Q8_0": 0.01, "Q6_K": 0.04, "Q5_0": 0.06, "Q5_1": 0.06, "Q5_K": 0.06}.get(kind, 0.12)
+    assert ((back - w).norm() / w.norm()).item() < bound
+
+
+def test_config_names_the_quantizations() -> None:
+    with pytest.raises(ConfigError, match="'q3_k' is not supported; choose one of .*q4_k"):
+        LLM(quantization="q3_k")
+    with pytest.raises(ConfigError, match="'q4_k' computes with bfloat16 activations"):
+        LLM(quantization="q4_k", dtype="float32")
+    with pytest.raises(ConfigError, match="gguf_weights='packed' is not supported; choose one of auto, compact"):
+        LLM(gguf_weights="packed")
+
+
+def test_compact_weights_need_the_native_kernels() -> None:
+    with pytest.raises(ConfigError, match="gguf_weights='compact' was requested, but the native kernels are not "
+                                          "in use.*use gguf_weights='auto' or 'dequantize'"):
+        LLM(kernels="torch", gguf_weights="compact", kv_cache_memory="16MiB", max_model_len=256)
+
+
+def test_the_small_default_model_is_dequantized_under_auto(default_llm: Any) -> None:
+    """auto keeps blocks compact from 1 GiB of dequantized weights: the 135M default model stays as before."""
+    assert isinstance(default_llm.engine.runner.model.embed, torch.Tensor)
+
+
+# --- tiny models ------------------------------------------------------------------------------------------
+
+_MIXED = "Q4_K_M"  # Q4_K with Q6_K for V, down and the output matrix, as llama.cpp's Q4_K_M mixes them
+
+
+def _type_of(name: str, kind: str) -> str:
+    if kind != _MIXED:
+        return kind
+    return "Q6_K" if name.endswith(("attn_v.weight", "ffn_down.weight", "output.weight")) else "Q4_K"
+
+
+@pytest.fixture(scope="module")
+def tiny_f32_gguf(tmp_path_factory: Any) -> str:
+    """A tiny random Llama (widths multiples of 256, as K-quants need) converted by llama.cpp's converter."""
+    folder = str(tmp_path_factory.mktemp("gguf-quant-hf"))
+    build_tiny_model("llama", folder, hidden_size=256, intermediate_size=512, initializer_range=0.05)
+    try:
+        return convert(folder, os.path.join(str(tmp_path_factory.mktemp("gguf-quant-f32")), "model-f32.gguf"))
+    except ConverterUnavailable as exc:
+        pytest.skip(f"llama.cpp's converter is unavailable here: {exc}")
+
+
+def _quantized_file(source: str, kind: str, folder: str) -> str:
+    """The file with every 2-D weight quantized (gguf_quant.quantize) to `kind`."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    tensors = {}
+    for t in reader.tensors:
+        if len(t.shape) == 2:
+            values = np.asarray(t.data, dtype=np.float32)  # [rows, cols]
+            target = _type_of(t.name, kind)
+            tensors[t.name] = (quantize(torch.from_numpy(values.copy()), target).blocks.numpy(),
+                               gguf.GGMLQuantizationType[target])
+    return rewrite(source, os.path.join(folder, f"model-{kind}.gguf"), tensors=tensors)
+
+
+def _greedy(llm: Any, prompts: list[list[int]], logprobs: int | None = None) -> Any:
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=logprobs)
+    return [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("kind", [*FORMATS, _MIXED])
+def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(kind: str, tiny_f32_gguf: str,
+                                                                        tmp_path: Any,
+                                                                        request: pytest.FixtureRequest) -> None:
+    """Ours with the weights kept compact (bfloat16 and float32 activations) against kernels='torch', where
+    the same file is dequantized at load by the `gguf` package and run in float32: token for token, near-ties
+    excepted. One request alone (the row kernel) and all at once with prefill chunks (the tile kernel)."""
+    _kernels(request)
+    path = _quantized_file(tiny_f32_gguf, kind, str(tmp_path))
+    rng = np.random.default_rng(len(kind))
+    prompts = [rng.integers(2, 512, size=n).tolist() for n in (5, 17, 40, 64)]
+    common: dict[str, Any] = dict(model=path, kv_cache_memory="16MiB", max_model_len=256)
+    reference = LLM(dtype="float32", kernels="torch", **common)
+    refs = [Reference(o.token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.logprobs or []])
+            for o in _greedy(reference, prompts, logprobs=2)]
+    for dtype, gap in (("float32", F32_TIE_GAP), ("bfloat16", BF16_TIE_GAP)):
+        ours = LLM(dtype=dtype, kernels="native", gguf_weights="compact", **common)
+        model = ours.engine.runner.model
+        assert isinstance(model.embed, QuantizedWeight) and isinstance(model.layers[0].gate_up, GGUFProjection)
+        assert all(isinstance(p, QuantizedWeight) for p in model.layers[0].qkv.parts)  # no float copy
+        got = [_greedy(ours, [p])[0].token_ids for p in prompts[:2]] + \
+            [o.token_ids for o in _greedy(ours, prompts)[2:]]
+        ties = compare(refs, got, allow_ties=True, tie_gap=gap)
+        print(f"{kind} {dtype}: {ties} of {len(prompts)} sequences diverged at a reference near-tie")
+        ours.engine.check_idle()
+
+
+def test_hf_folder_quantized_at_load_keeps_the_blocks(tiny_f32_gguf: str, tmp_path: Any,
+                                                      request: pytest.FixtureRequest) -> None:
+    """quantization='q4_k' on a checkpoint folder: compact decoder weights and a Q8_0 LM head, generating."""
+    _kernels(request)
+    folder = str(tmp_path / "hf")
+    build_tiny_model("llama", folder, hidden_size=256, intermediate_size=512, initializer_range=0.05)
+    llm = LLM(model=folder, quantization="q4_k", kv_cache_memory="16MiB", max_model_len=256)
+    model = llm.engine.runner.model
+    assert model.layers[0].gate_up.parts[0].kind == "Q4_K" and model.lm_head.parts[0].kind == "Q8_0"
+    out = _greedy(llm, [[3, 4, 5, 6]])[0]
+    assert len(out.token_ids) == NEW_TOKENS
+    llm.engine.check_idle()
+
+
+def test_rows_of_one_type_are_merged_and_mixed_types_kept_apart() -> None:
+    """Fused QKV of a Q4_K_M layer: Q and K (Q4_K) become one block matrix, V (Q6_K) its own part."""
+    q, k, v = (random_blocks(kind, rows, 256, seed=rows) for kind, rows in (("Q4_K", 8), ("Q4_K", 4), ("Q6_K", 4)))
+    stacked = cat_rows([q, k, v])
+    assert isinstance(stacked, RowStack) and [p.kind for p in stacked.parts] == ["Q4_K", "Q6_K"]  # type: ignore
+    assert stacked.shape == (16, 256)
+    assert torch.equal(stacked.dequantize(), torch.cat([q.dequantize(), k.dequantize(), v.dequantize()]))
+    merged = cat_rows([q, k])
+    assert isinstance(merged, QuantizedWeight) and torch.equal(merged.blocks, torch.cat([q.blocks, k.blocks]))
+
+
+def test_the_old_int4_name_still_works() -> None:
+    assert EngineConfig(quantization="int4").quantization == "int4_latency"
