@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -49,7 +50,9 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     tp.add_argument("--prefix-len", type=_count, default=512, help="shared-prefix workload: shared system prompt")
     tp.add_argument("--workload-seed", type=int, default=0)
     tp.add_argument("--runs", type=_count, default=1, help="timed runs (the median is reported)")
-    tp.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "hf-continuous", "llama-cpp"])
+    tp.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "hf-continuous", "llama-cpp", "openvino"],
+                    help="peers run after ours, in the same process, on the same workload (transformers in the "
+                         "dtype ours computes in)")
     tp.add_argument("--peer-batch-size", type=_count, default=32, help="hf-generate static batch size")
     tp.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the run (Perfetto)")
     _add_result_flags(tp)
@@ -59,7 +62,7 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     lat.add_argument("--input-len", type=_count, default=128)
     lat.add_argument("--output-len", type=int, default=128)
     lat.add_argument("--runs", type=_count, default=3)
-    lat.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "llama-cpp"])
+    lat.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "llama-cpp", "openvino"])
     _add_result_flags(lat)
     add_engine_flags(lat)
 
@@ -160,7 +163,7 @@ def _run_ours(engine: Any, workload: Workload) -> tuple[float, Any, Any]:
 def _throughput(args: argparse.Namespace, config: Any) -> int:
     import resource
 
-    from conveyor.bench.peers import check_peer, run_hf_continuous, run_hf_generate, run_llama_cpp
+    from conveyor.bench.peers import check_peer, run_hf_continuous, run_hf_generate, run_llama_cpp, run_openvino
     from conveyor.engine.engine import Engine
 
     engine = Engine(config)
@@ -199,7 +202,9 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         "preemptions": after.num_preemptions - before.num_preemptions,
         "prefix_hit_tokens": after.prefix_hit_tokens - before.prefix_hit_tokens,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peers": {}}
-    model_path = engine.model_source
+    model_path, dtype = engine.model_source, engine.dtype
+    del engine  # a 1B model's weights leave before a peer loads its own
+    gc.collect()
     for peer in args.peer:
         reason = check_peer(peer, model_path)
         if reason is not None:
@@ -207,9 +212,12 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
             result["peers"][peer] = {"skipped": reason}
             continue
         if peer == "hf-generate":
-            pr = run_hf_generate(model_path, workload, args.peer_batch_size)
+            pr = run_hf_generate(model_path, workload, args.peer_batch_size, dtype)
         elif peer == "hf-continuous":
-            pr = run_hf_continuous(model_path, workload)
+            pr = run_hf_continuous(model_path, workload, dtype)
+        elif peer == "openvino":
+            pr = run_openvino(model_path, workload, dtype, _threads(config), config.max_num_seqs,
+                              config.max_num_batched_tokens)
         else:
             pr = run_llama_cpp(model_path, workload, _threads(config))
         result["peers"][peer] = {"seconds": pr.seconds, "output_tokens": pr.output_tokens,
@@ -273,8 +281,12 @@ def _latency(args: argparse.Namespace, config: Any) -> int:
         elif peer == "llama-cpp":
             from conveyor.bench.llama_cpp_peer import LlamaCppLatency
             runners[peer] = LlamaCppLatency(engine.model_source, prompt, args.output_len, _threads(config))
+        elif peer == "openvino":
+            from conveyor.bench.openvino_peer import OpenVINOLatency
+            runners[peer] = OpenVINOLatency(engine.model_source, prompt, args.output_len, engine.dtype,
+                                            _threads(config), config.max_num_batched_tokens)
         else:  # hf-generate (the parser allows no other)
-            runners[peer] = HFGenerateLatency(engine.model_source, prompt, args.output_len)
+            runners[peer] = HFGenerateLatency(engine.model_source, prompt, args.output_len, engine.dtype)
     measured = interleaved(runners, args.runs)
     result.update(measured.pop("conveyor"))
     result["peers"].update(measured)
