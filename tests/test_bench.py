@@ -114,6 +114,31 @@ def test_llama_cpp_peer_reads_gguf_only_and_batches_when_installed(tmp_path: Any
     assert seconds > 0 and produced == workload.num_output_tokens
 
 
+def test_openvino_peer_computes_our_tokens_when_installed(tmp_path: Any) -> None:
+    """OpenVINO GenAI on the IR exported from the same checkpoint gives our greedy tokens (float32, tiny model),
+    so its speed is measured on the same computation; skipped where scripts/install_openvino.sh was not run."""
+    from conveyor import LLM, SamplingParams
+    from conveyor.bench.openvino_peer import OpenVINOPipeline, unavailable
+    from conveyor.bench.peers import check_peer
+
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder)
+    reason = check_peer("openvino", folder)
+    assert reason == unavailable(folder)
+    if reason is not None:
+        assert "scripts/install_openvino.sh" in reason
+        pytest.skip(reason)
+    workload = random_workload(5, (3, 30), (3, 9), 512, seed=5)
+    wants = [p.max_tokens for p in workload.params]
+    llm = LLM(folder, dtype="float32", kv_cache_memory="1MiB", max_model_len=64)
+    ours = [o.outputs[0].token_ids for o in llm.generate(
+        workload.prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in wants],
+        use_tqdm=False)]
+    pipeline = OpenVINOPipeline(folder, "float32", threads=2, max_num_seqs=2, max_num_batched_tokens=16,
+                                kv_tokens=2 * 64)  # 2 at a time, prompts in chunks: its scheduler at work
+    assert pipeline.generate(workload.prompts, wants) == ours
+
+
 def test_latency_cli_interleaves_ours_and_the_peer(tmp_path: Any) -> None:
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder)
