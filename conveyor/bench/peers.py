@@ -43,8 +43,8 @@ def check_peer(peer: str, model_path: str) -> str | None:
         if not model_path.endswith(".gguf"):
             return f"llama.cpp reads GGUF files only, and the model is {model_path}"
         if importlib.util.find_spec("llama_cpp") is None:
-            return ("llama-cpp-python is not installed; `pip install llama-cpp-python` (it compiles llama.cpp) "
-                    "to compare against it")
+            return ("llama-cpp-python is not installed; `bash scripts/install_llama_cpp.sh` builds it (a plain "
+                    "`pip install llama-cpp-python` builds for this CPU, AMX included, whose matmul crashed here)")
         return None
     if peer == "openvino":
         from conveyor.bench.openvino_peer import unavailable
