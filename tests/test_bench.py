@@ -139,6 +139,27 @@ def test_openvino_peer_computes_our_tokens_when_installed(tmp_path: Any) -> None
     assert pipeline.generate(workload.prompts, wants) == ours
 
 
+def test_a_peer_that_cannot_run_costs_only_its_own_row(tmp_path: Any) -> None:
+    """OpenVINO with an IR exporter that fails (or not installed at all): our result and the other peer's are
+    still measured and saved; the peer's row says why it has no number."""
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder, num_hidden_layers=1)  # never exported: no cached IR to fall back on
+    cmd = [sys.executable, "-m", "conveyor.cli", "bench", "throughput", "--model", folder, "--num-prompts", "3",
+           "--input-len", "4:8", "--output-len", "3", "--kv-cache-memory", "1MiB", "--max-model-len", "64",
+           "--results-dir", str(tmp_path / "results"), "--peer", "openvino", "hf-generate"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "CONVEYOR_OPENVINO_EXPORTER": "/bin/false"})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout[:done.stdout.rindex("}") + 1])
+    assert result["output_tokens_per_s"] > 0 and result["peers"]["hf-generate"]["output_tokens"] == 9
+    row = result["peers"]["openvino"]
+    if "skipped" in row:
+        assert "scripts/install_openvino.sh" in row["skipped"]
+    else:
+        assert "failed" in row and "optimum_cli" in row["failed"] and "[peer openvino failed" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_latency_cli_interleaves_ours_and_the_peer(tmp_path: Any) -> None:
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder)
