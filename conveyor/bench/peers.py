@@ -64,8 +64,13 @@ def hf_model(model_path: str, dtype: str) -> Any:
 
     torch_dtype = getattr(torch, dtype)
     if model_path.endswith(".gguf"):
+        from transformers import GgufConfig
+
+        # dense weights in `dtype`: transformers would otherwise keep quantized blocks where its optional
+        # `kernels` package has a GGUF matmul, computing in float32 (not the dtype compared)
         model = AutoModelForCausalLM.from_pretrained(os.path.dirname(model_path),
-                                                     gguf_file=os.path.basename(model_path), dtype=torch_dtype)
+                                                     gguf_file=os.path.basename(model_path), dtype=torch_dtype,
+                                                     quantization_config=GgufConfig(dequantize=True))
     else:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
     return model.eval()
