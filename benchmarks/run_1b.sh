@@ -23,6 +23,8 @@ BENCH_LOCK=${BENCH_LOCK:-/work/bench.lock}
 [ -d "$(dirname "$BENCH_LOCK")" ] || BENCH_LOCK=/tmp/conveyor-bench.lock
 W1_ARGS=${W1_ARGS:-"--num-prompts 64 --input-len 32:128 --output-len 32"}
 W2_ARGS=${W2_ARGS:-"--input-len 128 --output-len 32 --runs 3"}
+# the checkpoint allows 131072 positions, whose one-request KV cache (4 GiB) the default budget refuses
+ENGINE_ARGS=${ENGINE_ARGS:-"--max-model-len 1024"}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}
 run() {
     echo "== $(date -u +%FT%TZ) load $(cut -d' ' -f1-3 /proc/loadavg): conveyor $*" >&2
@@ -35,9 +37,9 @@ for format in "${@:-bf16 q8_0 q4_k_m}"; do
         [ -f "$model" ] || { echo "missing $model: run scripts/make_1b_benchmark_models.py" >&2; exit 1; }
         peers="llama-cpp"
         [ "$f" = bf16 ] && peers="llama-cpp openvino hf-generate"
-        run bench throughput --model "$model" $W1_ARGS --peer $peers
+        run bench throughput --model "$model" $ENGINE_ARGS $W1_ARGS --peer $peers
         for peer in $peers; do
-            run bench latency --model "$model" $W2_ARGS --peer "$peer"
+            run bench latency --model "$model" $ENGINE_ARGS $W2_ARGS --peer "$peer"
         done
     done
 done
