@@ -13,8 +13,8 @@
 # OpenVINO and transformers run on the bf16 file only (OpenVINO on an fp16 IR of it, transformers in bf16);
 # llama.cpp on every file. Each command waits for $BENCH_LOCK (no two benchmarks at once) and the machine's
 # load average is printed before it and saved in each result's "machine". Results: $OUT (default
-# benchmarks/results-1b), one JSON per command with the exact command line. Bounded lengths keep the whole run
-# to about 20-30 minutes on 2 cores; raise them with W1_ARGS / W2_ARGS.
+# benchmarks/results-1b), one JSON per command with the exact command line. Lengths are bounded (32 new tokens)
+# to keep 1B runs short on 2 cores (not yet timed end to end); set W1_ARGS / W2_ARGS / ENGINE_ARGS to change them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CKPT=${CKPT:-/work/ckpt}
