@@ -112,13 +112,59 @@ def test_llama_cpp_peer_reads_gguf_only_and_batches_when_installed(tmp_path: Any
     assert "GGUF" in (check_peer("llama-cpp", str(tmp_path / "hf-folder")) or "")
     reason = check_peer("llama-cpp", default_gguf)
     if reason is not None:
-        assert "pip install llama-cpp-python" in reason
+        assert "scripts/install_llama_cpp.sh" in reason
         pytest.skip(reason)
     from conveyor.bench.llama_cpp_peer import run_workload
 
     workload = random_workload(5, (3, 40), (2, 9), 49152, seed=3)
     seconds, produced = run_workload(default_gguf, workload, threads=2, max_seqs=2)  # slots are reused
     assert seconds > 0 and produced == workload.num_output_tokens
+
+
+def test_openvino_peer_computes_our_tokens_when_installed(tmp_path: Any) -> None:
+    """OpenVINO GenAI on the IR exported from the same checkpoint gives our greedy tokens (float32, tiny model),
+    so its speed is measured on the same computation; skipped where scripts/install_openvino.sh was not run."""
+    from conveyor import LLM, SamplingParams
+    from conveyor.bench.openvino_peer import OpenVINOPipeline, unavailable
+    from conveyor.bench.peers import check_peer
+
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder)
+    reason = check_peer("openvino", folder)
+    assert reason == unavailable(folder)
+    if reason is not None:
+        assert "scripts/install_openvino.sh" in reason
+        pytest.skip(reason)
+    workload = random_workload(5, (3, 30), (3, 9), 512, seed=5)
+    wants = [p.max_tokens for p in workload.params]
+    llm = LLM(folder, dtype="float32", kv_cache_memory="1MiB", max_model_len=64)
+    ours = [o.outputs[0].token_ids for o in llm.generate(
+        workload.prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in wants],
+        use_tqdm=False)]
+    pipeline = OpenVINOPipeline(folder, "float32", threads=2, max_num_seqs=2, max_num_batched_tokens=16,
+                                kv_tokens=2 * 64)  # 2 at a time, prompts in chunks: its scheduler at work
+    assert pipeline.generate(workload.prompts, wants) == ours
+
+
+def test_a_peer_that_cannot_run_costs_only_its_own_row(tmp_path: Any) -> None:
+    """OpenVINO with an IR exporter that fails (or not installed at all): our result and the other peer's are
+    still measured and saved; the peer's row says why it has no number."""
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder, num_hidden_layers=1)  # never exported: no cached IR to fall back on
+    cmd = [sys.executable, "-m", "conveyor.cli", "bench", "throughput", "--model", folder, "--num-prompts", "3",
+           "--input-len", "4:8", "--output-len", "3", "--kv-cache-memory", "1MiB", "--max-model-len", "64",
+           "--results-dir", str(tmp_path / "results"), "--peer", "openvino", "hf-generate"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "CONVEYOR_OPENVINO_EXPORTER": "/bin/false"})
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout[:done.stdout.rindex("}") + 1])
+    assert result["output_tokens_per_s"] > 0 and result["peers"]["hf-generate"]["output_tokens"] == 9
+    row = result["peers"]["openvino"]
+    if "skipped" in row:
+        assert "scripts/install_openvino.sh" in row["skipped"]
+    else:
+        assert "failed" in row and "optimum_cli" in row["failed"] and "[peer openvino failed" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_latency_cli_interleaves_ours_and_the_peer(tmp_path: Any) -> None:

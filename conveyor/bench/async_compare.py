@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import time
@@ -97,8 +98,10 @@ def machine_facts() -> dict[str, Any]:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"cpu": cpu, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(),
+            # the machines are shared: the load when the result was taken says how far to trust it
+            "load_average_1_5_15_min": [round(x, 2) for x in os.getloadavg()],
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -10,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from conveyor.bench.peers import PEERS
 from conveyor.bench.workloads import Workload, random_workload, shared_prefix_workload
 from conveyor.errors import ConfigError
 
@@ -49,7 +51,9 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     tp.add_argument("--prefix-len", type=_count, default=512, help="shared-prefix workload: shared system prompt")
     tp.add_argument("--workload-seed", type=int, default=0)
     tp.add_argument("--runs", type=_count, default=1, help="timed runs (the median is reported)")
-    tp.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "hf-continuous", "llama-cpp"])
+    tp.add_argument("--peer", nargs="*", default=[], choices=PEERS,
+                    help="peers run after ours, in the same process, on the same workload (transformers in the "
+                         "dtype ours computes in)")
     tp.add_argument("--peer-batch-size", type=_count, default=32, help="hf-generate static batch size")
     tp.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the run (Perfetto)")
     _add_result_flags(tp)
@@ -59,7 +63,7 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     lat.add_argument("--input-len", type=_count, default=128)
     lat.add_argument("--output-len", type=int, default=128)
     lat.add_argument("--runs", type=_count, default=3)
-    lat.add_argument("--peer", nargs="*", default=[], choices=["hf-generate", "llama-cpp"])
+    lat.add_argument("--peer", nargs="*", default=[], choices=[p for p in PEERS if p != "hf-continuous"])
     _add_result_flags(lat)
     add_engine_flags(lat)
 
@@ -173,7 +177,7 @@ def _run_ours(engine: Any, workload: Workload) -> tuple[float, Any, Any]:
 def _throughput(args: argparse.Namespace, config: Any) -> int:
     import resource
 
-    from conveyor.bench.peers import check_peer, run_hf_continuous, run_hf_generate, run_llama_cpp
+    from conveyor.bench.peers import check_peer, run_hf_continuous, run_hf_generate, run_llama_cpp, run_openvino
     from conveyor.engine.engine import Engine
 
     engine = Engine(config)
@@ -212,19 +216,30 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         "preemptions": after.num_preemptions - before.num_preemptions,
         "prefix_hit_tokens": after.prefix_hit_tokens - before.prefix_hit_tokens,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peers": {}}
-    model_path = engine.model_source
+    model_path, dtype = engine.model_source, engine.dtype
+    del engine  # a 1B model's weights leave before a peer loads its own
+    gc.collect()
     for peer in args.peer:
         reason = check_peer(peer, model_path)
         if reason is not None:
             print(f"[peer {peer} skipped: {reason}]", file=sys.stderr)
             result["peers"][peer] = {"skipped": reason}
             continue
-        if peer == "hf-generate":
-            pr = run_hf_generate(model_path, workload, args.peer_batch_size)
-        elif peer == "hf-continuous":
-            pr = run_hf_continuous(model_path, workload)
-        else:
-            pr = run_llama_cpp(model_path, workload, _threads(config))
+        try:
+            if peer == "hf-generate":
+                pr = run_hf_generate(model_path, workload, args.peer_batch_size, dtype)
+            elif peer == "hf-continuous":
+                pr = run_hf_continuous(model_path, workload, dtype)
+            elif peer == "openvino":
+                pr = run_openvino(model_path, workload, dtype, _threads(config), config.max_num_seqs,
+                                  config.max_num_batched_tokens)
+            else:
+                pr = run_llama_cpp(model_path, workload, _threads(config))
+        except Exception as exc:  # a failing peer costs its own row, not our measurement or the other peers'
+            failure = f"{type(exc).__name__}: {exc}"
+            print(f"[peer {peer} failed: {failure}]", file=sys.stderr)
+            result["peers"][peer] = {"failed": failure}
+            continue
         result["peers"][peer] = {"seconds": pr.seconds, "output_tokens": pr.output_tokens,
                                  "output_tokens_per_s": pr.output_tokens_per_s, "note": pr.note,
                                  "conveyor_over_peer": ours / pr.output_tokens_per_s if pr.output_tokens_per_s else None}
@@ -282,7 +297,7 @@ def _structured(args: argparse.Namespace, config: Any) -> int:
 
 
 def _latency(args: argparse.Namespace, config: Any) -> int:
-    from conveyor.bench.latency import ConveyorLatency, HFGenerateLatency, LatencyRunner, interleaved
+    from conveyor.bench.latency import ConveyorLatency, LatencyRunner, interleaved
     from conveyor.bench.peers import check_peer
     from conveyor.engine.engine import Engine
 
@@ -298,18 +313,34 @@ def _latency(args: argparse.Namespace, config: Any) -> int:
     for peer in args.peer:
         reason = check_peer(peer, engine.model_source)
         if reason is not None:
+            print(f"[peer {peer} skipped: {reason}]", file=sys.stderr)
             result["peers"][peer] = {"skipped": reason}
-        elif peer == "llama-cpp":
-            from conveyor.bench.llama_cpp_peer import LlamaCppLatency
-            runners[peer] = LlamaCppLatency(engine.model_source, prompt, args.output_len, _threads(config))
-        else:  # hf-generate (the parser allows no other)
-            runners[peer] = HFGenerateLatency(engine.model_source, prompt, args.output_len)
+            continue
+        try:
+            runners[peer] = _latency_peer(peer, engine, prompt, args.output_len, config)
+        except Exception as exc:  # a peer that cannot start costs its own row only
+            failure = f"{type(exc).__name__}: {exc}"
+            print(f"[peer {peer} failed: {failure}]", file=sys.stderr)
+            result["peers"][peer] = {"failed": failure}
     measured = interleaved(runners, args.runs)
     result.update(measured.pop("conveyor"))
     result["peers"].update(measured)
     print(json.dumps(result, indent=2))
     _finish(args, result, "latency")
     return 0
+
+
+def _latency_peer(peer: str, engine: Any, prompt: list[int], output_len: int, config: Any) -> Any:
+    from conveyor.bench.latency import HFGenerateLatency
+
+    if peer == "llama-cpp":
+        from conveyor.bench.llama_cpp_peer import LlamaCppLatency
+        return LlamaCppLatency(engine.model_source, prompt, output_len, _threads(config))
+    if peer == "openvino":
+        from conveyor.bench.openvino_peer import OpenVINOLatency
+        return OpenVINOLatency(engine.model_source, prompt, output_len, engine.dtype, _threads(config),
+                               config.max_num_batched_tokens)
+    return HFGenerateLatency(engine.model_source, prompt, output_len, engine.dtype)  # the parser allows no other
 
 
 def _serve(args: argparse.Namespace) -> int:

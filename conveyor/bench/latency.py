@@ -51,13 +51,13 @@ class ConveyorLatency:
 class HFGenerateLatency:
     """transformers `generate`: one call for the first token, one for all of them; the difference per token."""
 
-    def __init__(self, model_path: str, prompt: list[int], output_len: int) -> None:
+    def __init__(self, model_path: str, prompt: list[int], output_len: int, dtype: str) -> None:
         import torch
 
-        from conveyor.bench.peers import _hf_model
+        from conveyor.bench.peers import hf_model
 
         self.torch = torch
-        self.model = _hf_model(model_path)
+        self.model = hf_model(model_path, dtype)
         self.ids = torch.tensor([prompt])
         self.output_len = output_len
 
