@@ -12,14 +12,16 @@ from collections import defaultdict
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "conveyor"
 
 LAYERS: dict[str, float] = {
-    "conveyor.errors": 0,
+    "conveyor.errors": 0, "conveyor.openmp": 0,
     "conveyor.structured": 1, "conveyor.tools": 1,
     "conveyor.params": 2, "conveyor.config": 2, "conveyor.device": 2,
     "conveyor.core": 3,
     "conveyor.outputs": 4,
     "conveyor.model": 5,
+    "conveyor.parallel": 5.5,  # sharded weights, worker processes, the plan's wire format (tensor parallelism)
     "conveyor.runtime": 6,
     "conveyor.engine": 7,
+    "conveyor.distributed": 7.5,  # replicas and their router (data parallelism)
     "conveyor.llm": 8, "conveyor.bench": 8,
     "conveyor": 8.5,  # the package's public face (LLM, SamplingParams, __version__)
     "conveyor.server": 9,

@@ -34,7 +34,7 @@ from conveyor.parallel.group import TensorParallelGroup
 from conveyor.parallel.shard import check_tensor_parallel, kv_heads_replicated, shard_spec, shard_weights, \
     vocab_range
 from conveyor.parallel.wire import STOP, write_frame
-from conveyor.runtime.plan_wire import encode_plan
+from conveyor.parallel.plan_wire import encode_plan
 
 logger = logging.getLogger(__name__)
 

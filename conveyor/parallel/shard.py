@@ -65,7 +65,9 @@ def vocab_range(spec: ModelSpec, rank: int, n: int) -> tuple[int, int]:
 
 
 def shard_weights(spec: ModelSpec, weights: dict[str, torch.Tensor], rank: int, n: int) -> dict[str, torch.Tensor]:
-    """Fused full weights (loader.fuse_weights names) -> the slices rank `rank` of `n` holds (contiguous copies)."""
+    """Fused full weights (weights.fuse_weights names) -> the slices rank `rank` of `n` holds (contiguous copies).
+    GGUF-quantized matrices are dequantized to their compute dtype first: a shard of a block-quantized matrix is
+    not yet kept compact under tensor parallelism."""
     d = spec.head_dim
     heads, kv_heads, inter = spec.num_heads // n, max(1, spec.num_kv_heads // n), spec.intermediate_size // n
     q_rows = slice(rank * heads * d, (rank + 1) * heads * d)
@@ -78,6 +80,8 @@ def shard_weights(spec: ModelSpec, weights: dict[str, torch.Tensor], rank: int, 
     out: dict[str, torch.Tensor] = {}
     for name, t in weights.items():
         key = name.rsplit(".", 1)[-1]
+        if not isinstance(t, torch.Tensor):  # GGUF blocks kept compact (model/gguf_quant.py): shards are dense
+            t = t.dequantize().to(t.dtype)
         if key in ("qkv", "qkv_bias"):  # [q + 2 kv, hidden] / [q + 2 kv]
             part = torch.cat([t[q_rows], t[k_rows], t[v_rows]])
         elif key == "o_proj":  # [hidden, q]

@@ -25,7 +25,7 @@ from conveyor.model.runner import ModelRunner
 from conveyor.parallel.group import TensorParallelGroup
 from conveyor.parallel.shard import shard_spec, shard_weights, vocab_range
 from conveyor.parallel.wire import read_frame
-from conveyor.runtime.plan_wire import decode_plan
+from conveyor.parallel.plan_wire import decode_plan
 
 logger = logging.getLogger("conveyor.parallel.worker")
 
