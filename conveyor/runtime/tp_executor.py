@@ -34,8 +34,11 @@ class TensorParallelExecutor(Executor):
     def wait(self, handle: StepHandle) -> StepResult:
         return self.inner.wait(handle)
 
-    def serve(self, until: Future[object]) -> None:
-        self.inner.serve(until)
+    def num_queued(self) -> int:
+        return self.inner.num_queued()
+
+    def serve(self, until: Future[object], owed: int) -> None:
+        self.inner.serve(until, owed)
 
     def close(self) -> None:
         self.inner.close()
