@@ -6,10 +6,11 @@ pause loops: milliseconds) before it sleeps. A decode step runs hundreds of para
 another busy process shares the cores, the spinning thread burns the time slice that the thread it
 waits for needs, and each region can cost a scheduler tick. Measured on the 2-core machine (one
 request of the default model, 128 prompt + 64 output tokens, beside other engineers' jobs): 16-54 s
-with libgomp's default, 3.5-6.2 s with GOMP_SPINCOUNT=1000, 2-4 s with OMP_WAIT_POLICY=PASSIVE
-(benchmarks/RESULTS.md, "Shared machines"). 1000 spins (tens of microseconds) still bridge the gap
-between two ops of a step on an idle machine, so a thread is seldom put to sleep and woken within a
-step; passive waiting would put it to sleep after every region.
+with libgomp's default, 8.6-9.5 s with GOMP_SPINCOUNT=10000, 3.5-6.2 s with 1000, 2-4 s with
+OMP_WAIT_POLICY=PASSIVE (benchmarks/RESULTS.md, "Shared machines"). On an idle machine a thread that
+sleeps too soon must be woken for the next region: W1 on the default model, idle, ran ~25% slower with
+1000 spins than with libgomp's default, and level with it at 10000 (benchmarks/RESULTS.md). 10000 is the
+setting that costs nothing idle and still cuts the shared-machine collapse by 2-5x.
 
 libgomp reads GOMP_SPINCOUNT / OMP_WAIT_POLICY once, when it is loaded, which is at `import torch`.
 So `import conveyor` sets the spin count first (conveyor/__init__.py), unless:
@@ -27,7 +28,7 @@ import sys
 
 logger = logging.getLogger(__name__)
 
-SPIN_COUNT = "1000"
+SPIN_COUNT = "10000"
 """GOMP_SPINCOUNT Conveyor sets: idle threads spin this many pause loops, then sleep (libgomp's default: 300,000)."""
 _USER_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
@@ -55,5 +56,5 @@ def warn_if_spinning() -> None:
         _state["too_late"] = False
         logger.warning("torch was imported before conveyor, so its OpenMP threads spin-wait between ops; on a "
                        "machine shared with other busy processes that can make Conveyor 10-20x slower. Import "
-                       "conveyor before torch, or start Python with GOMP_SPINCOUNT=1000 (or OMP_WAIT_POLICY=PASSIVE) in the "
+                       "conveyor before torch, or start Python with GOMP_SPINCOUNT=10000 (or OMP_WAIT_POLICY=PASSIVE) in the "
                        "environment")
