@@ -371,8 +371,11 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
                                  f"output_norm, {', '.join(n.split('.')[0] for n in ROPE_TENSORS)} and "
                                  f"blk.N.{{{', '.join(_LAYER_NAMES)}}}")
         compact = t.tensor_type.name in FORMATS and len(t.shape) == 2
-        mapped = None if compact else float_tensor_view(t)  # F32 / F16 / BF16: read in place, cast once in fuse_weights
-        array = np.asarray(t.data) if compact else mapped if mapped is not None else tensor_array(t, path)
+        # the tensor's rows: its blocks [rows, row bytes], else a view of the file's map (F32 / F16 / BF16, cast once
+        # in fuse_weights), else its values dequantized to float32
+        array = np.asarray(t.data) if compact else float_tensor_view(t)
+        if array is None:
+            array = tensor_array(t, path)
         if spec.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
                                                            "k_proj.bias")):
             heads = spec.num_heads if "q_proj" in name else spec.num_kv_heads

@@ -127,6 +127,12 @@ class RowStack:
 AnyWeight = torch.Tensor | QuantizedWeight | RowStack
 
 
+def dense(weight: AnyWeight) -> torch.Tensor:
+    """The weight as a plain tensor in its compute dtype: GGUF blocks dequantized (by gguf's reference), a tensor
+    as it is (for the code that needs rows or columns of it, or re-quantizes it)."""
+    return weight if isinstance(weight, torch.Tensor) else weight.dequantize().to(weight.dtype)
+
+
 def cast_weight(weight: AnyWeight, dtype: torch.dtype) -> AnyWeight:
     """A float tensor in `dtype`; quantized weights stay as they are and compute in `dtype`."""
     if isinstance(weight, torch.Tensor):
@@ -176,7 +182,7 @@ def place_weights(weights: dict[str, AnyWeight], device: torch.device, kernels: 
     log = logger.info if chosen else logger.warning  # a choice is noted; a fallback (no kernels here) warned
     log("GGUF-quantized weights are dequantized to %s at load (%.0f MiB): %s", str(dtype).removeprefix("torch."),
         dense_bytes / 2**20, reason)
-    return {name: (w if isinstance(w, torch.Tensor) else w.dequantize().to(dtype)).to(device)
+    return {name: dense(w).to(device)
             for name, w in weights.items()}
 
 

@@ -25,7 +25,7 @@ import torch
 
 from conveyor.errors import ConfigError
 from conveyor.model.gguf_projection import GGUFProjection
-from conveyor.model.gguf_quant import (FORMATS, QUANTIZATIONS, AnyWeight, QuantizedWeight, kernels_keep_compact,
+from conveyor.model.gguf_quant import (FORMATS, QUANTIZATIONS, AnyWeight, QuantizedWeight, dense, kernels_keep_compact,
                                        quantize)
 from conveyor.model.layers import Projection
 from conveyor.model.native import NativeKernels
@@ -167,8 +167,8 @@ def make_lm_head(weight: AnyWeight, quantization: str | None,
                  kernels: NativeKernels | None = None) -> Projection | Int8Projection | GGUFProjection:
     """The LM head: GGUF blocks as loaded, or Q8_0 with quantization='q*'; int8 rows beside int4 decoder
     weights; else the dtype's fastest layout."""
-    if quantization == "int4_latency" and not isinstance(weight, torch.Tensor):
-        weight = weight.dequantize().to(weight.dtype)  # the latency mode re-quantizes what the file holds
+    if quantization == "int4_latency":
+        weight = dense(weight)  # the latency mode re-quantizes what the file holds
     if not isinstance(weight, torch.Tensor):
         return GGUFProjection(weight, None, _compact_kernels(kernels, weight))
     if quantization in QUANTIZATIONS:
@@ -182,8 +182,8 @@ def make_projection(weight: AnyWeight, bias: torch.Tensor | None, quantization: 
                     kernels: NativeKernels | None = None) -> Projection | Int4Projection | GGUFProjection:
     """The decoder's linear layers: GGUF blocks as loaded; quantized into a GGUF format where asked (q*);
     int4 where asked and the shape allows it; else the dtype's fastest layout."""
-    if quantization == "int4_latency" and not isinstance(weight, torch.Tensor):
-        weight = weight.dequantize().to(weight.dtype)  # the latency mode re-quantizes what the file holds
+    if quantization == "int4_latency":
+        weight = dense(weight)  # the latency mode re-quantizes what the file holds
     if not isinstance(weight, torch.Tensor):
         return GGUFProjection(weight, bias, _compact_kernels(kernels, weight))
     if quantization in QUANTIZATIONS:

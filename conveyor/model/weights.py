@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from conveyor.errors import ModelLoadError
-from conveyor.model.gguf_quant import AnyWeight, cast_weight, cat_rows
+from conveyor.model.gguf_quant import AnyWeight, cast_weight, cat_rows, dense
 from conveyor.model.rope import partial_rotary_order
 from conveyor.model.spec import ModelSpec
 
@@ -132,8 +132,7 @@ def _reorder_for_partial_rotary(out: dict[str, torch.Tensor], prefix: str, spec:
     rotate-half computes partial rotary (conveyor/model/rope.py); V's rows stay."""
     assert spec.rope.rotary_dim is not None
     order = partial_rotary_order(spec.head_dim, spec.rope.rotary_dim)  # [head_dim]
-    if not isinstance(out[prefix + "qkv"], torch.Tensor):  # GGUF blocks: rows are reordered on the dense matrix
-        out[prefix + "qkv"] = out[prefix + "qkv"].dequantize().to(out[prefix + "qkv"].dtype)
+    out[prefix + "qkv"] = dense(out[prefix + "qkv"])  # GGUF blocks: rows are reordered on the dense matrix
     heads = spec.num_heads + spec.num_kv_heads
     rows = torch.cat([(torch.arange(heads)[:, None] * spec.head_dim + order[None, :]).reshape(-1),
                       torch.arange(spec.q_size + spec.kv_size, spec.q_size + 2 * spec.kv_size)])  # [qkv rows]

@@ -17,6 +17,7 @@ import dataclasses
 import torch
 
 from conveyor.errors import ConfigError
+from conveyor.model.gguf_quant import dense
 from conveyor.model.spec import ModelSpec
 
 
@@ -80,8 +81,7 @@ def shard_weights(spec: ModelSpec, weights: dict[str, torch.Tensor], rank: int, 
     out: dict[str, torch.Tensor] = {}
     for name, t in weights.items():
         key = name.rsplit(".", 1)[-1]
-        if not isinstance(t, torch.Tensor):  # GGUF blocks kept compact (model/gguf_quant.py): shards are dense
-            t = t.dequantize().to(t.dtype)
+        t = dense(t)  # GGUF blocks kept compact (model/gguf_quant.py): shards are dense
         if key in ("qkv", "qkv_bias"):  # [q + 2 kv, hidden] / [q + 2 kv]
             part = torch.cat([t[q_rows], t[k_rows], t[v_rows]])
         elif key == "o_proj":  # [hidden, q]

@@ -42,7 +42,7 @@ def _die_with_parent() -> None:
 
 def main() -> int:
     _die_with_parent()
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s tp-worker %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s tp-worker %(levelname)s %(message)s")
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     header_bytes = read_frame(stdin)
     if not header_bytes:
