@@ -76,9 +76,10 @@ def test_products_match_float64_over_the_dequantized_weights(kind: str, rows: in
         assert got.dtype == dtype and got.shape == (rows, out_features)
         if dtype == torch.float32:
             assert ((got.double() - exact).abs() <= magnitude * 1e-5).all(), name
-        elif name == "gguf_linear_rows" and kind in INT8_DOT_TYPES:  # activations rounded to int8 per 32 columns
-            step = x.double().reshape(rows, -1, 32).abs().amax(-1) / 127  # [rows, in / 32]
-            rounding = (step.repeat_interleave(32, dim=1) / 2) @ w.abs().t()  # [rows, out]: at most half a step each
+        elif name == "gguf_linear_rows" and kind in INT8_DOT_TYPES:  # activations rounded to int8 per group
+            group = INT8_DOT_TYPES[kind]
+            step = x.double().reshape(rows, -1, group).abs().amax(-1) / 127  # [rows, in / group]
+            rounding = (step.repeat_interleave(group, dim=1) / 2) @ w.abs().t()  # [rows, out]: half a step each
             assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + rounding * 1.001 + magnitude * 2 ** -16
                     ).all(), name
         elif name == "gguf_linear_rows":  # exact products, float32 sums, one bfloat16 rounding

@@ -194,6 +194,35 @@ void check_x(const torch::Tensor& x, int64_t in_features) {
               x.scalar_type());
 }
 
+// Each row of x [rows, in] quantized for the int8 dot products, in this thread's buffers (grown, never
+// shrunk: a decode step's products allocate nothing). Valid until this thread's next call.
+const std::vector<conveyor_gguf::QuantizedActivations>& quantized_rows(const float* x, int64_t rows,
+                                                                       int64_t in_features) {
+  thread_local std::vector<int8_t> q, q256;
+  thread_local std::vector<float> scale, scale16, scale256;
+  thread_local std::vector<int32_t> sum16;
+  thread_local std::vector<int16_t> sum32;
+  thread_local std::vector<conveyor_gguf::QuantizedActivations> acts;
+  const int64_t groups = in_features / 32, values = rows * in_features;
+  if (static_cast<int64_t>(q.size()) < values) {
+    q.resize(values);
+    q256.resize(values);
+    scale.resize(values / 32);
+    scale16.resize(values / 16);
+    sum16.resize(values / 16);
+    sum32.resize(values / 32);
+    scale256.resize(values / 32);  // in / 256 per row would do; rows of in % 256 != 0 leave it unused
+  }
+  acts.resize(rows);
+  for (int64_t m = 0; m < rows; ++m)
+    acts[m] = conveyor_gguf::quantize_activations(
+        x + m * in_features, in_features,
+        {q.data() + m * in_features, scale.data() + m * groups, scale16.data() + 2 * m * groups,
+         sum16.data() + 2 * m * groups, q256.data() + m * in_features, scale256.data() + m * groups,
+         sum32.data() + m * groups});
+  return acts;
+}
+
 }  // namespace
 
 torch::Tensor gguf_dequantize(const torch::Tensor& blocks, int64_t kind, int64_t in_features) {
@@ -220,18 +249,7 @@ torch::Tensor gguf_linear_rows(const torch::Tensor& x, const torch::Tensor& bloc
   float* yp = y.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / row_bytes);
   if (x.scalar_type() == torch::kBFloat16 && conveyor_gguf::vnni_kind(kind)) {
-    const int64_t groups = in_features / 32;
-    std::vector<int8_t> q(rows * in_features);
-    std::vector<float> scale(rows * groups), scale16(rows * 2 * groups);
-    std::vector<int32_t> sum16(rows * 2 * groups);
-    std::vector<conveyor_gguf::QuantizedActivations> acts(rows);
-    for (int64_t m = 0; m < rows; ++m) {
-      conveyor_gguf::quantize_activations(xp + m * in_features, in_features, q.data() + m * in_features,
-                                          scale.data() + m * groups, scale16.data() + 2 * m * groups,
-                                          sum16.data() + 2 * m * groups);
-      acts[m] = {q.data() + m * in_features, scale.data() + m * groups, scale16.data() + 2 * m * groups,
-                 sum16.data() + 2 * m * groups};
-    }
+    const std::vector<conveyor_gguf::QuantizedActivations>& acts = quantized_rows(xp, rows, in_features);
     at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; ++n)
         for (int64_t m = 0; m < rows; ++m)

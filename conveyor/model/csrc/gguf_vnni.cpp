@@ -1,8 +1,8 @@
 // Integer dot products of GGUF blocks with int8-quantized activations (AVX-512 VNNI), llama.cpp's approach
-// for few activation rows: each activation row is quantized once to int8 per 32 columns with a float scale
-// (round to nearest, scale = max |x| / 127); each block's integer dot products run in vpdpbusd (unsigned
-// weight codes x signed activations, four products per 32-bit lane), and the block's scales are applied in
-// float. Types: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (the others take gguf_linear.cpp's float path).
+// for few activation rows: each activation row is quantized once to int8 with a float scale per 32 columns
+// (and, for Q4_K, per 256: ggml's Q8_K) (round to nearest, scale = max |x| / 127); each block's integer dot
+// products run in vpdpbusd (unsigned weight codes x signed activations, four products per 32-bit lane), and
+// the block's scales are applied in float (Q4_K's sub-block scales in integers). Types: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (the others take gguf_linear.cpp's float path).
 // Also whole rows dequantized straight to bfloat16 with AVX-512 (Q8_0, Q4_0, Q4_K, Q6_K) for the tiles of
 // gguf_linear_tiles (rounded as torch rounds: to nearest even).
 //
@@ -83,34 +83,50 @@ inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
   }
 }
 
-// Q4_K: 8 sub-blocks of 32, w = d sc q - dmin m; 64 columns (two sub-blocks) per vpdpbusd.
+// Q4_K: 8 sub-blocks of 32, w = d sc q - dmin m, against activations quantized per 256 columns (one scale
+// per super-block), so that the sub-block scales multiply integer sums and the block needs two float products:
+//   sum_k w x = xs (d sum_j sc_j (q . x)_j - dmin sum_j m_j (sum of x)_j).
+// 64 columns (two sub-blocks) per vpdpbusd; the 6-bit scales and minima are unpacked eight at a time.
 float dot_q4_k(const uint8_t* row, int64_t blocks, const QuantizedActivations& x) {
   const __m256i low4 = _mm256_set1_epi8(0xF);
+  // lanes 0-7 of the dot of columns 64j..64j+63 belong to sub-block 2j, lanes 8-15 to sub-block 2j+1
+  const __m512i pair_scale[4] = {
+      _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+      _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
+      _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),
+      _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)};
   __m512 acc = _mm512_setzero_ps();
-  float mins = 0.f;
+  __m128 acc_min = _mm_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b, row += 144) {
-    const float d = half_at(row), dmin = half_at(row + 2);
+    const float xs = x.scale256[b];
+    const float d = half_at(row) * xs, dmin = half_at(row + 2) * xs;
+    // 12 bytes of scales as three words: sub-blocks 0-3 in the low 6 bits of words 0 (scales) and 1 (minima);
+    // sub-blocks 4-7 in word 2's nibbles, topped with the 2 high bits of words 0 and 1 (ggml's get_scale_min_k4)
+    uint32_t w[3];
+    std::memcpy(w, row + 4, sizeof(w));
+    const uint64_t scales = (w[0] & 0x3F3F3F3Fu) |
+        static_cast<uint64_t>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)) << 32;
+    const uint64_t minima = (w[1] & 0x3F3F3F3Fu) |
+        static_cast<uint64_t>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)) << 32;
+    const __m512i scale32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(scales)));  // lanes 0-7
     const uint8_t* qs = row + 16;
-    const float* xs = x.scale + 8 * b;
-    const int32_t* xsum = x.sum16 + 16 * b;
-    int sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) {
-      scale_min_k4(j, row + 4, &sc[j], &mn[j]);
-      mins += dmin * static_cast<float>(mn[j]) * xs[j] * static_cast<float>(xsum[2 * j] + xsum[2 * j + 1]);
-    }
+    const int8_t* xq = x.q256 + 256 * b;
+    __m512i sum = _mm512_setzero_si512();  // [16] int32: sc_j (q . x) over 4 columns each
     for (int j = 0; j < 4; ++j) {
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
       const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low4)),
                                            _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4), 1);
-      const __m512i xv = _mm512_loadu_si512(x.q + 256 * b + 64 * j);
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv);  // lanes 0-7: sub-block 2j
-      const __m512 scale = _mm512_insertf32x8(
-          _mm512_castps256_ps512(_mm256_set1_ps(d * static_cast<float>(sc[2 * j]) * xs[2 * j])),
-          _mm256_set1_ps(d * static_cast<float>(sc[2 * j + 1]) * xs[2 * j + 1]), 1);
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(xq + 64 * j));
+      sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, _mm512_permutexvar_epi32(pair_scale[j], scale32)));
     }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(d), acc);
+    const __m128i mins_dot = _mm_madd_epi16(  // [4] int32: m_j (sum of x)_j, two sub-blocks each
+        _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(minima))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.sum32 + 8 * b)));
+    acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mins_dot), _mm_set1_ps(dmin), acc_min);
   }
-  return _mm512_reduce_add_ps(acc) - mins;
+  const __m128 t = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
+  return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
 // Q6_K: 16 sub-blocks of 16, w = d sc (q - 32), q = 4 low bits (ql) + 2 high bits (qh).
@@ -236,24 +252,43 @@ void dequantize_row_bf16(int64_t kind, const uint8_t* row, int64_t in_features, 
 
 bool vnni_kind(int64_t kind) { return kind == 2 || kind == 3 || kind == 8 || kind == 12 || kind == 14; }
 
-void quantize_activations(const float* x, int64_t in_features, int8_t* q, float* scale, float* scale16,
-                          int32_t* sum16) {
+namespace {
+
+inline float abs_max(const float* x, int64_t n) {  // n a multiple of 16
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t k = 0; k < n; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+  return _mm512_reduce_max_ps(m);
+}
+
+// 16 columns x * inverse rounded to nearest even (the default rounding mode, as nearbyint) -> q; -> their sum
+inline int32_t round16(const float* x, float inverse, int8_t* q) {
+  const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x), _mm512_set1_ps(inverse)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(v));
+  return _mm512_reduce_add_epi32(v);
+}
+
+}  // namespace
+
+QuantizedActivations quantize_activations(const float* x, int64_t in_features, const ActivationBuffer& out) {
   for (int64_t b = 0; b < in_features / 32; ++b) {
-    const float* xb = x + 32 * b;
-    float amax = 0.f;
-    for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-    const float step = amax / 127.f, inverse = amax > 0.f ? 127.f / amax : 0.f;
-    scale[b] = scale16[2 * b] = scale16[2 * b + 1] = step;
-    for (int half = 0; half < 2; ++half) {
-      int32_t sum = 0;
-      for (int j = 16 * half; j < 16 * half + 16; ++j) {
-        const int v = static_cast<int>(std::nearbyint(xb[j] * inverse));
-        q[32 * b + j] = static_cast<int8_t>(v);
-        sum += v;
-      }
-      sum16[2 * b + half] = sum;
+    const float amax = abs_max(x + 32 * b, 32);
+    const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+    out.scale[b] = out.scale16[2 * b] = out.scale16[2 * b + 1] = amax / 127.f;
+    for (int half = 0; half < 2; ++half)
+      out.sum16[2 * b + half] = round16(x + 32 * b + 16 * half, inverse, out.q + 32 * b + 16 * half);
+  }
+  if (in_features % 256 != 0) return {out.q, out.scale, out.scale16, out.sum16, nullptr, nullptr, nullptr};
+  for (int64_t b = 0; b < in_features / 256; ++b) {
+    const float amax = abs_max(x + 256 * b, 256);
+    const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+    out.scale256[b] = amax / 127.f;
+    for (int j = 0; j < 8; ++j) {
+      const int64_t k = 256 * b + 32 * j;
+      out.sum32[k / 32] = static_cast<int16_t>(round16(x + k, inverse, out.q256 + k) +
+                                               round16(x + k + 16, inverse, out.q256 + k + 16));
     }
   }
+  return {out.q, out.scale, out.scale16, out.sum16, out.q256, out.scale256, out.sum32};
 }
 
 float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x) {
@@ -274,7 +309,7 @@ namespace conveyor_gguf {
 bool bf16_kind(int64_t) { return false; }
 void dequantize_row_bf16(int64_t, const uint8_t*, int64_t, c10::BFloat16*) {}
 bool vnni_kind(int64_t) { return false; }
-void quantize_activations(const float*, int64_t, int8_t*, float*, float*, int32_t*) {}
+QuantizedActivations quantize_activations(const float*, int64_t, const ActivationBuffer&) { return {}; }
 float vnni_dot(int64_t, const uint8_t*, int64_t, const QuantizedActivations&) { return 0.f; }
 }  // namespace conveyor_gguf
 

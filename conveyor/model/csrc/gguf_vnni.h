@@ -7,20 +7,36 @@
 
 namespace conveyor_gguf {
 
-// One activation row quantized per 32 columns: x[k] ~ scale[k / 32] * q[k].
+// One activation row quantized twice: per 32 columns, x[k] ~ scale[k / 32] * q[k] (the 32-weight types and
+// Q6_K), and, where in is a multiple of 256, per 256 columns, x[k] ~ scale256[k / 256] * q256[k] (Q4_K, as
+// ggml's Q8_K: one scale per super-block lets its 8 sub-block scales be applied in integers).
 struct QuantizedActivations {
-  const int8_t* q;       // [in]
-  const float* scale;    // [in / 32]
-  const float* scale16;  // [in / 16]: scale repeated per 16 columns (Q6_K's sub-blocks)
-  const int32_t* sum16;  // [in / 16]: sums of q per 16 columns
+  const int8_t* q;         // [in]
+  const float* scale;      // [in / 32]
+  const float* scale16;    // [in / 16]: scale repeated per 16 columns (Q6_K's sub-blocks)
+  const int32_t* sum16;    // [in / 16]: sums of q per 16 columns
+  const int8_t* q256;      // [in]; null when in is not a multiple of 256
+  const float* scale256;   // [in / 256]
+  const int16_t* sum32;    // [in / 32]: sums of q256 per 32 columns
+};
+
+// The storage one QuantizedActivations row points into (reused between calls: no allocation per product).
+struct ActivationBuffer {
+  int8_t* q;
+  float* scale;
+  float* scale16;
+  int32_t* sum16;
+  int8_t* q256;
+  float* scale256;
+  int16_t* sum32;
 };
 
 // Whether GGML type id `kind` has an int8 dot product here (false for all where VNNI is not built in).
 bool vnni_kind(int64_t kind);
 
-// x [in] (in a multiple of 32) -> q, scale, scale16, sum16 as QuantizedActivations describes.
-void quantize_activations(const float* x, int64_t in_features, int8_t* q, float* scale, float* scale16,
-                          int32_t* sum16);
+// x [in] (in a multiple of 32) -> the buffer's fields as QuantizedActivations describes (the per-256 ones
+// only when in is a multiple of 256; q256 is then non-null in the result).
+QuantizedActivations quantize_activations(const float* x, int64_t in_features, const ActivationBuffer& out);
 
 // One weight row of GGML type `kind` (vnni_kind) times one quantized activation row.
 float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x);
