@@ -91,6 +91,30 @@ def test_products_match_float64_over_the_dequantized_weights(kind: str, rows: in
     assert torch.equal(projection(x), direct(x, weight.blocks, weight.type_id, in_features) + bias)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_stacked_parts_in_one_call_equal_each_part_alone(dtype: torch.dtype, rows: int,
+                                                        request: pytest.FixtureRequest) -> None:
+    """A fused QKV of mixed types (as in Q4_K_M files) and a type without int8 dot products: one call over the
+    stack (x quantized once) gives exactly the separate products side by side, and within the rounding bound of
+    float64 over the dequantized weights; the projection uses it for few rows."""
+    kernels = _kernels(request)
+    in_features = 512
+    parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in (("Q4_K", 40), ("Q6_K", 9), ("Q5_K", 7))]
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)  # [rows, in]
+    got = kernels.gguf_linear_rows_parts(x, [p.blocks for p in parts], [p.type_id for p in parts], in_features)
+    alone = torch.cat([kernels.gguf_linear_rows(x, p.blocks, p.type_id, in_features) for p in parts], dim=1)
+    assert got.dtype == dtype and got.shape == (rows, 56) and torch.equal(got, alone)
+    w = torch.cat([p.dequantize() for p in parts]).double()  # [56, in]
+    exact = x.double() @ w.t()  # [rows, 56]
+    magnitude = x.double().abs() @ w.abs().t()
+    assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 0.02).all()
+    projection = GGUFProjection(RowStack(tuple(parts)), None, kernels)  # type: ignore[arg-type]
+    assert torch.equal(projection(x), got)
+    with pytest.raises(RuntimeError, match="one type id per block matrix"):
+        kernels.gguf_linear_rows_parts(x, [parts[0].blocks], [], in_features)
+
+
 def test_kernels_refuse_blocks_that_do_not_fit(request: pytest.FixtureRequest) -> None:
     kernels = _kernels(request)
     weight = random_blocks("Q4_K", 4, 256, seed=0)

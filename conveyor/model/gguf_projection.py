@@ -1,8 +1,9 @@
 """A projection whose weight stays in GGUF blocks (gguf_quant.QuantizedWeight), or a RowStack of such parts.
 
-Few rows (single-request decoding) go to the kernel that dequantizes each weight row once and multiplies
-it by every activation row; more than ROWS_MAX rows (prefill chunks, busy decode steps) to the one that
-dequantizes a tile of weights at a time into a thread's scratch and runs torch's GEMM on it.
+Few rows (single-request decoding) go to the kernel that multiplies each weight row by every activation row
+(int8 dot products, or the row dequantized once), all parts of a row stack in one call; more than ROWS_MAX
+rows (prefill chunks, busy decode steps) to the one that dequantizes a tile of weights at a time into a
+thread's scratch and runs torch's GEMM on it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class GGUFProjection:
         self.kernels = kernels
         self.bias = bias
         self.out_features, self.in_features = weight.shape
+        compact = [p for p in self.parts if isinstance(p, QuantizedWeight)]
+        # all parts in blocks: few rows take one call for the whole stack (x quantized once, one output)
+        self.stacked: tuple[list[torch.Tensor], list[int]] | None = (
+            ([p.blocks for p in compact], [p.type_id for p in compact]) if len(compact) == len(self.parts) else None)
 
     def _part(self, part: QuantizedWeight | Projection, x: torch.Tensor) -> torch.Tensor:
         if isinstance(part, Projection):
@@ -37,6 +42,9 @@ class GGUFProjection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in] -> [tokens, out]."""
         x = x.contiguous()
+        if self.stacked is not None and x.shape[0] <= ROWS_MAX:
+            y = self.kernels.gguf_linear_rows_parts(x, *self.stacked, self.in_features)  # [tokens, out]
+            return y if self.bias is None else y + self.bias
         outs = [self._part(p, x) for p in self.parts]  # each [tokens, part rows]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # [tokens, out]
         return y if self.bias is None else y + self.bias

@@ -106,6 +106,12 @@ class NativeKernels(Protocol):
         """x [rows, in] float32/bfloat16, blocks [out, row bytes] -> x W^T [rows, out] in x's dtype (few rows)."""
         ...
 
+    def gguf_linear_rows_parts(self, x: torch.Tensor, blocks: list[torch.Tensor], kinds: list[int],
+                               in_features: int) -> torch.Tensor:
+        """x [rows, in], blocks[i] [out_i, row bytes_i] of GGML type kinds[i] -> x [W_1; W_2; ...]^T
+        [rows, sum out_i] (few rows; the activations quantized once for all of them)."""
+        ...
+
     def gguf_linear_tiles(self, x: torch.Tensor, blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
         """The same product by dequantized tiles of W and torch's GEMM (many rows)."""
         ...

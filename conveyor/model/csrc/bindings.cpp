@@ -19,6 +19,8 @@ void apply_token_bitmask_(torch::Tensor& logits, const torch::Tensor& rows, cons
 bool gguf_linear_vectorized();
 torch::Tensor gguf_dequantize(const torch::Tensor& blocks, int64_t kind, int64_t in_features);
 torch::Tensor gguf_linear_rows(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind, int64_t in_features);
+torch::Tensor gguf_linear_rows_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
+                                     const std::vector<int64_t>& kinds, int64_t in_features);
 torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind, int64_t in_features);
 
 // Every op releases the GIL while it computes, as torch's own ops do: on CPU the engine's host thread
@@ -40,5 +42,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear_vectorized", &gguf_linear_vectorized, "Whether gguf_linear_* were built with AVX-512 BF16/VNNI");
   m.def("gguf_dequantize", &gguf_dequantize, no_gil, "GGUF-quantized rows -> float32 (CPU)");
   m.def("gguf_linear_rows", &gguf_linear_rows, no_gil, "x @ W^T, W in GGUF blocks, few rows of x (CPU)");
+  m.def("gguf_linear_rows_parts", &gguf_linear_rows_parts, no_gil,
+        "x @ [W_1; W_2; ...]^T, each W in GGUF blocks of its own type, few rows of x, x quantized once (CPU)");
   m.def("gguf_linear_tiles", &gguf_linear_tiles, no_gil, "x @ W^T, W in GGUF blocks, tiles into a GEMM (CPU)");
 }

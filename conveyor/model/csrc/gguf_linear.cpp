@@ -1,8 +1,10 @@
 // Matrix products with GGUF-quantized weights kept in the file's own blocks (CPU):
-//   gguf_linear_rows:  few activation rows (decode steps): bfloat16 activations are quantized to int8 per
-//                      32 columns and multiplied with integer dot products (gguf_vnni.cpp, llama.cpp's way)
+//   gguf_linear_rows:  few activation rows (decode steps): bfloat16 activations are quantized to int8 (once
+//                      per call) and multiplied with integer dot products (gguf_vnni.cpp, llama.cpp's way)
 //                      where the type has one; otherwise (and for float32 activations, exactly) each weight
 //                      row is dequantized once, in L1, and multiplied by every activation row (float32 sums);
+//                      gguf_linear_rows_parts does the same for several matrices stacked by rows (a fused
+//                      QKV of mixed types): one quantization of x, one parallel loop, one output;
 //   gguf_linear_tiles: many rows (prefill chunks, busy decode steps): each thread dequantizes a tile of
 //                      weight rows x all K (about kTileBytes, so that it stays in L2) to the activations'
 //                      dtype in its own scratch and runs torch's GEMM (oneDNN: AVX-512 BF16 / AMX) on it;
@@ -237,41 +239,94 @@ torch::Tensor gguf_dequantize(const torch::Tensor& blocks, int64_t kind, int64_t
   return y;
 }
 
-torch::Tensor gguf_linear_rows(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
-                               int64_t in_features) {
-  const Format f = checked_format(blocks, kind, in_features);
-  check_x(x, in_features);
-  const int64_t rows = x.size(0), out_features = blocks.size(0), row_bytes = blocks.size(1);
-  const torch::Tensor xf = x.to(torch::kFloat).contiguous();  // [rows, in]
-  auto y = torch::empty({rows, out_features}, torch::kFloat);
-  const float* xp = xf.data_ptr<float>();
-  const uint8_t* bp = blocks.data_ptr<uint8_t>();
-  float* yp = y.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / row_bytes);
-  if (x.scalar_type() == torch::kBFloat16 && conveyor_gguf::vnni_kind(kind)) {
-    const std::vector<conveyor_gguf::QuantizedActivations>& acts = quantized_rows(xp, rows, in_features);
-    at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t n = begin; n < end; ++n)
-        for (int64_t m = 0; m < rows; ++m)
-          yp[m * out_features + n] = conveyor_gguf::vnni_dot(kind, bp + n * row_bytes, in_features, acts[m]);
-    });
-    return y.to(x.scalar_type());
+namespace {
+
+// One weight matrix of a row-stacked product: rows first..first + rows - 1 of the output.
+struct Part {
+  const uint8_t* blocks;
+  int64_t kind;
+  int64_t row_bytes;
+  int64_t first;
+  Format format;
+};
+
+// y[m, n] for one output row n of `part` (row bytes `row`) and every activation row m, through `store`.
+template <typename Store>
+inline void row_products(const Part& part, const uint8_t* row, int64_t n, int64_t rows, int64_t in_features,
+                         const float* xf, const conveyor_gguf::QuantizedActivations* acts, std::vector<float>& w,
+                         Store store) {
+  if (acts != nullptr && conveyor_gguf::vnni_kind(part.kind)) {
+    for (int64_t m = 0; m < rows; ++m) store(m, n, conveyor_gguf::vnni_dot(part.kind, row, in_features, acts[m]));
+    return;
   }
-  at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> w(in_features);
-    for (int64_t n = begin; n < end; ++n) {
-      dequant_row(f, bp + n * row_bytes, in_features, w.data());
-      const float* wp = w.data();
-      for (int64_t m = 0; m < rows; ++m) {
-        const float* xm = xp + m * in_features;
-        float sum = 0.f;
+  w.resize(in_features);
+  dequant_row(part.format, row, in_features, w.data());
+  const float* wp = w.data();
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* xm = xf + m * in_features;
+    float sum = 0.f;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t k = 0; k < in_features; ++k) sum += wp[k] * xm[k];
-        yp[m * out_features + n] = sum;
+    for (int64_t k = 0; k < in_features; ++k) sum += wp[k] * xm[k];
+    store(m, n, sum);
+  }
+}
+
+}  // namespace
+
+torch::Tensor gguf_linear_rows_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
+                                     const std::vector<int64_t>& kinds, int64_t in_features) {
+  TORCH_CHECK(!blocks.empty() && blocks.size() == kinds.size(), "gguf_linear_rows_parts needs one type id per "
+              "block matrix and at least one matrix, got ", blocks.size(), " matrices and ", kinds.size(), " ids");
+  check_x(x, in_features);
+  std::vector<Part> parts;
+  int64_t out_features = 0, total_bytes = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Format f = checked_format(blocks[i], kinds[i], in_features);
+    parts.push_back({blocks[i].data_ptr<uint8_t>(), kinds[i], blocks[i].size(1), out_features, f});
+    out_features += blocks[i].size(0);
+    total_bytes += blocks[i].numel();
+  }
+  const int64_t rows = x.size(0);
+  const bool bf16 = x.scalar_type() == torch::kBFloat16;
+  const torch::Tensor xc = x.contiguous();  // [rows, in]
+  thread_local std::vector<float> x_float;  // [rows, in]: x widened here (no tensor op, no allocation per call)
+  x_float.resize(rows * in_features);
+  if (bf16) {
+    const c10::BFloat16* xb = xc.data_ptr<c10::BFloat16>();
+    for (int64_t k = 0; k < rows * in_features; ++k) x_float[k] = static_cast<float>(xb[k]);
+  } else {
+    std::memcpy(x_float.data(), xc.data_ptr<float>(), rows * in_features * sizeof(float));
+  }
+  const float* xf = x_float.data();
+  bool int8_dots = false;
+  for (const Part& part : parts) int8_dots = int8_dots || (bf16 && conveyor_gguf::vnni_kind(part.kind));
+  const conveyor_gguf::QuantizedActivations* acts = int8_dots ? quantized_rows(xf, rows, in_features).data() : nullptr;
+  auto y = torch::empty({rows, out_features}, x.options());  // [rows, out]
+  const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread * out_features / std::max<int64_t>(1, total_bytes));
+  at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> w;  // one dequantized weight row (the float path)
+    size_t p = 0;
+    for (int64_t n = begin; n < end; ++n) {
+      while (p + 1 < parts.size() && n >= parts[p + 1].first) ++p;
+      const Part& part = parts[p];
+      const uint8_t* row = part.blocks + (n - part.first) * part.row_bytes;
+      if (bf16) {
+        c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+        row_products(part, row, n, rows, in_features, xf, acts, w,
+                     [&](int64_t m, int64_t col, float v) { yp[m * out_features + col] = c10::BFloat16(v); });
+      } else {
+        float* yp = y.data_ptr<float>();
+        row_products(part, row, n, rows, in_features, xf, acts, w,
+                     [&](int64_t m, int64_t col, float v) { yp[m * out_features + col] = v; });
       }
     }
   });
-  return x.scalar_type() == torch::kFloat ? y : y.to(x.scalar_type());
+  return y;
+}
+
+torch::Tensor gguf_linear_rows(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
+                               int64_t in_features) {
+  return gguf_linear_rows_parts(x, {blocks}, {kind}, in_features);
 }
 
 torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
