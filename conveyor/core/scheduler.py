@@ -46,8 +46,6 @@ class Scheduler:
         self._awaiting_fork: dict[str, list[Request]] = {}
         self._fixed_sampling: dict[str, dict[str, Any]] = {}
         """Per request: the SamplingSpec fields that never change while it lives."""
-        self.inflight_step: int | None = None
-        """Id of the newest step submitted and not finished; blocks freed meanwhile are held until it is."""
 
     # ---- membership -----------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -69,8 +67,9 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self._requests)
 
-    def finish(self, request: Request, status: RequestStatus) -> None:
-        """Move a request to a terminal state and release its blocks (idempotent)."""
+    def finish(self, request: Request, status: RequestStatus, in_flight: int | None = None) -> None:
+        """Move a request to a terminal state and release its blocks (idempotent). `in_flight`: the newest
+        step submitted and not finished, which may still read the blocks (they are held until it is)."""
         if request.is_finished:
             return
         if request.status is RequestStatus.RUNNING:
@@ -80,24 +79,28 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         request.status = status
-        self._free_blocks(request.request_id)
+        self.blocks.free(request.request_id, hold_until_step=in_flight)
         del self._requests[request.request_id]
         self._fixed_sampling.pop(request.request_id, None)
         for orphan in self._awaiting_fork.pop(request.request_id, []):  # its samples never forked
             orphan.status = status
             del self._requests[orphan.request_id]
 
-    def abort(self, request_ids: Iterable[str]) -> list[Request]:
+    def abort(self, request_ids: Iterable[str], in_flight: int | None = None) -> list[Request]:
+        """End the live ones of these requests; `in_flight` as in `finish`."""
         aborted = []
         for rid in request_ids:
             request = self._requests.get(rid)
             if request is not None:
-                self.finish(request, RequestStatus.FINISHED_ABORTED)
+                self.finish(request, RequestStatus.FINISHED_ABORTED, in_flight)
                 aborted.append(request)
         return aborted
 
     # ---- planning -------------------------------------------------------------------
-    def schedule(self) -> StepPlan:
+    def schedule(self, in_flight: int | None = None) -> StepPlan:
+        """Plan the next step. `in_flight`: the newest step submitted and not finished (None when none is);
+        blocks this planning frees (preemption, a sliding window passing them) are held until it finishes,
+        since it may still read them."""
         budget = self.limits.max_num_batched_tokens
         planned: list[tuple[Request, int]] = []
         copies: list[tuple[int, int]] = []
@@ -112,7 +115,7 @@ class Scheduler:
                 continue
             start = request.num_computed_tokens
             if self.limits.kv_window is not None:  # the queries from `start` on attend to start - W + 1 onward
-                self.blocks.free_behind(request.request_id, start - self.limits.kv_window + 1, self.inflight_step)
+                self.blocks.free_behind(request.request_id, start - self.limits.kv_window + 1, in_flight)
             if self.blocks.holds_privately(request.request_id, start + count, start):  # nothing to allocate
                 planned.append((request, count))
                 budget -= count
@@ -120,7 +123,7 @@ class Scheduler:
                 continue
             while not self.blocks.can_allocate(request.request_id, start + count, write_from=start):
                 victim = self.running[-1]
-                self._preempt(victim)
+                self._preempt(victim, in_flight)
                 num_preempted += 1
                 if victim is request:
                     break
@@ -223,17 +226,14 @@ class Scheduler:
                                      sample_from=parent.request_id, arrival_index=child.arrival_index))
         return seqs
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, in_flight: int | None) -> None:
         """Free the request's blocks and queue it first in line for recomputation."""
         self.running.remove(request)
-        self._free_blocks(request.request_id)
+        self.blocks.free(request.request_id, hold_until_step=in_flight)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.waiting.appendleft(request)
-
-    def _free_blocks(self, request_id: str) -> None:
-        self.blocks.free(request_id, hold_until_step=self.inflight_step)
 
     # ---- committing -----------------------------------------------------------------
     def commit_token(self, request: Request, token_id: int) -> None:

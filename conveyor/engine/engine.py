@@ -202,7 +202,7 @@ class Engine:
         outputs = []
         for rid in ids:
             out = None
-            for request in self.scheduler.abort(self.outputs.sample_ids(rid)):
+            for request in self.scheduler.abort(self.outputs.sample_ids(rid), self._newest_in_flight()):
                 out = self.outputs.abort(request, error, error_code) or out
             if out is not None:
                 outputs.append(out)
@@ -286,7 +286,7 @@ class Engine:
         planned_all = True
         while len(self._inflight) < depth:
             with self.tracer.span("schedule"):
-                plan = self.scheduler.schedule()
+                plan = self.scheduler.schedule(self._newest_in_flight())
             if plan.is_empty:
                 planned_all = False
                 break
@@ -304,7 +304,6 @@ class Engine:
     def _submit(self, plan: StepPlan) -> None:
         handle = self.executor.submit(plan)
         self._inflight.append(handle)
-        self.scheduler.inflight_step = plan.step_id
         if len(self._inflight) == 1:  # every step before it is committed: its grammar masks can be made now
             self.grammars.fill(plan, handle.prepared, self.outputs, self.tracer)
 
@@ -315,9 +314,8 @@ class Engine:
         result = self.executor.wait(handle)
         self._inflight.popleft()
         self.blocks.release_held(handle.plan.step_id)
-        self.scheduler.inflight_step = self._inflight[-1].plan.step_id if self._inflight else None
         with self.tracer.span("commit", step=handle.plan.step_id):
-            outputs = self.outputs.commit(handle.plan, result)
+            outputs = self.outputs.commit(handle.plan, result, self._newest_in_flight())
         if self._inflight:
             following = self._inflight[0]
             self.grammars.fill(following.plan, following.prepared, self.outputs, self.tracer)
@@ -325,6 +323,10 @@ class Engine:
             self.output_sink(outputs)  # out now, from the host thread, while the forward still runs
             return []
         return outputs
+
+    def _newest_in_flight(self) -> int | None:
+        """The step that may still read blocks freed now: frees are held until it finishes."""
+        return self._inflight[-1].plan.step_id if self._inflight else None
 
     def _samples_first_token(self, plan: StepPlan) -> bool:
         for seq in plan.seqs:
