@@ -14,9 +14,11 @@ ToDevice = Callable[[torch.Tensor], torch.Tensor]
 
 def build_sampling_tensors(specs: list[SamplingSpec], to_device: ToDevice,
                            history_holes: list[int], history_sources: list[int],
-                           source_row: dict[str, int], request_ids: list[str]) -> SamplingTensors:
-    """`history_holes` / `history_sources` are filled in (flattened-history position, row of the
-    previous step's samples) for penalty histories that end in in-flight tokens."""
+                           source_row: dict[str, int], request_ids: list[str],
+                           known_history: Callable[[str], list[int]]) -> SamplingTensors:
+    """`known_history(request_id)`: the known ids of a row with penalties (PersistentBatch.history); its
+    in-flight ids follow as placeholders. `history_holes` / `history_sources` are filled in (flattened-history
+    position, row of the previous step's samples) for those placeholders."""
     temps = [s.temperature for s in specs]
     top_k = [s.top_k for s in specs]
     top_p = [s.top_p for s in specs]
@@ -41,18 +43,23 @@ def build_sampling_tensors(specs: list[SamplingSpec], to_device: ToDevice,
         tokens: list[int] = []
         is_output: list[bool] = []
         for i, (s, rid) in enumerate(zip(specs, request_ids)):
-            if s.history is None:
+            if s.history_tail is None:
                 continue
-            for j, token in enumerate(s.history):
-                if token == PLACEHOLDER_TOKEN:
-                    if rid not in source_row:
-                        raise RuntimeError(f"request {rid!r}: penalty history has an in-flight token the "
-                                           f"previous step did not sample")
-                    history_holes.append(len(tokens))
-                    history_sources.append(source_row[rid])
-                rows.append(i)
-                tokens.append(token)
-                is_output.append(j >= s.num_prompt_tokens)
+            known = known_history(rid)
+            length = len(known) + s.num_history_placeholders
+            if s.num_history_placeholders:
+                if rid not in source_row:
+                    raise RuntimeError(f"request {rid!r}: penalty history has an in-flight token the "
+                                       f"previous step did not sample")
+                holes = range(len(tokens) + len(known), len(tokens) + length)
+                history_holes.extend(holes)
+                history_sources.extend([source_row[rid]] * len(holes))
+            tokens.extend(known)
+            tokens.extend([PLACEHOLDER_TOKEN] * s.num_history_placeholders)
+            rows.extend([i] * length)
+            num_prompt = min(s.num_prompt_tokens, length)
+            is_output.extend([False] * num_prompt)
+            is_output.extend([True] * (length - num_prompt))
         penalties = PenaltyTensors(
             rows=tensor(rows, torch.int64), tokens=tensor(tokens, torch.int64), is_output=tensor(is_output, torch.bool),
             presence=tensor([s.presence_penalty for s in specs], torch.float32),
