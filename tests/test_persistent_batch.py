@@ -53,7 +53,7 @@ def test_runner_copy_equals_the_scheduler_state_after_every_step(tiny_llama: str
                 rid = request.request_id
                 assert rid in batch.request_ids
                 assert batch.block_table(rid) == blocks.block_table(rid), f"step {steps}: {rid}'s block table"
-                known = batch.history(rid)  # as of its last sampled plan; outputs committed since come later
+                known = list(batch.history(rid))  # as of its last sampled plan; outputs committed since come later
                 if request.params.has_penalties and request.num_output_tokens and not request.num_preemptions:
                     assert known, f"step {steps}: {rid} sampled with a penalty, but the runner has no history"
                 if known:  # (a resumed request keeps none until it samples again)
@@ -82,7 +82,7 @@ def test_deltas_rebuild_the_table_and_history_and_a_missed_plan_is_refused_by_na
     batch = PersistentBatch()
     batch.apply(StepPlan(0, [_seq("a", [7, 2], 0, (5, 6, 7), 0)]))
     batch.apply(StepPlan(1, [_seq("a", [9, 4], 1, (8,), 3)]))  # entry 1 replaced (copy-on-write), 4 appended
-    assert batch.block_table("a") == [7, 9, 4] and batch.history("a") == [5, 6, 7, 8]
+    assert batch.block_table("a") == [7, 9, 4] and list(batch.history("a")) == [5, 6, 7, 8]
     batch.apply(StepPlan(2, [_seq("b", [3], 0)], dropped_ids=["a"]))
     assert batch.request_ids == {"b"} and batch.block_table("a") == []
     with pytest.raises(RuntimeError, match="request 'b' keeps 2 block table entries, but the runner holds 1"):

@@ -124,7 +124,7 @@ class Driver:
             if spec is None or not req.params.has_penalties:
                 assert spec is None or spec.history_tail is None
                 continue
-            assert self.batch.history(seq.request_id) == req.token_ids
+            assert list(self.batch.history(seq.request_id)) == req.token_ids
             assert spec.num_history_placeholders == 0  # the Driver commits every step before the next
             if spec.history_start:
                 assert len(spec.history_tail) == 1  # one committed token since its last sampled step

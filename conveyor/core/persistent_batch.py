@@ -19,13 +19,16 @@ the copy held (a table shorter than `block_table_start`, a history of another le
 
 from __future__ import annotations
 
+from array import array
+
 from conveyor.core.plan import StepPlan
 
 
 class PersistentBatch:
     def __init__(self) -> None:
         self._tables: dict[str, list[int]] = {}
-        self._histories: dict[str, list[int]] = {}
+        self._histories: dict[str, array[int]] = {}
+        """int64 arrays: the runner reads them as tensors without a copy per id (torch.frombuffer)."""
 
     def apply(self, plan: StepPlan) -> None:
         """Bring the copies up to `plan` (call once per plan, in step order, before reading them)."""
@@ -49,7 +52,7 @@ class PersistentBatch:
             if spec is None or spec.history_tail is None:
                 continue
             if spec.history_start == 0:
-                self._histories[rid] = list(spec.history_tail)
+                self._histories[rid] = array("q", spec.history_tail)
                 continue
             history = self._histories.get(rid)
             if history is None or len(history) != spec.history_start:
@@ -63,10 +66,11 @@ class PersistentBatch:
         """The request's whole block table as of the last plan applied (empty when unknown)."""
         return self._tables.get(request_id, [])
 
-    def history(self, request_id: str) -> list[int]:
+    def history(self, request_id: str) -> array[int]:
         """The request's known token ids (prompt + committed outputs) as of the last plan applied, for
-        a request with a penalty (empty when unknown)."""
-        return self._histories.get(request_id, [])
+        a request with a penalty (empty when unknown). Read it before the next `apply` and keep no view
+        of it past then (a view exported from it would stop it growing)."""
+        return self._histories.get(request_id, array("q"))
 
     @property
     def request_ids(self) -> set[str]:
