@@ -5,6 +5,7 @@ from __future__ import annotations
 from array import array
 from typing import Callable
 
+import numpy as np
 import torch
 
 from conveyor.core.plan import PLACEHOLDER_TOKEN, SamplingSpec
@@ -57,9 +58,10 @@ def build_sampling_tensors(specs: list[SamplingSpec], to_device: ToDevice,
 def _penalty_tensors(specs: list[SamplingSpec], request_ids: list[str], known_history: Callable[[str], array[int]],
                      history_holes: list[int], history_sources: list[int], source_row: dict[str, int],
                      to_device: ToDevice) -> PenaltyTensors:
-    """The penalty rows' histories flattened with a handful of tensor ops (no Python loop over token ids):
-    each row's known ids (read in place from the persistent batch), then its in-flight placeholders."""
-    parts: list[torch.Tensor] = []
+    """The penalty rows' histories flattened with a handful of numpy ops (no Python loop over token ids, and
+    numpy's single thread keeps the host out of torch's thread pool while a forward runs): each row's known
+    ids, read in place from the persistent batch, then its in-flight placeholders."""
+    parts: list[np.ndarray] = []
     rows: list[int] = []
     lengths: list[int] = []
     num_prompt: list[int] = []
@@ -68,8 +70,7 @@ def _penalty_tensors(specs: list[SamplingSpec], request_ids: list[str], known_hi
         if s.history_tail is None:
             continue
         known = known_history(rid)
-        if known:
-            parts.append(torch.frombuffer(known, dtype=torch.int64))  # [len(known)] a view, copied by cat below
+        parts.append(np.frombuffer(known, dtype=np.int64))  # [len(known)] a view, copied by concatenate below
         if s.num_history_placeholders:
             if rid not in source_row:
                 raise RuntimeError(f"request {rid!r}: penalty history has an in-flight token the "
@@ -77,21 +78,21 @@ def _penalty_tensors(specs: list[SamplingSpec], request_ids: list[str], known_hi
             holes = range(total + len(known), total + len(known) + s.num_history_placeholders)
             history_holes.extend(holes)
             history_sources.extend([source_row[rid]] * len(holes))
-            parts.append(torch.full((len(holes),), PLACEHOLDER_TOKEN, dtype=torch.int64))
+            parts.append(np.full(len(holes), PLACEHOLDER_TOKEN, dtype=np.int64))
         length = len(known) + s.num_history_placeholders
         rows.append(i)
         lengths.append(length)
         num_prompt.append(min(s.num_prompt_tokens, length))
         total += length
-    tokens = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)  # [entries]
+    tokens = np.concatenate(parts)  # [entries]
     del parts  # no view of a persistent history outlives this step's copy
-    per_row = torch.tensor(lengths, dtype=torch.int64)  # [penalty rows]
-    row_of = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), per_row)  # [entries]
-    row_start = torch.repeat_interleave(torch.cumsum(per_row, 0) - per_row, per_row)  # [entries]
-    prompt_len = torch.repeat_interleave(torch.tensor(num_prompt, dtype=torch.int64), per_row)  # [entries]
-    is_output = torch.arange(total, dtype=torch.int64) - row_start >= prompt_len  # [entries] index in row >= prompt
+    per_row = np.array(lengths, dtype=np.int64)  # [penalty rows]
+    row_of = np.repeat(np.array(rows, dtype=np.int64), per_row)  # [entries]
+    row_start = np.repeat(np.cumsum(per_row) - per_row, per_row)  # [entries]
+    is_output = np.arange(total, dtype=np.int64) - row_start >= np.repeat(np.array(num_prompt), per_row)  # [entries]
     return PenaltyTensors(
-        rows=to_device(row_of), tokens=to_device(tokens), is_output=to_device(is_output),
+        rows=to_device(torch.from_numpy(row_of)), tokens=to_device(torch.from_numpy(tokens)),
+        is_output=to_device(torch.from_numpy(is_output)),
         presence=to_device(torch.tensor([s.presence_penalty for s in specs], dtype=torch.float32)),
         frequency=to_device(torch.tensor([s.frequency_penalty for s in specs], dtype=torch.float32)),
         repetition=to_device(torch.tensor([s.repetition_penalty for s in specs], dtype=torch.float32)))
