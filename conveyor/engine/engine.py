@@ -7,7 +7,7 @@ Threads, and what each owns:
   op (the forward), on CPU inside step() through the executor's `serve`.
 - During a step() under CPU async batching, the host thread ("conveyor-host") runs the host turn:
   the scheduler, the block manager, the output processor (detokenizer, stops), grammar masks and
-  the prepare of step tensors. The engine thread only computes forwards meanwhile and touches none
+  the prepare of step tensors (with the runner's persistent batch, which only prepare touches). The engine thread only computes forwards meanwhile and touches none
   of them; step() returns only after the host turn ended, so ownership passes back whole.
 - The engine's tokenizer is used by one of those two threads at a time (tokenize on admission,
   detokenize in commit), never by both at once. Frontends get their own copy (EngineInfo.tokenizer
