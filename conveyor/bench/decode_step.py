@@ -113,8 +113,9 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
     engine = Engine(config)
     spec = engine.spec
     prompts = random_workload(num_seqs, (prompt_len, prompt_len), (1, 1), spec.vocab_size).prompts
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True,
-                            repetition_penalty=repetition_penalty)
+    prefill_steps = -(-num_seqs * prompt_len // config.max_num_batched_tokens)  # the first rows decode meanwhile
+    params = SamplingParams(max_tokens=prefill_steps + steps + 8, temperature=0.0, ignore_eos=True,
+                            repetition_penalty=repetition_penalty)  # none ends before the timed steps do
     since = engine.timeline.now()
     step_seconds = timed_decode_steps(engine, prompts, [params] * num_seqs, steps)
     host_ms = host_ms_per_step(engine.timeline.since(since), steps)
