@@ -5,6 +5,9 @@ fake token per sampling row -> finish on max_tokens / max_model_len, as
 conveyor/engine/output.py does. The fake KV store remembers, for every (block, slot),
 the full token prefix whose KV it holds, so a step that would attend to missing or wrong
 KV (a bad block table, a wrong prefix hit, a block overwritten by another request) fails.
+The "runner" reads block tables and penalty histories only from a PersistentBatch kept
+by the plans' deltas, as the model runner does, and checks it against a rebuild from the
+scheduler's state (the block manager's tables, the requests' ids) after every plan.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conveyor.core.kv_cache import BlockManager
+from conveyor.core.persistent_batch import PersistentBatch
 from conveyor.core.plan import PLACEHOLDER_TOKEN, ScheduledSeq, StepPlan
 from conveyor.core.request import Request, RequestStatus
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
@@ -29,7 +33,8 @@ def fake_token(request_id: str, output_index: int) -> int:
 
 
 def make_request(rid: str, prompt: list[int], max_tokens: int, arrival: int, max_model_len: int = 256) -> Request:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.7, top_k=20, top_p=0.9)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.7, top_k=20, top_p=0.9,
+                            repetition_penalty=1.1 if arrival % 2 else 1.0)  # half of them carry histories
     return Request(rid, list(prompt), params, seed=10_000 + arrival, arrival_index=arrival,
                    max_model_len=max_model_len)
 
@@ -56,6 +61,7 @@ class Driver:
         self.resumed: list[tuple[str, ScheduledSeq, int]] = []  # (id, seq, outputs at resume) after preemption
         self.sampled_at: dict[str, list[int]] = defaultdict(list)  # output indices committed, in order
         self.partial_prefills = 0
+        self.batch = PersistentBatch()  # the runner's copy, kept by the plans' deltas alone
 
     # ---- engine-like surface ---------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -84,6 +90,9 @@ class Driver:
         waiting_before = [r.request_id for r in self.scheduler.waiting]
         plan = self.scheduler.schedule()
         self.plans.append(plan)
+        if not plan.is_empty:  # the engine never submits an empty plan
+            self.batch.apply(plan)
+            self._check_persistent_batch(plan)
         self._check_plan(plan, running_before, waiting_before)
         self._execute(plan)
         if abort_in_flight:
@@ -101,6 +110,25 @@ class Driver:
         return steps
 
     # ---- checks ----------------------------------------------------------------------------
+    def _check_persistent_batch(self, plan: StepPlan) -> None:
+        """The runner's copy equals a rebuild from scratch: it holds exactly the running requests, with their
+        whole block tables and (with a penalty) every known id; what a plan carries is only what changed."""
+        assert self.batch.request_ids == {r.request_id for r in self.scheduler.running}
+        for r in self.scheduler.running:
+            assert self.batch.block_table(r.request_id) == self.blocks.block_table(r.request_id)
+        for seq in plan.seqs:
+            req = self.requests[seq.request_id]
+            if seq.block_table_start:  # a request the runner held: only entries it lacks travel
+                assert len(seq.block_table_tail) <= self.blocks.blocks_needed(seq.num_tokens) + 1
+            spec = seq.sampling
+            if spec is None or not req.params.has_penalties:
+                assert spec is None or spec.history_tail is None
+                continue
+            assert list(self.batch.history(seq.request_id)) == req.token_ids
+            assert spec.num_history_placeholders == 0  # the Driver commits every step before the next
+            if spec.history_start:
+                assert len(spec.history_tail) == 1  # one committed token since its last sampled step
+
     def _check_plan(self, plan: StepPlan, running_before: list[str], waiting_before: list[str]) -> None:
         bs = self.blocks.block_size
         assert plan.num_tokens <= self.limits.max_num_batched_tokens
@@ -147,8 +175,7 @@ class Driver:
                     self.resumed.append((seq.request_id, seq, req.num_output_tokens))
             self.computed[seq.request_id] = seq.context_len
             assert req.num_computed_tokens == seq.context_len
-            assert seq.block_table == self.blocks.block_table(seq.request_id)
-            assert len(seq.block_table) == self.blocks.blocks_needed(seq.context_len)
+            assert len(self.batch.block_table(seq.request_id)) == self.blocks.blocks_needed(seq.context_len)
             if seq.context_len == req.num_tokens:
                 spec = seq.sampling
                 assert spec is not None, "a chunk reaching the end of the known tokens must sample"
@@ -168,15 +195,17 @@ class Driver:
         written: set[tuple[int, int]] = set()
         for seq in plan.seqs:
             tokens = self.requests[seq.request_id].token_ids
+            table = self.batch.block_table(seq.request_id)
             for pos in range(seq.start_position, seq.context_len):
-                slot = (seq.block_table[pos // bs], pos % bs)
+                slot = (table[pos // bs], pos % bs)
                 assert slot not in written, f"two sequences write KV slot {slot} in one step"
                 written.add(slot)
                 self.kv[slot] = tuple(tokens[:pos + 1])  # KV at pos depends on the whole prefix
         for seq in plan.seqs:
             tokens = self.requests[seq.request_id].token_ids
+            table = self.batch.block_table(seq.request_id)
             for pos in range(seq.context_len):
-                slot = (seq.block_table[pos // bs], pos % bs)
+                slot = (table[pos // bs], pos % bs)
                 assert self.kv.get(slot) == tuple(tokens[:pos + 1]), \
                     f"{seq.request_id} would attend to wrong KV at position {pos} (slot {slot})"
 

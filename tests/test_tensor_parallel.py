@@ -54,9 +54,12 @@ def _alive(pid: int) -> bool:
 def _run(folder: str, tp: int, async_batching: bool) -> tuple[list[Any], Any, list[int]]:
     rng = random.Random(7)
     prompts = [[rng.randrange(2, 512) for _ in range(rng.randrange(3, 40))] for _ in range(10)]
-    params = [SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True) if i % 2 == 0 else
-              SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=i, ignore_eos=True, logprobs=2)
-              for i in range(len(prompts))]
+    # penalties and n > 1 too: every rank keeps the block tables and penalty histories from the plans' deltas
+    params = [[SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True),
+               SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=i, ignore_eos=True, logprobs=2),
+               SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.4, ignore_eos=True),
+               SamplingParams(n=2, max_tokens=10, temperature=0.9, seed=i, frequency_penalty=0.8, ignore_eos=True)
+               ][i % 4] for i in range(len(prompts))]
     llm = LLM(model=folder, tensor_parallel_size=tp, async_batching=async_batching, **PRESSURE)
     pids: list[int] = []
     try:
@@ -141,12 +144,14 @@ def test_bad_tensor_parallel_size_values_are_config_errors() -> None:
 def test_plan_travels_as_json_and_comes_back_equal() -> None:
     spec = SamplingSpec(temperature=0.7, top_k=5, top_p=0.9, seed=2**62 + 3, output_index=4, min_p=0.1,
                         presence_penalty=0.5, repetition_penalty=1.2, logit_bias=((3, 2.0), (9, -1.5)),
-                        suppress_token_ids=(1, 2), history=(5, -1, 7), num_prompt_tokens=2, logprobs=3)
-    plan = StepPlan(step_id=17, num_preempted=2, block_copies=[(3, 4)], seqs=[
-        ScheduledSeq("a", [5, 6, -1], 4, [0, 1, 2], spec, prompt_logprob_targets=[6, -1, -1],
+                        suppress_token_ids=(1, 2), history_tail=(5, 7), history_start=3, num_history_placeholders=1,
+                        num_prompt_tokens=2, logprobs=3)
+    plan = StepPlan(step_id=17, num_preempted=2, block_copies=[(3, 4)], dropped_ids=["d", "e\u00e9"], seqs=[
+        ScheduledSeq("a", [5, 6, -1], 4, [1, 2], 1, spec, prompt_logprob_targets=[6, -1, -1],
                      num_prompt_logprobs=2, arrival_index=3),
-        ScheduledSeq("b", [], 0, [7], dataclasses.replace(spec, history=None), sample_from="a", arrival_index=4),
-        ScheduledSeq("c\u00e9", [8, 9], 0, [5], None)])
+        ScheduledSeq("b", [], 0, [7], 0, dataclasses.replace(spec, history_tail=None), sample_from="a",
+                     arrival_index=4),
+        ScheduledSeq("c\u00e9", [8, 9], 0, [5], 0, None)])
     data = encode_plan(plan)
     json.loads(data)  # plain JSON: numbers, strings, lists; nothing a pickle loader would read
     assert not data.startswith(b"\x80")  # a pickle stream starts with its PROTO opcode

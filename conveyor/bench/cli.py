@@ -96,6 +96,9 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     ds.add_argument("--num-seqs", type=_count, default=64, help="running sequences, all decoding")
     ds.add_argument("--prompt-len", type=_count, default=128)
     ds.add_argument("--steps", type=_count, default=16, help="timed decode steps (the median is reported)")
+    ds.add_argument("--repetition-penalty", type=float, default=1.0,
+                    help="every request's repetition penalty; other than 1.0, each row carries its token history "
+                         "(the host's per-step cost of penalties)")
     _add_result_flags(ds)
     add_engine_flags(ds)
 
@@ -262,7 +265,7 @@ def _threads(config: Any) -> int:
 def _decode_step(args: argparse.Namespace, config: Any) -> int:
     from conveyor.bench.decode_step import measure_decode_step
 
-    result = measure_decode_step(config, args.num_seqs, args.prompt_len, args.steps)
+    result = measure_decode_step(config, args.num_seqs, args.prompt_len, args.steps, args.repetition_penalty)
     print(json.dumps({k: v for k, v in result.items() if k != "step_ms_all"}, indent=2))
     _finish(args, result, "decode-step")
     return 0

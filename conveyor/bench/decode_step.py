@@ -105,14 +105,17 @@ def host_ms_per_step(spans: list[Span], steps: int) -> dict[str, float]:
     return {name: statistics.median(ms[-steps:]) if ms else 0.0 for name, ms in parts.items()}
 
 
-def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, steps: int) -> dict[str, Any]:
+def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, steps: int,
+                        repetition_penalty: float = 1.0) -> dict[str, Any]:
     """Admit num_seqs requests, run until every one is decoding, then time `steps` engine steps."""
     from conveyor.engine.engine import Engine
 
     engine = Engine(config)
     spec = engine.spec
     prompts = random_workload(num_seqs, (prompt_len, prompt_len), (1, 1), spec.vocab_size).prompts
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    prefill_steps = -(-num_seqs * prompt_len // config.max_num_batched_tokens)  # the first rows decode meanwhile
+    params = SamplingParams(max_tokens=prefill_steps + steps + 8, temperature=0.0, ignore_eos=True,
+                            repetition_penalty=repetition_penalty)  # none ends before the timed steps do
     since = engine.timeline.now()
     step_seconds = timed_decode_steps(engine, prompts, [params] * num_seqs, steps)
     host_ms = host_ms_per_step(engine.timeline.since(since), steps)
@@ -128,7 +131,8 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
     peak = matmul_peak_gflops(getattr(torch, dtype_name))
     float32_peak = peak if dtype_name == "float32" else matmul_peak_gflops(torch.float32)
     return {
-        "num_seqs": num_seqs, "prompt_len": prompt_len, "steps": steps, "dtype": dtype_name,
+        "num_seqs": num_seqs, "prompt_len": prompt_len, "steps": steps, "repetition_penalty": repetition_penalty,
+        "dtype": dtype_name,
         "quantization": config.quantization,
         "async_batching": async_batching, "step_ms_median": step * 1e3,
         "step_ms_all": [s * 1e3 for s in step_seconds], "output_tokens_per_s": num_seqs / step,

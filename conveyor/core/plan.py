@@ -27,8 +27,13 @@ class SamplingSpec:
     logit_bias: tuple[tuple[int, float], ...] = ()
     suppress_token_ids: tuple[int, ...] = ()
     """Tokens masked out (EOS and stop tokens while fewer than min_tokens were generated)."""
-    history: tuple[int, ...] | None = None
-    """Prompt + output ids (PLACEHOLDER_TOKEN for in-flight ones), only when a penalty is on."""
+    history_tail: tuple[int, ...] | None = None
+    """Only when a penalty is on: the request's known ids (prompt + committed outputs) from index
+    `history_start` on, i.e. those the runner has not been sent yet (all of them for a row new to it)."""
+    history_start: int = 0
+    """How many known ids of this request the runner already holds (0: a row new to the runner)."""
+    num_history_placeholders: int = 0
+    """Outputs still in flight after the known ids: PLACEHOLDER_TOKEN in the penalty history this step."""
     num_prompt_tokens: int = 0
     logprobs: int | None = None
     constrained: bool = False
@@ -36,7 +41,7 @@ class SamplingSpec:
 
     @property
     def has_penalties(self) -> bool:
-        return self.history is not None
+        return self.history_tail is not None
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,12 @@ class ScheduledSeq:
     a forked sample that draws from its parent's logits (`sample_from`)."""
     start_position: int
     """Position of input_token_ids[0] (= num_computed_tokens before this step)."""
-    block_table: list[int]
+    block_table_tail: list[int]
+    """The request's block table from index `block_table_start` on: the entries the runner does not hold
+    yet (new blocks, a copy-on-write block, entries a sliding window freed); the whole table for a
+    request new to the runner. See core/persistent_batch.py."""
+    block_table_start: int
+    """Leading entries of the runner's copy of the table that are still right (0: replace it whole)."""
     sampling: SamplingSpec | None
     """None for a prefill chunk that does not reach the end of the known tokens."""
     sample_from: str | None = None
@@ -74,6 +84,9 @@ class StepPlan:
     num_preempted: int = 0
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     """(source, destination) blocks to copy before the forward: copy-on-write of shared blocks."""
+    dropped_ids: list[str] = field(default_factory=list)
+    """Requests whose per-request state the runner forgets before this step: finished, aborted or
+    preempted since the previous plan (a preempted one comes back later in full)."""
 
     @property
     def num_tokens(self) -> int:

@@ -46,8 +46,12 @@ class Scheduler:
         self._awaiting_fork: dict[str, list[Request]] = {}
         self._fixed_sampling: dict[str, dict[str, Any]] = {}
         """Per request: the SamplingSpec fields that never change while it lives."""
-        self.inflight_step: int | None = None
-        """Id of the newest step submitted and not finished; blocks freed meanwhile are held until it is."""
+        self._table_sent: dict[str, int] = {}
+        """Per request the runner holds: leading block table entries it has and that are still right."""
+        self._history_sent: dict[str, int] = {}
+        """Per request with a penalty the runner holds: how many of its known ids it has."""
+        self._dropped: list[str] = []
+        """Requests the runner holds that ended or were preempted: the next non-empty plan drops them."""
 
     # ---- membership -----------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -69,8 +73,9 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self._requests)
 
-    def finish(self, request: Request, status: RequestStatus) -> None:
-        """Move a request to a terminal state and release its blocks (idempotent)."""
+    def finish(self, request: Request, status: RequestStatus, in_flight: int | None = None) -> None:
+        """Move a request to a terminal state and release its blocks (idempotent). `in_flight`: the newest
+        step submitted and not finished, which may still read the blocks (they are held until it is)."""
         if request.is_finished:
             return
         if request.status is RequestStatus.RUNNING:
@@ -80,24 +85,29 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         request.status = status
-        self._free_blocks(request.request_id)
+        self.blocks.free(request.request_id, hold_until_step=in_flight)
+        self._forget_sent(request.request_id)
         del self._requests[request.request_id]
         self._fixed_sampling.pop(request.request_id, None)
         for orphan in self._awaiting_fork.pop(request.request_id, []):  # its samples never forked
             orphan.status = status
             del self._requests[orphan.request_id]
 
-    def abort(self, request_ids: Iterable[str]) -> list[Request]:
+    def abort(self, request_ids: Iterable[str], in_flight: int | None = None) -> list[Request]:
+        """End the live ones of these requests; `in_flight` as in `finish`."""
         aborted = []
         for rid in request_ids:
             request = self._requests.get(rid)
             if request is not None:
-                self.finish(request, RequestStatus.FINISHED_ABORTED)
+                self.finish(request, RequestStatus.FINISHED_ABORTED, in_flight)
                 aborted.append(request)
         return aborted
 
     # ---- planning -------------------------------------------------------------------
-    def schedule(self) -> StepPlan:
+    def schedule(self, in_flight: int | None = None) -> StepPlan:
+        """Plan the next step. `in_flight`: the newest step submitted and not finished (None when none is);
+        blocks this planning frees (preemption, a sliding window passing them) are held until it finishes,
+        since it may still read them."""
         budget = self.limits.max_num_batched_tokens
         planned: list[tuple[Request, int]] = []
         copies: list[tuple[int, int]] = []
@@ -112,7 +122,8 @@ class Scheduler:
                 continue
             start = request.num_computed_tokens
             if self.limits.kv_window is not None:  # the queries from `start` on attend to start - W + 1 onward
-                self.blocks.free_behind(request.request_id, start - self.limits.kv_window + 1, self.inflight_step)
+                if self.blocks.free_behind(request.request_id, start - self.limits.kv_window + 1, in_flight):
+                    self._table_changed(request.request_id, 0)  # rare (once a block): the table goes whole
             if self.blocks.holds_privately(request.request_id, start + count, start):  # nothing to allocate
                 planned.append((request, count))
                 budget -= count
@@ -120,7 +131,7 @@ class Scheduler:
                 continue
             while not self.blocks.can_allocate(request.request_id, start + count, write_from=start):
                 victim = self.running[-1]
-                self._preempt(victim)
+                self._preempt(victim, in_flight)
                 num_preempted += 1
                 if victim is request:
                     break
@@ -128,6 +139,7 @@ class Scheduler:
                 copy = self.blocks.copy_on_write(request.request_id, start)
                 if copy is not None:
                     copies.append(copy)
+                    self._table_changed(request.request_id, start // self.blocks.block_size)
                 self.blocks.allocate(request.request_id, start + count)
                 planned.append((request, count))
                 budget -= count
@@ -159,7 +171,10 @@ class Scheduler:
             seqs.append(self._plan_seq(request, count))
             if seqs[-1].sampling is not None and request.request_id in self._awaiting_fork:
                 seqs.extend(self._fork(request, seqs[-1]))
-        plan = StepPlan(self._next_step_id, seqs, num_preempted, copies)
+        dropped: list[str] = []
+        if seqs:  # an empty plan is never run: the drops wait for one that is
+            dropped, self._dropped = self._dropped, []
+        plan = StepPlan(self._next_step_id, seqs, num_preempted, copies, dropped)
         self._next_step_id += 1
         self.stats.num_steps += 1
         self.stats.num_preemptions += num_preempted
@@ -182,16 +197,37 @@ class Scheduler:
             prompt = request.prompt_token_ids
             targets = [prompt[p + 1] if p + 1 < len(prompt) else -1 for p in range(start, start + count)]
             num_prompt_logprobs = request.params.prompt_logprobs
-        return ScheduledSeq(request.request_id, inputs, start, list(self.blocks.block_table(request.request_id)),
-                            sampling, prompt_logprob_targets=targets, num_prompt_logprobs=num_prompt_logprobs,
+        table_start, table_tail = self._table_delta(request.request_id)
+        return ScheduledSeq(request.request_id, inputs, start, table_tail, table_start, sampling,
+                            prompt_logprob_targets=targets, num_prompt_logprobs=num_prompt_logprobs,
                             arrival_index=request.arrival_index)
+
+    def _table_delta(self, request_id: str) -> tuple[int, list[int]]:
+        """(entries the runner keeps, the entries after them): see core/persistent_batch.py."""
+        table = self.blocks.block_table(request_id)
+        start = self._table_sent.get(request_id, 0)
+        self._table_sent[request_id] = len(table)
+        return start, table[start:]
+
+    def _table_changed(self, request_id: str, index: int) -> None:
+        """Entry `index` of the request's block table changed: the runner's copy is right only before it."""
+        if request_id in self._table_sent:
+            self._table_sent[request_id] = min(self._table_sent[request_id], index)
+
+    def _forget_sent(self, request_id: str) -> None:
+        """The request leaves the runner (finished or preempted): drop its state there with the next plan."""
+        sent = self._table_sent.pop(request_id, None) is not None
+        if self._history_sent.pop(request_id, None) is not None or sent:
+            self._dropped.append(request_id)
 
     def _sampling_spec(self, request: Request) -> SamplingSpec:
         p = request.params
         produced = request.num_output_tokens + request.num_inflight_tokens
-        history = None
-        if p.has_penalties:
-            history = tuple(request.token_ids) + (PLACEHOLDER_TOKEN,) * request.num_inflight_tokens
+        history_tail, history_start = None, 0
+        if p.has_penalties:  # the ids the runner has not been sent; in-flight ones it fills itself
+            history_start = self._history_sent.get(request.request_id, 0)
+            history_tail = tuple(request.token_ids[history_start:])
+            self._history_sent[request.request_id] = request.num_tokens
         suppress: tuple[int, ...] = ()
         if produced < p.min_tokens:
             suppress = tuple(sorted(set(request.eos_token_ids) | set(p.stop_token_ids)))
@@ -203,7 +239,9 @@ class Scheduler:
                 repetition_penalty=p.repetition_penalty, logit_bias=tuple(sorted(p.logit_bias.items())),
                 num_prompt_tokens=request.num_prompt_tokens, logprobs=p.logprobs,
                 constrained=p.structured_outputs is not None)
-        return SamplingSpec(output_index=produced, suppress_token_ids=suppress, history=history, **fixed)
+        return SamplingSpec(output_index=produced, suppress_token_ids=suppress, history_tail=history_tail,
+                            history_start=history_start, num_history_placeholders=request.num_inflight_tokens,
+                            **fixed)
 
     def _fork(self, parent: Request, parent_seq: ScheduledSeq) -> list[ScheduledSeq]:
         """Samples 1..n-1 of an n > 1 request join now: they share the parent's prompt blocks and
@@ -218,22 +256,20 @@ class Scheduler:
             self.running.append(child)
             sampling = self._sampling_spec(child)
             child.num_inflight_tokens += 1
-            seqs.append(ScheduledSeq(child.request_id, [], parent_seq.context_len,
-                                     list(self.blocks.block_table(child.request_id)), sampling,
-                                     sample_from=parent.request_id, arrival_index=child.arrival_index))
+            table_start, table_tail = self._table_delta(child.request_id)
+            seqs.append(ScheduledSeq(child.request_id, [], parent_seq.context_len, table_tail, table_start,
+                                     sampling, sample_from=parent.request_id, arrival_index=child.arrival_index))
         return seqs
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, in_flight: int | None) -> None:
         """Free the request's blocks and queue it first in line for recomputation."""
         self.running.remove(request)
-        self._free_blocks(request.request_id)
+        self.blocks.free(request.request_id, hold_until_step=in_flight)
+        self._forget_sent(request.request_id)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.waiting.appendleft(request)
-
-    def _free_blocks(self, request_id: str) -> None:
-        self.blocks.free(request_id, hold_until_step=self.inflight_step)
 
     # ---- committing -----------------------------------------------------------------
     def commit_token(self, request: Request, token_id: int) -> None:

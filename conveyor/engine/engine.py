@@ -7,7 +7,7 @@ Threads, and what each owns:
   op (the forward), on CPU inside step() through the executor's `serve`.
 - During a step() under CPU async batching, the host thread ("conveyor-host") runs the host turn:
   the scheduler, the block manager, the output processor (detokenizer, stops), grammar masks and
-  the prepare of step tensors. The engine thread only computes forwards meanwhile and touches none
+  the prepare of step tensors (with the runner's persistent batch, which only prepare touches). The engine thread only computes forwards meanwhile and touches none
   of them; step() returns only after the host turn ended, so ownership passes back whole.
 - The engine's tokenizer is used by one of those two threads at a time (tokenize on admission,
   detokenize in commit), never by both at once. Frontends get their own copy (EngineInfo.tokenizer
@@ -202,7 +202,7 @@ class Engine:
         outputs = []
         for rid in ids:
             out = None
-            for request in self.scheduler.abort(self.outputs.sample_ids(rid)):
+            for request in self.scheduler.abort(self.outputs.sample_ids(rid), self._newest_in_flight()):
                 out = self.outputs.abort(request, error, error_code) or out
             if out is not None:
                 outputs.append(out)
@@ -286,7 +286,7 @@ class Engine:
         planned_all = True
         while len(self._inflight) < depth:
             with self.tracer.span("schedule"):
-                plan = self.scheduler.schedule()
+                plan = self.scheduler.schedule(self._newest_in_flight())
             if plan.is_empty:
                 planned_all = False
                 break
@@ -304,7 +304,6 @@ class Engine:
     def _submit(self, plan: StepPlan) -> None:
         handle = self.executor.submit(plan)
         self._inflight.append(handle)
-        self.scheduler.inflight_step = plan.step_id
         if len(self._inflight) == 1:  # every step before it is committed: its grammar masks can be made now
             self.grammars.fill(plan, handle.prepared, self.outputs, self.tracer)
 
@@ -315,9 +314,8 @@ class Engine:
         result = self.executor.wait(handle)
         self._inflight.popleft()
         self.blocks.release_held(handle.plan.step_id)
-        self.scheduler.inflight_step = self._inflight[-1].plan.step_id if self._inflight else None
         with self.tracer.span("commit", step=handle.plan.step_id):
-            outputs = self.outputs.commit(handle.plan, result)
+            outputs = self.outputs.commit(handle.plan, result, self._newest_in_flight())
         if self._inflight:
             following = self._inflight[0]
             self.grammars.fill(following.plan, following.prepared, self.outputs, self.tracer)
@@ -325,6 +323,10 @@ class Engine:
             self.output_sink(outputs)  # out now, from the host thread, while the forward still runs
             return []
         return outputs
+
+    def _newest_in_flight(self) -> int | None:
+        """The step that may still read blocks freed now: frees are held until it finishes."""
+        return self._inflight[-1].plan.step_id if self._inflight else None
 
     def _samples_first_token(self, plan: StepPlan) -> bool:
         for seq in plan.seqs:

@@ -98,8 +98,9 @@ class OutputProcessor:
             out.append(state.matcher if live and state is not None else None)
         return out
 
-    def commit(self, plan: StepPlan, result: StepResult) -> list[RequestOutput]:
-        """Apply sampled tokens; finished requests leave the scheduler and free their blocks."""
+    def commit(self, plan: StepPlan, result: StepResult, in_flight: int | None = None) -> list[RequestOutput]:
+        """Apply sampled tokens; finished requests leave the scheduler and free their blocks (held until
+        step `in_flight`, the newest still running, has finished)."""
         touched: dict[str, GroupState] = {}
         now = time.perf_counter()
         for seq in plan.seqs:
@@ -135,7 +136,7 @@ class OutputProcessor:
             if state.matcher is not None:
                 status = self._advance_grammar(state, token_id, status)
             if status is not None:
-                self.scheduler.finish(request, status)
+                self.scheduler.finish(request, status, in_flight)
             self._update_text(state)
             touched[group.request_id] = group
         return [self.output_of(g) for g in touched.values()]

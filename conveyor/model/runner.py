@@ -12,6 +12,7 @@ import torch
 from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
 from conveyor.core.kv_cache import CachePlan
+from conveyor.core.persistent_batch import PersistentBatch
 from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
 from conveyor.model.attention import DECODE_GROUP_SIZE, AttentionBatch, build_attention_batch
 from conveyor.model.llama import LlamaModel
@@ -130,6 +131,8 @@ class ModelRunner:
         if info.is_cuda:
             torch.cuda.synchronize(self.device)  # weights and cache exist before other streams use them
         self._moved: list[torch.Tensor] = []
+        self.batch = PersistentBatch()
+        """Block tables and penalty histories of the running requests, kept across steps from the plans' deltas."""
         self._last_sampled: torch.Tensor | None = None  # [num_sampled] ids of the newest step run
         self._last_step_id: int | None = None
         self.num_placeholder_tokens = 0
@@ -162,6 +165,7 @@ class ModelRunner:
         return prepared
 
     def _prepare(self, plan: StepPlan, previous: StepPlan | None) -> PreparedStep:
+        self.batch.apply(plan)
         ids: list[int] = []
         positions: list[int] = []
         sample_rows: list[int] = []
@@ -200,7 +204,7 @@ class ModelRunner:
         if sampling_seqs:
             sampling = build_sampling_tensors([s.sampling for s in sampling_seqs if s.sampling is not None], t,
                                               history_holes, history_sources, source_row,
-                                              [s.request_id for s in sampling_seqs])
+                                              [s.request_id for s in sampling_seqs], self.batch.history)
         uses_previous = bool(holes or history_holes)
 
         def index(values: list[int]) -> torch.Tensor | None:
@@ -211,7 +215,7 @@ class ModelRunner:
             input_ids=t(torch.tensor(ids, dtype=torch.int64)),
             positions=t(torch.tensor(positions, dtype=torch.int64)),
             batch=build_attention_batch([s.start_position for s in computing], [s.num_tokens for s in computing],
-                                        [s.block_table for s in computing], self.block_size, t,
+                                        [self.batch.block_table(s.request_id) for s in computing], self.block_size, t,
                                         self.decode_group_size) if computing else None,
             sample_rows=index(sample_rows), sampling=sampling,
             placeholder_positions=index(holes), placeholder_sources=index(sources),

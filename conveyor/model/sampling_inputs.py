@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Callable
 
+import numpy as np
 import torch
 
 from conveyor.core.plan import PLACEHOLDER_TOKEN, SamplingSpec
@@ -14,9 +16,11 @@ ToDevice = Callable[[torch.Tensor], torch.Tensor]
 
 def build_sampling_tensors(specs: list[SamplingSpec], to_device: ToDevice,
                            history_holes: list[int], history_sources: list[int],
-                           source_row: dict[str, int], request_ids: list[str]) -> SamplingTensors:
-    """`history_holes` / `history_sources` are filled in (flattened-history position, row of the
-    previous step's samples) for penalty histories that end in in-flight tokens."""
+                           source_row: dict[str, int], request_ids: list[str],
+                           known_history: Callable[[str], array[int]]) -> SamplingTensors:
+    """`known_history(request_id)`: the known ids of a row with penalties (PersistentBatch.history); its
+    in-flight ids follow as placeholders. `history_holes` / `history_sources` are filled in (flattened-history
+    position, row of the previous step's samples) for those placeholders."""
     temps = [s.temperature for s in specs]
     top_k = [s.top_k for s in specs]
     top_p = [s.top_p for s in specs]
@@ -37,27 +41,8 @@ def build_sampling_tensors(specs: list[SamplingSpec], to_device: ToDevice,
                     tensor([t for s in specs for t in s.suppress_token_ids], torch.int64))
     penalties = None
     if any(s.has_penalties for s in specs):
-        rows: list[int] = []
-        tokens: list[int] = []
-        is_output: list[bool] = []
-        for i, (s, rid) in enumerate(zip(specs, request_ids)):
-            if s.history is None:
-                continue
-            for j, token in enumerate(s.history):
-                if token == PLACEHOLDER_TOKEN:
-                    if rid not in source_row:
-                        raise RuntimeError(f"request {rid!r}: penalty history has an in-flight token the "
-                                           f"previous step did not sample")
-                    history_holes.append(len(tokens))
-                    history_sources.append(source_row[rid])
-                rows.append(i)
-                tokens.append(token)
-                is_output.append(j >= s.num_prompt_tokens)
-        penalties = PenaltyTensors(
-            rows=tensor(rows, torch.int64), tokens=tensor(tokens, torch.int64), is_output=tensor(is_output, torch.bool),
-            presence=tensor([s.presence_penalty for s in specs], torch.float32),
-            frequency=tensor([s.frequency_penalty for s in specs], torch.float32),
-            repetition=tensor([s.repetition_penalty for s in specs], torch.float32))
+        penalties = _penalty_tensors(specs, request_ids, known_history, history_holes, history_sources, source_row,
+                                     to_device)
     wanted = [s.logprobs for s in specs if s.logprobs is not None]
     return SamplingTensors(
         temperature=tensor(temps, torch.float32), top_k=tensor(top_k, torch.int64),
@@ -68,3 +53,46 @@ def build_sampling_tensors(specs: list[SamplingSpec], to_device: ToDevice,
         any_top_k_or_p=any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p),
         bias=bias, suppress=suppress, penalties=penalties,
         num_logprobs=max(wanted) if wanted else None)
+
+
+def _penalty_tensors(specs: list[SamplingSpec], request_ids: list[str], known_history: Callable[[str], array[int]],
+                     history_holes: list[int], history_sources: list[int], source_row: dict[str, int],
+                     to_device: ToDevice) -> PenaltyTensors:
+    """The penalty rows' histories flattened with a handful of numpy ops (no Python loop over token ids, and
+    numpy's single thread keeps the host out of torch's thread pool while a forward runs): each row's known
+    ids, read in place from the persistent batch, then its in-flight placeholders."""
+    parts: list[np.ndarray] = []
+    rows: list[int] = []
+    lengths: list[int] = []
+    num_prompt: list[int] = []
+    total = 0
+    for i, (s, rid) in enumerate(zip(specs, request_ids)):
+        if s.history_tail is None:
+            continue
+        known = known_history(rid)
+        parts.append(np.frombuffer(known, dtype=np.int64))  # [len(known)] a view, copied by concatenate below
+        if s.num_history_placeholders:
+            if rid not in source_row:
+                raise RuntimeError(f"request {rid!r}: penalty history has an in-flight token the "
+                                   f"previous step did not sample")
+            holes = range(total + len(known), total + len(known) + s.num_history_placeholders)
+            history_holes.extend(holes)
+            history_sources.extend([source_row[rid]] * len(holes))
+            parts.append(np.full(len(holes), PLACEHOLDER_TOKEN, dtype=np.int64))
+        length = len(known) + s.num_history_placeholders
+        rows.append(i)
+        lengths.append(length)
+        num_prompt.append(min(s.num_prompt_tokens, length))
+        total += length
+    tokens = np.concatenate(parts)  # [entries]
+    del parts  # no view of a persistent history outlives this step's copy
+    per_row = np.array(lengths, dtype=np.int64)  # [penalty rows]
+    row_of = np.repeat(np.array(rows, dtype=np.int64), per_row)  # [entries]
+    row_start = np.repeat(np.cumsum(per_row) - per_row, per_row)  # [entries]
+    is_output = np.arange(total, dtype=np.int64) - row_start >= np.repeat(np.array(num_prompt), per_row)  # [entries]
+    return PenaltyTensors(
+        rows=to_device(torch.from_numpy(row_of)), tokens=to_device(torch.from_numpy(tokens)),
+        is_output=to_device(torch.from_numpy(is_output)),
+        presence=to_device(torch.tensor([s.presence_penalty for s in specs], dtype=torch.float32)),
+        frequency=to_device(torch.tensor([s.frequency_penalty for s in specs], dtype=torch.float32)),
+        repetition=to_device(torch.tensor([s.repetition_penalty for s in specs], dtype=torch.float32)))

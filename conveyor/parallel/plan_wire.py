@@ -39,8 +39,8 @@ def decode_plan(data: bytes) -> StepPlan:
             sampling = dict(zip(_SAMPLING_FIELDS, fields["sampling"]))
             sampling["logit_bias"] = tuple((int(t), float(b)) for t, b in sampling["logit_bias"])
             sampling["suppress_token_ids"] = tuple(sampling["suppress_token_ids"])
-            if sampling["history"] is not None:
-                sampling["history"] = tuple(sampling["history"])
+            if sampling["history_tail"] is not None:
+                sampling["history_tail"] = tuple(sampling["history_tail"])
             fields["sampling"] = SamplingSpec(**sampling)
         seqs.append(ScheduledSeq(**fields))
     raw["seqs"] = seqs
