@@ -32,6 +32,8 @@ from conveyor.server.request_id import HEADER, RequestIdMiddleware
 logger = logging.getLogger(__name__)
 
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+REPLICA_HEADER = "X-Conveyor-Replica"
+"""Response header naming the replica that answered (for operators and tests)."""
 DEFAULT_MAX_TOKENS_GUESS = 256
 """Outstanding tokens counted for a request that names no max_tokens (the router only balances with it)."""
 _DONE = b"data: [DONE]"
@@ -135,7 +137,8 @@ class Front:
                     await upstream.aclose()
                     self._count(route)
                     return Response(content, status_code=upstream.status_code,
-                                    media_type=upstream.headers.get("content-type"))
+                                    media_type=upstream.headers.get("content-type"),
+                                    headers={REPLICA_HEADER: str(route.replica)})
                 chunks = upstream.aiter_raw()
                 first = await anext(chunks, b"")  # until the replica has sent something, it may be retried
             except httpx.TransportError as exc:
@@ -151,7 +154,8 @@ class Front:
             self._count(route)
             return StreamingResponse(self._relay(upstream, chunks, first, route),
                                      media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                              REPLICA_HEADER: str(route.replica)})
 
     def _count(self, route: Route) -> None:
         self.metrics.routed.labels(str(route.replica)).inc()
@@ -204,7 +208,8 @@ class Front:
                         media_type=response.headers.get("content-type"))
 
     def health(self) -> Response:
-        states = [{"replica": r.index, "up": r.healthy, "restarts": r.restarts} for r in self.replicas.replicas]
+        states = [{"replica": r.index, "up": r.healthy, "restarts": r.restarts, "pid": r.pid}
+                  for r in self.replicas.replicas]
         up = sum(s["up"] for s in states)
         if self.draining:
             return error_response(503, "the server is shutting down", code="draining")

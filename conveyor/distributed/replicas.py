@@ -55,6 +55,8 @@ class Replica:
     address: str | None = None
     """host:port of its HTTP server while it is known to be up."""
     healthy: bool = False
+    pid: int | None = None
+    """Its actor's process id (changes when Ray restarts it)."""
     restarts: int = 0
     """Times it came back after being down (Ray restarted its process)."""
     args: tuple[Any, ...] = ()
@@ -114,6 +116,7 @@ class ReplicaSet:
                     raise ConfigError(f"data-parallel replica {r.index} could not start the engine: {status[8:]}")
                 if status == "ready":
                     r.address = control(self.ray, r.actor.address.remote())
+                    r.pid = control(self.ray, r.actor.pid.remote())
                     r.healthy = True
                     waiting.remove(r)
             if time.monotonic() > deadline:
@@ -149,6 +152,7 @@ class ReplicaSet:
             ref, r.pending = r.pending, None
             try:
                 r.address = control(self.ray, ref, timeout_s=1.0)
+                r.pid = control(self.ray, r.actor.pid.remote(), timeout_s=5.0)
             except Exception as exc:  # died again while starting
                 logger.info("replica %d: not back yet (%s)", r.index, type(exc).__name__)
 
@@ -174,9 +178,6 @@ class ReplicaSet:
     @property
     def healthy(self) -> list[int]:
         return [r.index for r in self.replicas if r.healthy and r.address is not None]
-
-    def pids(self) -> list[int]:
-        return [control(self.ray, r.actor.pid.remote()) for r in self.replicas]
 
     # ---- shutdown ---------------------------------------------------------------------
     def close(self) -> None:
