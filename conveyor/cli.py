@@ -248,8 +248,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "serve":
+            config = engine_config_from(args)
+            if config.data_parallel_size > 1:  # replicas on Ray behind a routing front
+                from conveyor.server.dp_serve import serve_data_parallel
+                return serve_data_parallel(args, config)
             from conveyor.server.main import serve
-            return serve(args, engine_config_from(args))
+            return serve(args, config)
         if args.command == "inspect":
             return cmd_inspect(args)
         if args.command == "bench":

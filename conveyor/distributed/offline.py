@@ -7,20 +7,42 @@ RequestOutput's JSON; a replica that is unreachable before answering gets the re
 from __future__ import annotations
 
 import asyncio
+import hmac
+import uuid
 from typing import Any, Sequence
 
 import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from conveyor.config import EngineConfig
-from conveyor.distributed.replica import OFFLINE_ROUTE
 from conveyor.distributed.replicas import ReplicaSet
 from conveyor.distributed.router import PrefixAffinityRouter
-from conveyor.errors import ConfigError, ConveyorError, InvalidRequestError
+from conveyor.engine.async_engine import AsyncEngine
+from conveyor.errors import ConveyorError, InvalidRequestError
 from conveyor.outputs import CompletionOutput, RequestOutput
 from conveyor.params import SamplingParams
 
 MAX_IN_FLIGHT_PER_REPLICA = 256
 REQUEST_TIMEOUT_S = 3600.0
+OFFLINE_ROUTE = "/conveyor/v1/generate"
+"""LLM.generate's route to a replica: SamplingParams in, RequestOutput out, both as JSON."""
+APP_FACTORY = "conveyor.distributed.offline:build_offline_app"
+
+
+class GenerateBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: str | list[int] = Field(union_mode="left_to_right")
+    params: dict[str, Any]
+
+
+def output_as_json(out: RequestOutput) -> dict[str, Any]:
+    """The parts of a RequestOutput that travel (logprobs are refused before sending)."""
+    return {"request_id": out.request_id, "prompt": out.prompt, "prompt_token_ids": list(out.prompt_token_ids),
+            "num_cached_tokens": out.num_cached_tokens, "error": out.error, "error_code": out.error_code,
+            "outputs": [{"index": c.index, "text": c.text, "token_ids": list(c.token_ids),
+                         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]}
 
 
 def output_from_json(data: dict[str, Any]) -> RequestOutput:
@@ -33,10 +55,41 @@ def output_from_json(data: dict[str, Any]) -> RequestOutput:
                          error_code=data["error_code"])
 
 
+def build_offline_app(engine: AsyncEngine, model_name: str, api_key: str) -> FastAPI:
+    """A replica's app for LLM: GET /health and POST OFFLINE_ROUTE, open only to the bearer key."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    expected = f"Bearer {api_key}".encode()
+
+    @app.middleware("http")
+    async def key(request: Request, call_next: Any) -> Any:
+        if not hmac.compare_digest(request.headers.get("authorization", "").encode(), expected):
+            return JSONResponse({"error": {"message": "missing or invalid key"}}, status_code=401)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok"} if engine.is_ready else {"status": "loading"},
+                            status_code=200 if engine.is_ready else 503)
+
+    @app.post(OFFLINE_ROUTE)
+    async def generate(body: GenerateBody) -> JSONResponse:
+        try:
+            params = SamplingParams.model_validate(body.params)
+            last: RequestOutput | None = None
+            async for out in engine.generate(body.prompt, params, f"llm-{uuid.uuid4().hex[:24]}"):
+                last = out
+        except (ConveyorError, ValueError) as exc:
+            return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+        assert last is not None and last.finished
+        return JSONResponse(output_as_json(last))
+
+    return app
+
+
 class DataParallelGenerator:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.replicas = ReplicaSet(config, model_name="offline")
+        self.replicas = ReplicaSet(config, APP_FACTORY, model_name="offline")
         self.router = PrefixAffinityRouter(config.data_parallel_size, config.block_size)
 
     def generate(self, prompts: Sequence[str | Sequence[int]], params: Sequence[SamplingParams]) -> list[RequestOutput]:

@@ -68,8 +68,9 @@ class Replica:
 class ReplicaSet:
     """Start M replicas and wait until every one is ready; close() ends all of them (and Ray, if started here)."""
 
-    def __init__(self, config: EngineConfig, model_name: str,
+    def __init__(self, config: EngineConfig, app_factory: str, model_name: str,
                  on_change: Callable[[int, bool], None] | None = None) -> None:
+        """app_factory: the HTTP app each replica serves, as 'module:function' (see replica.py)."""
         tp, dp = config.tensor_parallel_size, config.data_parallel_size
         self.cluster = RayCluster(config.ray_address, cpus_needed=tp * dp)
         ray = self.ray = self.cluster.ray
@@ -92,7 +93,7 @@ class ReplicaSet:
                 group = placement_group([dict(bundle) for _ in range(tp)], strategy="STRICT_PACK",
                                         name=f"conveyor-replica-{i}")
                 ray.get(group.ready(), timeout=START_TIMEOUT_S)
-                args = (replica_json, i, model_name, self.api_key, host)
+                args = (replica_json, i, app_factory, model_name, self.api_key, host)
                 actor = actor_class.options(
                     num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), max_restarts=-1, max_task_retries=0,
                     max_concurrency=4,  # status() answers while stop() or a slow start runs

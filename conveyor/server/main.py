@@ -111,9 +111,6 @@ def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def serve(args: argparse.Namespace, config: EngineConfig) -> int:
-    if config.data_parallel_size > 1:
-        from conveyor.distributed.serve import serve_data_parallel  # Ray only when asked for
-        return serve_data_parallel(args, config)
     keys = api_keys(args)
     origins = tuple(args.allowed_origins)
     metrics = Metrics()

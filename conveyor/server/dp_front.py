@@ -22,7 +22,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from conveyor import __version__
-from conveyor.distributed.front_metrics import FrontMetrics
+from conveyor.server.dp_metrics import FrontMetrics
 from conveyor.distributed.replicas import ReplicaSet
 from conveyor.distributed.router import PrefixAffinityRouter, Route
 from conveyor.server.errors import error_response, install_error_handlers, sse_error

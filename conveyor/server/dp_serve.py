@@ -12,7 +12,7 @@ from types import FrameType
 import uvicorn
 
 from conveyor.config import EngineConfig
-from conveyor.distributed.front import Front, build_front_app
+from conveyor.server.dp_front import Front, build_front_app
 from conveyor.distributed.replicas import ReplicaSet
 from conveyor.server.guard import ServerOptions
 from conveyor.server.main import DrainingServer, api_keys, model_name
@@ -35,7 +35,7 @@ def serve_data_parallel(args: argparse.Namespace, config: EngineConfig) -> int:
     print(f"conveyor: starting {config.data_parallel_size} replicas x {config.tensor_parallel_size} "
           f"tensor-parallel ranks on Ray", flush=True)
     try:
-        replicas = ReplicaSet(config, options.model_name)
+        replicas = ReplicaSet(config, "conveyor.server.replica_app:build_replica_app", options.model_name)
     except SystemExit as exc:
         print("conveyor: stopped while starting the replicas", flush=True)
         return int(exc.code or 0)
