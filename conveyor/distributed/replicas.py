@@ -138,12 +138,16 @@ class ReplicaSet:
                     logger.warning("replica %d: health check failed: %s", r.index, exc)
 
     def _check(self, r: Replica) -> None:
-        if r.address is not None:
+        address = r.address
+        if address is not None:
             try:
-                up = self._http.get(f"http://{r.address}/health").status_code == 200
+                up = self._http.get(f"http://{address}/health").status_code == 200
             except httpx.HTTPError:
                 up = False
-                r.address = None  # its process is gone: ask Ray for the restarted one's address
+            if r.address != address:
+                return  # marked down while we asked: that is newer news
+            if not up:
+                r.address = None  # its process may be gone: ask Ray for the (restarted) actor's address
             self._set_health(r, up)
             return
         if r.pending is None:

@@ -56,6 +56,7 @@ class Front:
         self._open: set[httpx.Response] = set()
         """Upstream responses being relayed (abort_all closes them)."""
         self._abort_reason: str | None = None
+        self._in_flight = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         replicas.on_change = self._replica_changed
 
@@ -67,7 +68,8 @@ class Front:
 
     @property
     def num_active(self) -> int:
-        return len(self._open)
+        """Generation requests in flight (routed and not yet answered, or still streaming)."""
+        return self._in_flight
 
     def abort_all(self, reason: str) -> None:
         """Close every upstream stream: each client gets an error event naming `reason`, then [DONE]."""
@@ -100,7 +102,19 @@ class Front:
         return tokens if isinstance(tokens, list) else []
 
     async def generate(self, request: Request, path: str) -> Response:
+        """Route and relay one generation request; counted in num_active until answered (or, streamed, until
+        its relay ends), so that draining waits for it."""
         self._loop = asyncio.get_running_loop()
+        self._in_flight += 1
+        response: Response | None = None
+        try:
+            response = await self._generate(request, path)
+            return response
+        finally:
+            if not isinstance(response, StreamingResponse):
+                self._in_flight -= 1  # a stream's relay counts itself down when it ends
+
+    async def _generate(self, request: Request, path: str) -> Response:
         body = await request.body()
         try:
             payload = json.loads(body)
@@ -187,6 +201,7 @@ class Front:
                 yield b"data: [DONE]\n\n"
         finally:
             self._open.discard(upstream)
+            self._in_flight -= 1
             self.router.finished(route)
             await upstream.aclose()  # a client that went away: the replica sees it and aborts the request
 
@@ -208,7 +223,8 @@ class Front:
                         media_type=response.headers.get("content-type"))
 
     def health(self) -> Response:
-        states = [{"replica": r.index, "up": r.healthy, "restarts": r.restarts, "pid": r.pid}
+        healthy = set(self.replicas.healthy)
+        states = [{"replica": r.index, "up": r.index in healthy, "restarts": r.restarts, "pid": r.pid}
                   for r in self.replicas.replicas]
         up = sum(s["up"] for s in states)
         if self.draining:
@@ -226,7 +242,7 @@ class Front:
                 return i, None
 
         for r in self.replicas.replicas:
-            self.metrics.up.labels(str(r.index)).set(1 if r.healthy else 0)
+            self.metrics.up.labels(str(r.index)).set(1 if r.index in self.replicas.healthy else 0)
             self.metrics.restarts.labels(str(r.index)).set(r.restarts)
             self.metrics.outstanding.labels(str(r.index)).set(self.router.outstanding[r.index])
         scraped = await asyncio.gather(*(scrape(i) for i in self.replicas.healthy))
