@@ -134,3 +134,30 @@ def test_no_replica_up_is_a_503_naming_it() -> None:
     status, _, _ = asyncio.run(_post(front))
     assert status == 503
     assert front.health().status_code == 503
+
+
+def test_a_client_gone_at_once_still_frees_its_route_and_upstream(upstream: Any) -> None:
+    """The client disconnects as soon as its request is read: whether or not the relay ever started, the
+    request stops counting as in flight and against its replica's load."""
+    replicas = TwoReplicas([upstream(None), None])
+    front = Front(replicas, ServerOptions(model_name="m", request_timeout=30.0), block_size=16)
+    app = build_front_app(front)
+    body = json.dumps({"prompt": [1, 2, 3], "max_tokens": 4, "stream": True}).encode()
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("front", 80)}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 10))
+    assert sent and sent[0]["type"] == "http.response.start"
+    assert front.num_active == 0 and front.router.outstanding == [0, 0] and not front._open

@@ -166,20 +166,21 @@ class Front:
                 tried.add(route.replica)
                 continue
             self._count(route)
-            return StreamingResponse(self._relay(upstream, chunks, first, route),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                              REPLICA_HEADER: str(route.replica)})
+            self._open.add(upstream)
+            end = _RelayEnd(self, upstream, route)
+            return _RelayResponse(self._relay(chunks, first, route, end), end,
+                                  media_type="text/event-stream",
+                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                           REPLICA_HEADER: str(route.replica)})
 
     def _count(self, route: Route) -> None:
         self.metrics.routed.labels(str(route.replica)).inc()
         if route.matched_blocks:
             self.metrics.affinity_hits.labels(str(route.replica)).inc()
 
-    async def _relay(self, upstream: httpx.Response, chunks: AsyncIterator[bytes], first: bytes,
-                     route: Route) -> AsyncIterator[bytes]:
+    async def _relay(self, chunks: AsyncIterator[bytes], first: bytes, route: Route,
+                     end: "_RelayEnd") -> AsyncIterator[bytes]:
         """The replica's events as they come; if it stops before [DONE], an error event and [DONE]."""
-        self._open.add(upstream)
         tail = first[-64:]
         try:
             if first:
@@ -200,10 +201,7 @@ class Front:
                 yield sse_error(502, reason, code="replica_lost").encode()
                 yield b"data: [DONE]\n\n"
         finally:
-            self._open.discard(upstream)
-            self._in_flight -= 1
-            self.router.finished(route)
-            await upstream.aclose()  # a client that went away: the replica sees it and aborts the request
+            await end()
 
     # ---- the rest --------------------------------------------------------------------
     async def pass_through(self, request: Request, path: str) -> Response:
@@ -250,6 +248,36 @@ class Front:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+class _RelayEnd:
+    """Ends one relayed stream exactly once: whichever comes first, the relay finishing or the response
+    ending without ever starting it (a client gone before the first byte)."""
+
+    def __init__(self, front: Front, upstream: httpx.Response, route: Route) -> None:
+        self.front, self.upstream, self.route = front, upstream, route
+        self.done = False
+
+    async def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.front._open.discard(self.upstream)
+        self.front._in_flight -= 1
+        self.front.router.finished(self.route)
+        await self.upstream.aclose()  # a client that went away: the replica sees it and aborts the request
+
+
+class _RelayResponse(StreamingResponse):
+    def __init__(self, content: AsyncIterator[bytes], end: _RelayEnd, **options: Any) -> None:
+        super().__init__(content, **options)
+        self.end = end
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.end()
 
 
 def build_front_app(front: Front) -> FastAPI:
