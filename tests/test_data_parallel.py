@@ -98,6 +98,14 @@ def test_data_parallel_options_are_checked_by_name() -> None:
         LLM(data_parallel_size=0)
     with pytest.raises(ConfigError, match="ray_address"):
         LLM(ray_address="127.0.0.1:6379")  # meaningless without replicas: refused, not ignored
+    from conveyor.cli import main
+    from conveyor.config import EngineConfig
+    from conveyor.engine.engine import Engine
+
+    with pytest.raises(ConfigError, match="Engine runs one replica"):
+        Engine(EngineConfig(data_parallel_size=2))  # never one engine silently standing in for two
+    for command in ("generate", "chat"):
+        assert main([command, "--data-parallel-size", "2", *(["hello"] if command == "generate" else [])]) == 2
 
 
 def test_ray_calls_carry_plain_values_and_nothing_on_the_dp_path_pickles() -> None:
