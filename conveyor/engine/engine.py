@@ -39,7 +39,7 @@ from conveyor.engine.grammars import EngineGrammars
 from conveyor.engine.info import EngineInfo
 from conveyor.engine.output import OutputProcessor
 from conveyor.engine.stats import EngineStats
-from conveyor.errors import InvalidRequestError
+from conveyor.errors import ConfigError, InvalidRequestError
 from conveyor.model.loader import load_model, model_path, resolve_dtype, resolve_max_model_len
 from conveyor.model.runner import ModelRunner
 from conveyor.outputs import RequestOutput
