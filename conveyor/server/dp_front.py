@@ -173,6 +173,13 @@ class Front:
                                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
                                            REPLICA_HEADER: str(route.replica)})
 
+    async def finish_relay(self, upstream: httpx.Response, route: Route) -> None:
+        """A relayed stream ended (see _RelayEnd: called once per stream)."""
+        self._open.discard(upstream)
+        self._in_flight -= 1
+        self.router.finished(route)
+        await upstream.aclose()  # a client that went away: the replica sees it and aborts the request
+
     def _count(self, route: Route) -> None:
         self.metrics.routed.labels(str(route.replica)).inc()
         if route.matched_blocks:
@@ -262,10 +269,7 @@ class _RelayEnd:
         if self.done:
             return
         self.done = True
-        self.front._open.discard(self.upstream)
-        self.front._in_flight -= 1
-        self.front.router.finished(self.route)
-        await self.upstream.aclose()  # a client that went away: the replica sees it and aborts the request
+        await self.front.finish_relay(self.upstream, self.route)
 
 
 class _RelayResponse(StreamingResponse):
