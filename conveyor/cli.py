@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from conveyor.config import (RENAMED_QUANTIZATIONS, SUPPORTED_GGUF_WEIGHTS, SUPPORTED_KERNELS, SUPPORTED_DEVICES,
                              SUPPORTED_DTYPES, SUPPORTED_QUANTIZATIONS, SUPPORTED_TOOL_CALL_PARSERS, EngineConfig, field_docs)
-from conveyor.errors import ConveyorError, InvalidRequestError
+from conveyor.errors import ConfigError, ConveyorError, InvalidRequestError
 from conveyor.params import SamplingParams
 
 _ENGINE_FLAG_NAMES = {"seed": "engine-seed"}  # --seed is the per-request sampling seed
@@ -128,11 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_engine(config: EngineConfig, command: str) -> EngineConfig:
+    if config.data_parallel_size > 1:
+        raise ConfigError(f"`conveyor {command}` runs one engine (data_parallel_size={config.data_parallel_size} "
+                          f"asked for replicas); use `conveyor serve --data-parallel-size N` or "
+                          f"LLM(data_parallel_size=N)")
+    return config
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from conveyor.llm import LLM
 
     params = sampling_params_from(args)
-    llm = LLM(**dataclasses.asdict(engine_config_from(args)))
+    config = _one_engine(engine_config_from(args), "generate")
+    llm = LLM(**dataclasses.asdict(config))
     has_template = llm.get_tokenizer() is not None and bool(getattr(llm.get_tokenizer(), "chat_template", None))
     prompts = [p if args.raw or not has_template
                else llm.apply_chat_template([{"role": "user", "content": p}]) for p in args.prompts]
@@ -164,7 +173,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from conveyor.llm import LLM
 
     params = sampling_params_from(args)
-    llm = LLM(**dataclasses.asdict(engine_config_from(args)))
+    config = _one_engine(engine_config_from(args), "chat")
+    llm = LLM(**dataclasses.asdict(config))
     engine: Engine = llm.engine
     history: list[dict[str, Any]] = [{"role": "system", "content": args.system}] if args.system else []
     print("Chat with the model. Ctrl-D or /exit leaves; Ctrl-C stops a reply.", file=sys.stderr)
@@ -248,8 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "generate":
             return cmd_generate(args)
         if args.command == "serve":
+            config = engine_config_from(args)
+            if config.data_parallel_size > 1:  # replicas on Ray behind a routing front
+                from conveyor.server.dp_serve import serve_data_parallel
+                return serve_data_parallel(args, config)
             from conveyor.server.main import serve
-            return serve(args, engine_config_from(args))
+            return serve(args, config)
         if args.command == "inspect":
             return cmd_inspect(args)
         if args.command == "bench":

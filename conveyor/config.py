@@ -115,6 +115,13 @@ class EngineConfig:
     the KV cache, joined by one torch.distributed group (gloo, CPU only for now). N must divide the model's
     heads, MLP width and vocabulary, and either divide its KV heads or be a multiple of them (KV heads are
     then replicated: each rank keeps the one its query heads read); other sizes are refused by name."""
+    data_parallel_size: int = 1
+    """Engine replicas, each a Ray actor holding its own tensor-parallel group (tensor_parallel_size
+    processes, placed by a Ray placement group) and its own KV cache; a router in the front process sends
+    each request to one replica by prefix affinity, balanced by outstanding tokens. Needs `conveyor[ray]`."""
+    ray_address: str | None = None
+    """Ray cluster to join for data_parallel_size > 1 ('auto', or the head's host:port as printed by
+    `ray start --head`); None = start a private local cluster and shut it down on exit."""
     tool_call_parser: str = "auto"
     """How tool calls are written by the model: 'auto' (chosen from the chat template), 'hermes'
     (Hermes / Qwen <tool_call> JSON), 'llama3_json' (Llama 3.x JSON) or 'mistral' ([TOOL_CALLS])."""
@@ -171,6 +178,15 @@ class EngineConfig:
         if tp > 1 and self.device == "cuda":
             raise ConfigError(f"tensor_parallel_size={tp} runs on CPU (gloo) only for now; NCCL on CUDA is not "
                               f"built yet: pass device='cpu', or tensor_parallel_size=1 on a GPU")
+        dp = self.data_parallel_size
+        if not isinstance(dp, int) or isinstance(dp, bool) or not 1 <= dp <= 256:
+            raise ConfigError(f"data_parallel_size={dp!r} must be an integer in [1, 256] (1: no replicas)")
+        if self.ray_address is not None:
+            if not isinstance(self.ray_address, str) or not self.ray_address.strip():
+                raise ConfigError(f"ray_address={self.ray_address!r} must be 'auto' or a Ray head's host:port")
+            if dp == 1:
+                raise ConfigError(f"ray_address={self.ray_address!r} is used only with data_parallel_size > 1; "
+                                  f"pass --data-parallel-size N, or leave the address out")
         if self.tool_call_parser not in SUPPORTED_TOOL_CALL_PARSERS:
             raise ConfigError(f"tool_call_parser={self.tool_call_parser!r} is not supported; choose one of "
                               f"{', '.join(SUPPORTED_TOOL_CALL_PARSERS)}")

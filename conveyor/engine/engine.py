@@ -39,7 +39,7 @@ from conveyor.engine.grammars import EngineGrammars
 from conveyor.engine.info import EngineInfo
 from conveyor.engine.output import OutputProcessor
 from conveyor.engine.stats import EngineStats
-from conveyor.errors import InvalidRequestError
+from conveyor.errors import ConfigError, InvalidRequestError
 from conveyor.model.loader import load_model, model_path, resolve_dtype, resolve_max_model_len
 from conveyor.model.runner import ModelRunner
 from conveyor.outputs import RequestOutput
@@ -66,6 +66,9 @@ def sample_seed(seed: int, index: int) -> int:
 class Engine:
     def __init__(self, config: EngineConfig,
                  output_sink: Callable[[list[RequestOutput]], None] | None = None) -> None:
+        if config.data_parallel_size > 1:  # one engine is one replica: refused, not run as one silently
+            raise ConfigError(f"Engine runs one replica, but data_parallel_size={config.data_parallel_size}; "
+                              f"LLM(...) and `conveyor serve` start the replicas on Ray")
         self.config = config
         warn_if_spinning()
         if config.num_threads is not None:

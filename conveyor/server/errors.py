@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
           422: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
-          503: "service_unavailable_error", 504: "timeout_error"}
+          502: "service_unavailable_error", 503: "service_unavailable_error", 504: "timeout_error"}
 
 
 class APIError(Exception):

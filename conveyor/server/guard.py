@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -36,11 +37,18 @@ class ServerState:
     draining: bool = False
 
 
+class Guarded(Protocol):
+    """What the guard reads: a server's state, or the data-parallel front."""
+
+    options: ServerOptions
+    draining: bool
+
+
 class GuardMiddleware:
     """Pure ASGI: API keys (decided on the raw path, constant-time compare), body-size cap,
     and 503 while draining — before any routing or body parsing."""
 
-    def __init__(self, app: ASGIApp, state: ServerState) -> None:
+    def __init__(self, app: ASGIApp, state: Guarded) -> None:
         self.app = app
         self.state = state
 

@@ -9,7 +9,7 @@ import os
 import signal
 import threading
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 
@@ -48,13 +48,28 @@ def model_name(config: EngineConfig) -> str:
     return base[:-5] if base.endswith(".gguf") else base
 
 
+class Drainable(Protocol):
+    """What draining waits on and aborts: the engine, or the data-parallel front's relays."""
+
+    @property
+    def num_active(self) -> int: ...
+
+    def abort_all(self, reason: str) -> None: ...
+
+
+class Draining(Protocol):
+    draining: bool
+
+
 class DrainingServer(uvicorn.Server):
     """On SIGTERM / SIGINT: refuse new work (503), let in-flight requests finish for up to
     `shutdown_timeout`, abort the rest (each ends with an error event), then exit 0."""
 
-    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float) -> None:
+    def __init__(self, config: uvicorn.Config, state: Draining, shutdown_timeout: float,
+                 work: Drainable | None = None) -> None:
         super().__init__(config)
         self.state = state
+        self.work: Drainable = work if work is not None else state.engine  # type: ignore[attr-defined]
         self.shutdown_timeout = shutdown_timeout
         self._draining_started = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -76,7 +91,7 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
     async def _drain(self) -> None:
-        engine = self.state.engine
+        engine = self.work
         deadline = self._loop.time() + self.shutdown_timeout if self._loop else 0
         logger.info("draining: %d request(s) in flight, up to %.0f s", engine.num_active, self.shutdown_timeout)
         while engine.num_active and self._loop and self._loop.time() < deadline:
@@ -91,8 +106,12 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(args.api_key) + ((os.environ["CONVEYOR_API_KEY"],) if os.environ.get("CONVEYOR_API_KEY") else ())
+
+
 def serve(args: argparse.Namespace, config: EngineConfig) -> int:
-    keys = tuple(args.api_key) + ((os.environ["CONVEYOR_API_KEY"],) if os.environ.get("CONVEYOR_API_KEY") else ())
+    keys = api_keys(args)
     origins = tuple(args.allowed_origins)
     metrics = Metrics()
     engine = AsyncEngine(config, max_queued_requests=args.max_queued_requests, on_timings=metrics.observe)
