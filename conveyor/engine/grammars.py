@@ -5,8 +5,8 @@ Where a step's masks are computed (measured on the 2-core machine, all 64 rows J
   step is launched once they are set), so they cost the GPU nothing.
 - CPU: by the thread that samples the step, once its forward is done, in parallel over torch's
   thread count. A host thread computing them during the forward takes a core from the forward's
-  OpenMP team, whose every parallel region then waits for the slowed thread: the forward lost
-  about the masks' whole single-thread time (#19's report has the figures).
+  OpenMP team, whose every parallel region then waits for the slowed thread: in a profile the
+  all-JSON forward ran 5.8 ms longer than the unconstrained one beside 2.7 ms of masks per step.
 """
 
 from __future__ import annotations
