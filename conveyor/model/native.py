@@ -97,7 +97,8 @@ class NativeKernels(Protocol):
 
     def argmax_allowed(self, logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
         """The same inputs -> [k] int64: row rows[i]'s first largest logit among the tokens mask i allows (the
-        argmax of the masked row, without writing it); 0 for a mask that allows nothing."""
+        argmax of the masked row, without writing it); 0 for a mask that allows nothing. For finite logits (a
+        model's): a NaN is never chosen, where torch's argmax would choose it."""
         ...
 
     def gguf_linear_vectorized(self) -> bool:
