@@ -2,9 +2,10 @@
 applying it to logits.
 
 Under async batching the host prepares step N+1 while step N runs, so N+1's masks cannot be
-known then (they depend on N's tokens). The prepared step carries a DeferredBitmask instead;
-the host fills it as soon as step N is committed, and the forward of N+1 waits for it only
-when it reaches sampling (vLLM's order: forward first, grammar mask at sampling time).
+known then (they depend on N's tokens). The prepared step carries a DeferredBitmask instead,
+completed as soon as step N is committed, and the forward of N+1 waits for it only when it
+reaches sampling (vLLM's order: forward first, grammar mask at sampling time). On CUDA the host
+fills it then; on CPU it gets a filler that the sampling thread runs (engine/grammars.py says why).
 
     bitmask [rows, words] int32, words = ceil(vocab / 32): token t of row r is allowed
     iff bit (t % 32) of bitmask[r, t // 32] is set.
