@@ -1,8 +1,8 @@
 """The engine's side of structured output: one grammar backend, a matcher per sample, each step's masks.
 
-Where a step's masks are computed (measured on the 2-core machine, all 64 rows JSON-constrained):
-- CUDA: on the host thread as soon as the step before is committed, while the GPU computes (the
-  step is launched once they are set), so they cost the GPU nothing.
+Where a step's masks are computed:
+- CUDA: on the host thread, on one thread, as soon as the step before is committed; the step is
+  launched once they are set (runtime/cuda_streams.py).
 - CPU: by the thread that samples the step, once its forward is done, in parallel over torch's
   thread count. A host thread computing them during the forward takes a core from the forward's
   OpenMP team, whose every parallel region then waits for the slowed thread: in a profile the
