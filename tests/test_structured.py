@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
 from typing import Any
 
 import jsonschema
@@ -16,7 +17,7 @@ from conftest import build_tiny_model
 from structured_schemas import random_object, save_small_tokenizer
 
 from conveyor import LLM, InvalidRequestError, SamplingParams
-from conveyor.structured.bitmask import apply_bitmask, bitmask_words
+from conveyor.structured.bitmask import DeferredBitmask, apply_bitmask, bitmask_words
 
 
 MODEL_VOCAB = 520
@@ -52,6 +53,24 @@ def test_bitmask_sets_exactly_the_forbidden_tokens_to_minus_inf() -> None:
             assert out[b, t] == (logits[b, t] if bit else float("-inf"))
     every = apply_bitmask(logits[[0, 2, 4]], torch.arange(3), bitmask)  # all rows constrained: the fast branch
     assert torch.equal(every, out[[0, 2, 4]])
+
+
+def test_a_deferred_mask_filler_runs_once_on_the_thread_that_waits() -> None:
+    """set_filler (CPU: the host hands over the grammar states) leaves the computing to the sampling thread."""
+    deferred = DeferredBitmask([0, 2])
+    mask = torch.full((2, bitmask_words(64)), 7, dtype=torch.int32)
+    ran_on: list[int] = []
+
+    def fill() -> torch.Tensor:
+        ran_on.append(threading.get_ident())
+        return mask
+
+    host = threading.Thread(target=deferred.set_filler, args=(fill,))
+    host.start()
+    host.join()
+    assert deferred.is_set and ran_on == []
+    assert deferred.wait(timeout_s=5) is mask
+    assert ran_on == [threading.get_ident()]
 
 
 def _valid(schema: dict[str, Any], text: str) -> bool:
@@ -136,8 +155,11 @@ PRESSURE = {
 }
 
 
-def _run_mixed(folder: str, async_batching: bool, pressure: str) -> tuple[list[Any], Any]:
+def _run_mixed(folder: str, async_batching: bool, pressure: str,
+               masks_when_sampled: bool = True) -> tuple[list[Any], Any]:
     llm = LLM(model=folder, async_batching=async_batching, **PRESSURE[pressure])
+    assert llm.engine.grammars.masks_when_sampled  # on a CPU the sampling thread makes a step's masks
+    llm.engine.grammars.masks_when_sampled = masks_when_sampled
     rng = random.Random(7)
     prompts = [[rng.randrange(3, 500) for _ in range(rng.randrange(1, 40))] for _ in range(14)]
     params = [_mixed_params(i) for i in range(len(prompts))]
@@ -171,6 +193,14 @@ def test_async_equals_sync_for_mixed_constrained_batch(tiny_with_tokenizer: str,
     if pressure != "plain":
         assert sync_stats.num_preemptions > 0 and async_stats.num_preemptions > 0
         assert sync_stats.num_partial_prefills > 0 and async_stats.num_partial_prefills > 0
+
+
+def test_masks_made_on_the_host_thread_during_the_forward_give_the_same_tokens(tiny_with_tokenizer: str) -> None:
+    """The CUDA arrangement (the host thread makes step N+1's masks while step N computes), run on the CPU
+    with async batching, gives the tokens of the CPU's own (masks made by the sampling thread), synchronous."""
+    sync, _ = _run_mixed(tiny_with_tokenizer, False, "preemption+chunked")
+    on_host, stats = _run_mixed(tiny_with_tokenizer, True, "preemption+chunked", masks_when_sampled=False)
+    assert on_host == sync and stats.num_preemptions > 0
 
 
 def test_bad_constraints_are_refused_by_name(tiny_with_tokenizer: str) -> None:
@@ -263,7 +293,7 @@ def test_greedy_grammar_rows_masked_in_the_model_dtype_pick_the_float32_ids(nati
                              top_p=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.int64),
                              output_index=torch.zeros(rows, dtype=torch.int64), all_greedy=True,
                              any_top_k_or_p=False)
-    kernel = native_kernels.apply_token_bitmask_ if native else None
+    kernel = native_kernels if native else None
     before = logits.clone()
     got = sample(logits, greedy, grammar, kernel).tokens
     assert torch.equal(logits, before)
@@ -275,3 +305,36 @@ def test_greedy_grammar_rows_masked_in_the_model_dtype_pick_the_float32_ids(nati
     assert got[1] == 900  # the forbidden first maximum lost to the allowed one
     allowed = ((bitmask[1, got[1] // 32] >> (got[1] % 32)) & 1) == 1
     assert allowed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_argmax_allowed_is_the_argmax_of_the_masked_logits(native_kernels: Any, dtype: torch.dtype) -> None:
+    """csrc/token_bitmask.cpp's argmax_allowed against torch's argmax of the masked logits, row by row: dense,
+    sparse, single-token, all-forbidden and all-allowed masks, a vocabulary that is not a multiple of 32 (bits
+    past it set), more words than needed, ties (coarse values) and a forbidden maximum."""
+    gen = torch.Generator().manual_seed(11)
+    vocab, batch = 1000, 9
+    words = bitmask_words(vocab) + 1  # one spare word, all bits set: past the vocabulary, never a token
+    logits = (torch.randn(batch, vocab, generator=gen) * 3).to(dtype)  # [batch, vocab]
+    logits[2, 40] = logits[2, 999] = logits[2].max() + 1  # a tie at the top, both allowed: 40 wins
+    bitmask = torch.randint(-2**31, 2**31 - 1, (7, words), dtype=torch.int32, generator=gen)  # dense
+    bitmask[:, -2:] = -1  # the bits of the last partial word past the vocabulary, and the spare word
+    bitmask[1] = 0
+    bitmask[1, 5] = 1 << 3  # one token: 163
+    bitmask[3] = 0  # none: 0, as the argmax of a row of -inf
+    bitmask[4] = -1  # all allowed
+    sparse = torch.rand(vocab, generator=gen) < 0.01
+    bitmask[5] = 0
+    for t in sparse.nonzero().flatten().tolist():
+        bitmask[5, t // 32] |= torch.tensor(1 << (t % 32)).to(torch.int32)
+    top = int(logits[6].float().argmax())
+    bitmask[6, top // 32] &= ~torch.tensor(1 << (top % 32)).to(torch.int32)  # the row's maximum forbidden
+    bitmask[0] = -1
+    bitmask[0, 1] = 0  # tokens 32..63 forbidden, the tie row's 40 among them: 999 wins
+    rows = torch.tensor([2, 8, 0, 4, 7, 1, 6])
+    got = native_kernels.argmax_allowed(logits, rows, bitmask)
+    reference = apply_bitmask(logits.float(), rows, bitmask).argmax(dim=-1)[rows]
+    assert torch.equal(got, reference), (got, reference)
+    assert got[0] == 999 and got[1] == 163 and got[3] == 0 and got[6] != top
+    with pytest.raises(RuntimeError, match="outside"):
+        native_kernels.argmax_allowed(logits, torch.tensor([0, 1, 2, 3, 4, 5, 9]), bitmask)

@@ -111,7 +111,7 @@ class Engine:
         the `step()` that ends after the forward (one step earlier for streaming clients). It must
         be thread-safe; outputs of one request still arrive in order, before step() returns."""
         self.grammars = EngineGrammars(self.tokenizer, self.spec, config.structured_output_timeout,
-                                       self.model_source)
+                                       self.model_source, masks_when_sampled=not self.device_info.is_cuda)
         """Structured output: the grammar backend, per-sample matchers and each step's masks."""
         self._active_s = 0.0
         self._turn_running = False

@@ -14,7 +14,8 @@ cost more in dispatch than in arithmetic. csrc/ holds:
     ahead (all decoder linears of the default model at 8 rows 1.5-2.3x, at 64 rows 1.2-1.5x faster
     than torch's GEMM);
   - token_bitmask.cpp: structured output's grammar masks applied to the logits in place (one read of
-    the masks, one write per forbidden token; torch's ops expand every bit into a float first).
+    the masks, one write per forbidden token; torch's ops expand every bit into a float first), and
+    a greedy row's argmax over its allowed tokens without the write.
 
 It is built for the CPU at hand (-march=native), so the build's name carries a hash of the
 sources, the CPU's feature flags and torch's and Python's versions (never the checkout's path): another
@@ -92,6 +93,12 @@ class NativeKernels(Protocol):
     def apply_token_bitmask_(self, logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
         """logits [batch, vocab] float32/bfloat16 (contiguous rows), rows [k] int64, bitmask [k, words] int32:
         sets every token a row's mask forbids to -inf, in place (conveyor/structured/bitmask.py's layout)."""
+        ...
+
+    def argmax_allowed(self, logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+        """The same inputs -> [k] int64: row rows[i]'s first largest logit among the tokens mask i allows (the
+        argmax of the masked row, without writing it); 0 for a mask that allows nothing. For finite logits (a
+        model's): a NaN is never chosen, where torch's argmax would choose it."""
         ...
 
     def gguf_linear_vectorized(self) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.structured.bitmask import MaskInPlace, apply_bitmask
+from conveyor.structured.bitmask import GrammarKernels, apply_bitmask, native_applies
 
 _MASK32 = 0xFFFFFFFF
 
@@ -149,8 +149,22 @@ def _first_argmax(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
+def _greedy_allowed(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,
+                    kernels: GrammarKernels | None, owned: bool) -> torch.Tensor:
+    """logits [batch, vocab]; rows [k] int64 (distinct); bitmask [k, words] int32 -> [batch] each row's first
+    argmax among the tokens its grammar allows (every token for a row not in `rows`): the argmax of the
+    masked logits. The native kernel finds it without writing the mask and reads no logit of a word the
+    mask forbids whole (64 x 49,152 bfloat16, all rows JSON-constrained: #19's report has the figures)."""
+    if kernels is None or not native_applies(logits):
+        return _first_argmax(apply_bitmask(logits, rows, bitmask, owned=owned))
+    allowed = kernels.argmax_allowed(logits, rows.to(torch.int64).contiguous(), bitmask.contiguous())  # [k]
+    tokens = torch.empty(logits.shape[0], dtype=torch.int64) if rows.shape[0] == logits.shape[0] \
+        else _first_argmax(logits)  # [batch]
+    return tokens.index_copy_(0, rows, allowed)
+
+
 def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor, torch.Tensor] | None = None,
-           mask_in_place: MaskInPlace | None = None, logits_owned: bool = False) -> SampleOutput:
+           kernels: GrammarKernels | None = None, logits_owned: bool = False) -> SampleOutput:
     """logits: [rows, vocab] raw model logits, in the model's dtype -> sampled ids [rows] (+ raw
     logprobs when asked).
 
@@ -164,15 +178,14 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
 
     `grammar` (rows [k], bitmask [k, words]): structured-output rows, whose forbidden tokens are set
     to -inf after the other logits processing (so no bias or penalty can bring them back), by the
-    native kernel `mask_in_place` where given (CPU). A plain greedy batch is masked in the model's
-    dtype too (-inf and widening are exact, so the ids are the same) and, with `logits_owned` (the
-    caller reads `logits` no more), in place: all-JSON greedy steps, 64 x 49,152 bfloat16, one thread
-    under load: 15.0 -> 6.9 ms (float32 copy, clone, mask, argmax -> mask, argmax; unconstrained
-    argmax 6.5 ms; /tmp micro-benchmark in the #19 report)."""
+    native `kernels` where given (CPU). A plain greedy batch takes each row's argmax among its allowed
+    tokens in the model's dtype (widening is exact, so the ids are the same), with the native kernel
+    without writing the mask at all; else masked in place when `logits_owned` (the caller reads
+    `logits` no more)."""
     plain = t.bias is None and t.suppress is None and t.penalties is None and t.num_logprobs is None
     if t.all_greedy and plain:
         if grammar is not None:
-            logits = apply_bitmask(logits, *grammar, native=mask_in_place, owned=logits_owned)
+            return SampleOutput(_greedy_allowed(logits, *grammar, kernels, logits_owned))
         return SampleOutput(_first_argmax(logits))
     raw = logits
     logits = logits.float()  # [rows, vocab]
@@ -180,7 +193,8 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
     if grammar is not None:
         # in place only into a tensor of our own: `logits` is still read for the raw logprobs below
         own = processed is not logits or t.num_logprobs is None and (logits is not raw or logits_owned)
-        processed = apply_bitmask(processed, *grammar, native=mask_in_place, owned=own)
+        processed = apply_bitmask(processed, *grammar, native=None if kernels is None else kernels.apply_token_bitmask_,
+                                  owned=own)
     tokens = _first_argmax(processed)  # [rows]
     if not t.all_greedy:
         is_greedy = t.temperature == 0  # [rows]

@@ -2,9 +2,10 @@
 applying it to logits.
 
 Under async batching the host prepares step N+1 while step N runs, so N+1's masks cannot be
-known then (they depend on N's tokens). The prepared step carries a DeferredBitmask instead;
-the host fills it as soon as step N is committed, and the forward of N+1 waits for it only
-when it reaches sampling (vLLM's order: forward first, grammar mask at sampling time).
+known then (they depend on N's tokens). The prepared step carries a DeferredBitmask instead,
+completed as soon as step N is committed, and the forward of N+1 waits for it only when it
+reaches sampling (vLLM's order: forward first, grammar mask at sampling time). On CUDA the host
+fills it then; on CPU it gets a filler that the sampling thread runs (engine/grammars.py says why).
 
     bitmask [rows, words] int32, words = ceil(vocab / 32): token t of row r is allowed
     iff bit (t % 32) of bitmask[r, t // 32] is set.
@@ -13,7 +14,7 @@ when it reaches sampling (vLLM's order: forward first, grammar mask at sampling 
 from __future__ import annotations
 
 from concurrent.futures import Future
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -24,20 +25,41 @@ MaskInPlace = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 (csrc/token_bitmask.cpp) that writes -inf over the forbidden tokens in place."""
 
 
+class GrammarKernels(Protocol):
+    """The native CPU kernels of csrc/token_bitmask.cpp (conveyor.model.native.NativeKernels has them)."""
+
+    def apply_token_bitmask_(self, logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
+        """Every token mask i forbids set to -inf in logits row rows[i], in place."""
+
+    def argmax_allowed(self, logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+        """[k] int64: row rows[i]'s first largest logit among the tokens mask i allows (0 if it allows none)."""
+
+
 def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + BITS - 1) // BITS
 
 
+MaskFiller = Callable[[], torch.Tensor]
+"""Computes a step's [rows, words] int32 masks; called once, on the thread that samples the step."""
+
+
 class DeferredBitmask:
     """The grammar masks of one step's constrained rows: `rows` are indices into the step's
-    sampled rows; the [len(rows), words] int32 mask arrives through set() (from any thread)."""
+    sampled rows; the [len(rows), words] int32 mask arrives through set() (from any thread), or
+    set_filler() hands over the computation itself, which wait() then runs on the sampling thread."""
 
     def __init__(self, rows: list[int]) -> None:
         self.rows = rows
-        self._future: Future[torch.Tensor] = Future()
+        self._future: Future[torch.Tensor | MaskFiller] = Future()
 
     def set(self, bitmask: torch.Tensor) -> None:
         self._future.set_result(bitmask)
+
+    def set_filler(self, fill: MaskFiller) -> None:
+        """The rows' grammar states are final: `fill` computes their masks when the step samples (on a CPU
+        device that thread owns the cores then, so the masks are made in parallel instead of on a host thread
+        that competes with the forward for them)."""
+        self._future.set_result(fill)
 
     def fail(self, error: BaseException) -> None:
         if not self._future.done():
@@ -48,7 +70,9 @@ class DeferredBitmask:
         return self._future.done()
 
     def wait(self, timeout_s: float | None = None) -> torch.Tensor:
-        return self._future.result(timeout=timeout_s)
+        """The masks (computed now, on this thread, when a filler was set); call it once."""
+        value = self._future.result(timeout=timeout_s)
+        return value if isinstance(value, torch.Tensor) else value()
 
 
 _BYTE_PENALTY: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
@@ -74,6 +98,13 @@ def bitmask_penalty(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype =
     return table[as_bytes].flatten(1)[:, :vocab_size]  # [rows, vocab]
 
 
+def native_applies(logits: torch.Tensor) -> bool:
+    """Whether the native kernels take these logits: on the CPU, float32 or bfloat16, [batch, vocab] with
+    contiguous rows."""
+    return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() == 2 \
+        and logits.stride(-1) == 1
+
+
 def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, native: MaskInPlace | None = None,
                   owned: bool = False) -> torch.Tensor:
     """logits [batch, vocab] float; rows [k] int64 (distinct); bitmask [k, words] int32 -> logits with every
@@ -82,8 +113,7 @@ def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tenso
     With `native` (CPU, float32 / bfloat16 logits) the kernel writes the -inf in place: into `logits`
     itself when the caller `owned` it (a tensor nobody else reads), else into a copy. Otherwise torch's
     ops build a [k, vocab] penalty and add it (the same result)."""
-    if native is not None and logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) \
-            and logits.dim() == 2 and logits.stride(-1) == 1:
+    if native is not None and native_applies(logits):
         out = logits if owned else logits.clone()
         native(out, rows.to(torch.int64).contiguous(), bitmask.contiguous())
         return out

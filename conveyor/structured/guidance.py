@@ -73,7 +73,8 @@ class GuidanceBackend:
         self._cache: OrderedDict[tuple[str, str], GuidanceGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-grammar")
-        self._executor = llguidance.LLExecutor(num_threads=1)
+        self._executors: dict[int, llguidance.LLExecutor] = {}
+        """One pool per thread count fill_bitmask was asked for (1: a host thread beside the forward)."""
         self.compile_times_s: list[float] = []
         """Seconds each compilation took (cache misses only), for benchmarks."""
         self.cache_size = cache_size
@@ -116,7 +117,8 @@ class GuidanceBackend:
         self.compile_times_s.append(time.perf_counter() - start)
         return GuidanceGrammar(template)
 
-    def fill_bitmask(self, matchers: Sequence[GuidanceMatcher | None], bitmask: torch.Tensor) -> None:
+    def fill_bitmask(self, matchers: Sequence[GuidanceMatcher | None], bitmask: torch.Tensor,
+                     num_threads: int = 1) -> None:
         # numpy's fill, not torch's: this runs on the engine's host thread, and a torch op large enough to go
         # parallel (98k words at 64 rows) would start a second OpenMP team there, whose threads then fight
         # the forward's for the cores on every later step (runtime/overlap.py; measured: a 64-row decode
@@ -125,7 +127,10 @@ class GuidanceBackend:
         live = [(m.matcher, i) for i, m in enumerate(matchers)
                 if m is not None and not m.matcher.is_error()]
         if live:
-            llguidance.torch.fill_next_token_bitmask_par(self._executor, live, bitmask)
+            executor = self._executors.get(num_threads)
+            if executor is None:
+                executor = self._executors.setdefault(num_threads, llguidance.LLExecutor(num_threads=num_threads))
+            llguidance.torch.fill_next_token_bitmask_par(executor, live, bitmask)
 
     def close(self) -> None:
         self._compiler.shutdown(wait=False, cancel_futures=True)

@@ -1,16 +1,22 @@
-// Structured output: every token a row's grammar forbids set to -inf in the logits, in place.
+// Structured output's grammar masks against the logits, two ways:
+//   apply_token_bitmask_: every token a row's grammar forbids set to -inf, in place (any sampling);
+//   argmax_allowed:       each masked row's first largest allowed logit (greedy sampling), with no write.
 //
 //   logits  [batch, vocab] float32 or bfloat16, rows contiguous
 //   rows    [k] int64: which logits rows the k masks belong to (distinct)
 //   bitmask [k, words] int32, words = ceil(vocab / 32): token t is allowed iff bit t % 32 of word t / 32 is set
 //
-// A word with all 32 bits set (the common case outside the grammar's forbidden set) is skipped without
-// touching the logits, so the cost is one read of the masks plus one write per forbidden token.
+// Both skip work by whole words: apply_token_bitmask_ leaves an all-ones word's 32 logits untouched and
+// writes an all-zeros word's as one run; argmax_allowed reads no logit of an all-zeros word, so a row
+// with a few allowed tokens (a number, a keyword) costs a read of its mask and little more.
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+
+#include "vec_bf16.h"
 
 namespace {
 
@@ -31,6 +37,10 @@ void mask_rows(T* logits, int64_t row_stride, int64_t vocab, const int64_t* rows
       if (allowed == 0xFFFFFFFFu) continue;
       const int64_t base = w * 32;
       const int64_t n = std::min<int64_t>(32, vocab - base);
+      if (allowed == 0) {
+        std::fill_n(row + base, n, minus_inf);
+        continue;
+      }
       for (int64_t b = 0; b < n; ++b) {
         if (!((allowed >> b) & 1u)) row[base + b] = minus_inf;
       }
@@ -38,32 +48,120 @@ void mask_rows(T* logits, int64_t row_stride, int64_t vocab, const int64_t* rows
   }
 }
 
+// The bits of word w that are tokens (the last word's bits past the vocabulary are not).
+inline uint32_t word_bits(const uint32_t* mask, int64_t w, int64_t vocab) {
+  const int64_t n = vocab - w * 32;
+  return n >= 32 ? mask[w] : n <= 0 ? 0u : mask[w] & ((1u << n) - 1u);
+}
+
+inline float to_float(float v) { return v; }
+inline float to_float(at::BFloat16 v) { return static_cast<float>(v); }
+
+#if defined(CONVEYOR_VEC_AVX512)
+// 16 logits from p (lanes outside `lanes` are not read) as float32.
+inline __m512 load16(const float* p, __mmask16 lanes) { return _mm512_maskz_loadu_ps(lanes, p); }
+inline __m512 load16(const at::BFloat16* p, __mmask16 lanes) { return conveyor_vec::load_bf16(p, lanes); }
+#endif
+
+// Index of the first largest logit of `row` among the tokens `mask` allows; 0 when it allows none (where
+// argmax over a row of -inf would land). Two passes over the allowed words: the largest value, then the
+// first token holding it (float equality is exact: the value is one of the row's own).
+template <typename T>
+int64_t first_allowed_argmax(const T* row, int64_t vocab, const uint32_t* mask, int64_t words) {
+#if defined(CONVEYOR_VEC_AVX512)
+  __m512 best_lo = _mm512_set1_ps(std::numeric_limits<float>::lowest());
+  __m512 best_hi = best_lo;
+  bool any = false;
+  for (int64_t w = 0; w < words; ++w) {
+    const uint32_t allowed = word_bits(mask, w, vocab);
+    if (allowed == 0) continue;
+    any = true;
+    const __mmask16 lo = static_cast<__mmask16>(allowed), hi = static_cast<__mmask16>(allowed >> 16);
+    best_lo = _mm512_mask_max_ps(best_lo, lo, best_lo, load16(row + w * 32, lo));
+    if (hi) best_hi = _mm512_mask_max_ps(best_hi, hi, best_hi, load16(row + w * 32 + 16, hi));
+  }
+  if (!any) return 0;
+  const __m512 best = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(best_lo, best_hi)));
+  for (int64_t w = 0; w < words; ++w) {
+    const uint32_t allowed = word_bits(mask, w, vocab);
+    if (allowed == 0) continue;
+    const __mmask16 lo = static_cast<__mmask16>(allowed), hi = static_cast<__mmask16>(allowed >> 16);
+    const uint32_t hit = static_cast<uint32_t>(_mm512_mask_cmp_ps_mask(lo, load16(row + w * 32, lo), best, _CMP_EQ_OQ))
+        | (hi ? static_cast<uint32_t>(_mm512_mask_cmp_ps_mask(hi, load16(row + w * 32 + 16, hi), best, _CMP_EQ_OQ)) << 16
+              : 0u);
+    if (hit) return w * 32 + __builtin_ctz(hit);
+  }
+  return 0;  // not reached: the largest allowed value is in the row
+#else
+  float best = std::numeric_limits<float>::lowest();
+  int64_t best_index = -1;
+  for (int64_t w = 0; w < words; ++w) {
+    uint32_t allowed = word_bits(mask, w, vocab);
+    while (allowed) {
+      const int64_t t = w * 32 + __builtin_ctz(allowed);
+      allowed &= allowed - 1;
+      const float v = to_float(row[t]);
+      if (best_index < 0 || v > best) {
+        best = v;
+        best_index = t;
+      }
+    }
+  }
+  return best_index < 0 ? 0 : best_index;
+#endif
+}
+
+void check_inputs(const torch::Tensor& logits, const torch::Tensor& rows, const torch::Tensor& bitmask,
+                  const char* op) {
+  TORCH_CHECK(logits.device().is_cpu() && rows.device().is_cpu() && bitmask.device().is_cpu(), op,
+              " is a CPU kernel; got logits on ", logits.device());
+  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, op, ": logits must be [batch, vocab] with contiguous rows, got ",
+              logits.sizes(), " strides ", logits.strides());
+  TORCH_CHECK(logits.scalar_type() == torch::kFloat32 || logits.scalar_type() == torch::kBFloat16, op,
+              ": logits must be float32 or bfloat16, got ", logits.scalar_type());
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.is_contiguous(), op,
+              ": rows must be a contiguous [k] int64 tensor, got ", rows.sizes(), " ", rows.scalar_type());
+  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous(), op,
+              ": bitmask must be a contiguous [k, words] int32 tensor, got ", bitmask.sizes(), " ", bitmask.scalar_type());
+  const int64_t batch = logits.size(0), vocab = logits.size(1), k = rows.size(0), words = bitmask.size(1);
+  TORCH_CHECK(bitmask.size(0) == k, op, ": bitmask has ", bitmask.size(0), " rows for ", k, " row indices");
+  TORCH_CHECK(words * 32 >= vocab, op, ": bitmask has ", words, " words per row, too few for ", vocab,
+              " tokens (need ", (vocab + 31) / 32, ")");
+  const int64_t* row_ids = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < k; ++i) {
+    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < batch, op, ": row index ", row_ids[i], " is outside the ", batch,
+                " logits rows");
+  }
+}
+
 }  // namespace
 
 void apply_token_bitmask_(torch::Tensor& logits, const torch::Tensor& rows, const torch::Tensor& bitmask) {
-  TORCH_CHECK(logits.device().is_cpu() && rows.device().is_cpu() && bitmask.device().is_cpu(),
-              "apply_token_bitmask_ is a CPU kernel; got logits on ", logits.device());
-  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, "logits must be [batch, vocab] with contiguous rows, got ",
-              logits.sizes(), " strides ", logits.strides());
-  TORCH_CHECK(logits.scalar_type() == torch::kFloat32 || logits.scalar_type() == torch::kBFloat16,
-              "logits must be float32 or bfloat16, got ", logits.scalar_type());
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.is_contiguous(),
-              "rows must be a contiguous [k] int64 tensor, got ", rows.sizes(), " ", rows.scalar_type());
-  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous(),
-              "bitmask must be a contiguous [k, words] int32 tensor, got ", bitmask.sizes(), " ", bitmask.scalar_type());
-  const int64_t batch = logits.size(0), vocab = logits.size(1), k = rows.size(0), words = bitmask.size(1);
-  TORCH_CHECK(bitmask.size(0) == k, "bitmask has ", bitmask.size(0), " rows for ", k, " row indices");
-  TORCH_CHECK(words * 32 >= vocab, "bitmask has ", words, " words per row, too few for ", vocab, " tokens (need ",
-              (vocab + 31) / 32, ")");
+  check_inputs(logits, rows, bitmask, "apply_token_bitmask_");
+  const int64_t vocab = logits.size(1), k = rows.size(0), words = bitmask.size(1);
   const int64_t* row_ids = rows.data_ptr<int64_t>();
-  for (int64_t i = 0; i < k; ++i) {
-    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < batch, "row index ", row_ids[i], " is outside the ", batch,
-                " logits rows");
-  }
   const auto* bits = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
   if (logits.scalar_type() == torch::kFloat32) {
     mask_rows(logits.data_ptr<float>(), logits.stride(0), vocab, row_ids, k, bits, words);
   } else {
     mask_rows(logits.data_ptr<at::BFloat16>(), logits.stride(0), vocab, row_ids, k, bits, words);
   }
+}
+
+torch::Tensor argmax_allowed(const torch::Tensor& logits, const torch::Tensor& rows, const torch::Tensor& bitmask) {
+  check_inputs(logits, rows, bitmask, "argmax_allowed");
+  const int64_t vocab = logits.size(1), k = rows.size(0), words = bitmask.size(1), stride = logits.stride(0);
+  const int64_t* row_ids = rows.data_ptr<int64_t>();
+  const auto* bits = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+  torch::Tensor out = torch::empty({k}, torch::kInt64);  // [k]
+  int64_t* tokens = out.data_ptr<int64_t>();
+  const bool is_float = logits.scalar_type() == torch::kFloat32;
+  const float* f32 = is_float ? logits.data_ptr<float>() : nullptr;
+  const at::BFloat16* bf16 = is_float ? nullptr : logits.data_ptr<at::BFloat16>();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < k; ++i) {
+    tokens[i] = is_float ? first_allowed_argmax(f32 + row_ids[i] * stride, vocab, bits + i * words, words)
+                         : first_allowed_argmax(bf16 + row_ids[i] * stride, vocab, bits + i * words, words);
+  }
+  return out;
 }
