@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.engine.detokenizer import IncrementalDetokenizer
+from conveyor.engine.detokenizer import IncrementalDetokenizer, window_decoder
 
 TEXTS = [
     "Hello, world! How are you today?",
@@ -45,3 +45,18 @@ def test_random_token_streams(tokenizer: Any) -> None:
         assert detok.text == full
         if full.startswith(streamed):
             assert streamed + tail == full
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_window_decoder_equals_the_tokenizers_decode(tokenizer: Any, skip_special_tokens: bool) -> None:
+    """The detokenizer's direct backend decode gives exactly what transformers' decode gives, on random
+    windows that include special tokens, for the default model's tokenizer (which takes the direct path)."""
+    decode = window_decoder(tokenizer, skip_special_tokens)
+    assert decode.__closure__ is not None and any(  # the direct path, not the transformers wrapper
+        cell.cell_contents is tokenizer.backend_tokenizer for cell in decode.__closure__)
+    rng = random.Random(1)
+    special = list(tokenizer.all_special_ids)
+    for _ in range(200):
+        ids = [rng.choice(special) if rng.random() < 0.1 else rng.randrange(tokenizer.vocab_size)
+               for _ in range(rng.randrange(0, 12))]
+        assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
