@@ -144,11 +144,8 @@ def quantization_roundtrip_reference(model: Any, gguf_path: str) -> Any:
     import gguf
     import torch
 
-    reader = gguf.GGUFReader(gguf_path)
+    reader, _, names = _reader_and_name_map(gguf_path, model)
     types = {t.name: t.tensor_type for t in reader.tensors}
-    arch_name = reader.fields["general.architecture"].contents()
-    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch_name)
-    names = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
     quantized = copy.deepcopy(model)
     with torch.no_grad():
         for hf_name, param in quantized.named_parameters():
@@ -160,6 +157,16 @@ def quantization_roundtrip_reference(model: Any, gguf_path: str) -> Any:
             roundtrip = gguf.quants.dequantize(gguf.quants.quantize(values, kind), kind)
             param.copy_(torch.from_numpy(roundtrip.reshape(values.shape)))
     return quantized
+
+
+def _reader_and_name_map(gguf_path: str, model: Any) -> tuple[Any, str, Any]:
+    """The file's reader, its architecture name, and gguf's HF -> GGUF tensor-name table for `model`'s depth."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    arch_name = reader.fields["general.architecture"].contents()
+    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch_name)
+    return reader, arch_name, gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
 
 
 def llama_cpp_quantize(source: str, target: str, ftype: str = "Q4_K_M") -> str:
@@ -186,12 +193,9 @@ def dequantized_reference(model: Any, gguf_path: str) -> Any:
     import gguf
     import torch
 
-    reader = gguf.GGUFReader(gguf_path)
+    reader, arch_name, names = _reader_and_name_map(gguf_path, model)
     tensors = {t.name: t for t in reader.tensors}
-    arch_name = reader.fields["general.architecture"].contents()
     assert arch_name not in ("llama",), "llama-arch files permute Q/K rows; map them back before comparing"
-    arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch_name)
-    names = gguf.get_tensor_name_map(arch, model.config.num_hidden_layers)
     reference = copy.deepcopy(model)
     with torch.no_grad():
         for hf_name, param in reference.named_parameters():

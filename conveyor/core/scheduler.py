@@ -85,8 +85,7 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         request.status = status
-        self.blocks.free(request.request_id, hold_until_step=in_flight)
-        self._forget_sent(request.request_id)
+        self._release(request.request_id, in_flight)
         del self._requests[request.request_id]
         self._fixed_sampling.pop(request.request_id, None)
         for orphan in self._awaiting_fork.pop(request.request_id, []):  # its samples never forked
@@ -214,8 +213,14 @@ class Scheduler:
         if request_id in self._table_sent:
             self._table_sent[request_id] = min(self._table_sent[request_id], index)
 
+    def _release(self, request_id: str, in_flight: int | None) -> None:
+        """The request leaves the running set (finished or preempted): its blocks are freed (held until
+        `in_flight` finishes) and the runner forgets its state with the next plan."""
+        self.blocks.free(request_id, hold_until_step=in_flight)
+        self._forget_sent(request_id)
+
     def _forget_sent(self, request_id: str) -> None:
-        """The request leaves the runner (finished or preempted): drop its state there with the next plan."""
+        """Drop the request's state in the runner with the next plan."""
         sent = self._table_sent.pop(request_id, None) is not None
         if self._history_sent.pop(request_id, None) is not None or sent:
             self._dropped.append(request_id)
@@ -264,8 +269,7 @@ class Scheduler:
     def _preempt(self, request: Request, in_flight: int | None) -> None:
         """Free the request's blocks and queue it first in line for recomputation."""
         self.running.remove(request)
-        self.blocks.free(request.request_id, hold_until_step=in_flight)
-        self._forget_sent(request.request_id)
+        self._release(request.request_id, in_flight)
         request.status = RequestStatus.WAITING
         request.num_computed_tokens = 0
         request.num_preemptions += 1
