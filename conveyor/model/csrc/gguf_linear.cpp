@@ -200,15 +200,17 @@ void check_x(const torch::Tensor& x, int64_t in_features) {
 // shrunk: a decode step's products allocate nothing). Valid until this thread's next call.
 const std::vector<conveyor_gguf::QuantizedActivations>& quantized_rows(const float* x, int64_t rows,
                                                                        int64_t in_features) {
-  thread_local std::vector<int8_t> q, q256;
+  thread_local std::vector<int8_t> q, q256, q256_k4;
   thread_local std::vector<float> scale, scale16, scale256;
   thread_local std::vector<int32_t> sum16;
-  thread_local std::vector<int16_t> sum32;
+  thread_local std::vector<int16_t> sum32, sum16_256;
   thread_local std::vector<conveyor_gguf::QuantizedActivations> acts;
   const int64_t groups = in_features / 32, values = rows * in_features;
   if (static_cast<int64_t>(q.size()) < values) {
     q.resize(values);
     q256.resize(values);
+    q256_k4.resize(values);
+    sum16_256.resize(values / 16);
     scale.resize(values / 32);
     scale16.resize(values / 16);
     sum16.resize(values / 16);
@@ -221,7 +223,7 @@ const std::vector<conveyor_gguf::QuantizedActivations>& quantized_rows(const flo
         x + m * in_features, in_features,
         {q.data() + m * in_features, scale.data() + m * groups, scale16.data() + 2 * m * groups,
          sum16.data() + 2 * m * groups, q256.data() + m * in_features, scale256.data() + m * groups,
-         sum32.data() + m * groups});
+         sum32.data() + m * groups, q256_k4.data() + m * in_features, sum16_256.data() + 2 * m * groups});
   return acts;
 }
 
@@ -255,8 +257,13 @@ template <typename Store>
 inline void row_products(const Part& part, const uint8_t* row, int64_t n, int64_t rows, int64_t in_features,
                          const float* xf, const conveyor_gguf::QuantizedActivations* acts, std::vector<float>& w,
                          Store store) {
-  if (acts != nullptr && conveyor_gguf::vnni_kind(part.kind)) {
-    for (int64_t m = 0; m < rows; ++m) store(m, n, conveyor_gguf::vnni_dot(part.kind, row, in_features, acts[m]));
+  if (acts != nullptr && conveyor_gguf::vnni_kind(part.kind)) {  // the row unpacked once per kDotRowsMax rows
+    float out[conveyor_gguf::kDotRowsMax];
+    for (int64_t m0 = 0; m0 < rows; m0 += conveyor_gguf::kDotRowsMax) {
+      const int64_t count = std::min(rows - m0, conveyor_gguf::kDotRowsMax);
+      conveyor_gguf::vnni_dot_rows(part.kind, row, in_features, acts + m0, count, out);
+      for (int64_t m = 0; m < count; ++m) store(m0 + m, n, out[m]);
+    }
     return;
   }
   w.resize(in_features);
@@ -302,9 +309,21 @@ torch::Tensor gguf_linear_rows_parts(const torch::Tensor& x, const std::vector<t
   for (const Part& part : parts) int8_dots = int8_dots || (bf16 && conveyor_gguf::vnni_kind(part.kind));
   const conveyor_gguf::QuantizedActivations* acts = int8_dots ? quantized_rows(xf, rows, in_features).data() : nullptr;
   auto y = torch::empty({rows, out_features}, x.options());  // [rows, out]
-  const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread * out_features / std::max<int64_t>(1, total_bytes));
-  at::parallel_for(0, out_features, grain, [&](int64_t begin, int64_t end) {
+  // each thread takes an equal share of the weight bytes (parts of different types differ in bytes per row)
+  const auto row_at_byte = [&](int64_t byte) {  // the output row holding weight byte `byte` of the stack
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const int64_t part_rows = (i + 1 < parts.size() ? parts[i + 1].first : out_features) - parts[i].first;
+      if (byte < part_rows * parts[i].row_bytes) return parts[i].first + byte / parts[i].row_bytes;
+      byte -= part_rows * parts[i].row_bytes;
+    }
+    return out_features;
+  };
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(),
+                                                                total_bytes / kMinBytesPerThread));
+  at::parallel_for(0, shares, 1, [&](int64_t first_share, int64_t end_share) {
     thread_local std::vector<float> w;  // one dequantized weight row (the float path)
+    const int64_t begin = row_at_byte(first_share * total_bytes / shares);
+    const int64_t end = row_at_byte(end_share * total_bytes / shares);
     size_t p = 0;
     for (int64_t n = begin; n < end; ++n) {
       while (p + 1 < parts.size() && n >= parts[p + 1].first) ++p;

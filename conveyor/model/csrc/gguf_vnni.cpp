@@ -1,15 +1,18 @@
 // Integer dot products of GGUF blocks with int8-quantized activations (AVX-512 VNNI), llama.cpp's approach
 // for few activation rows: each activation row is quantized once to int8 with a float scale per 32 columns
-// (and, for Q4_K, per 256: ggml's Q8_K) (round to nearest, scale = max |x| / 127); each block's integer dot
-// products run in vpdpbusd (unsigned weight codes x signed activations, four products per 32-bit lane), and
-// the block's scales are applied in float (Q4_K's sub-block scales in integers). Types: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (the others take gguf_linear.cpp's float path).
+// (and, for Q4_K and Q6_K, per 256: ggml's Q8_K) (round to nearest, scale = max |x| / 127). The 32-weight
+// types run vpdpbusd (unsigned weight codes x signed activations, four products per 32-bit lane) and apply each
+// block's scale in float; Q4_K and Q6_K run vpmaddubsw (16-bit pair sums) then vpdpwssd by the 16-bit sub-block
+// scale, so that a whole super-block is summed in integers, and unpack each weight block once for up to
+// kDotRowsMax activation rows. Types: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (the others take gguf_linear.cpp's float path).
 // Also whole rows dequantized straight to bfloat16 with AVX-512 (Q8_0, Q4_0, Q4_K, Q6_K) for the tiles of
 // gguf_linear_tiles (rounded as torch rounds: to nearest even).
 //
 // An activation quantized so differs from x by at most half its block's step; gguf_linear_rows uses this
 // only for bfloat16 activations (float32 ones keep the exact float path), and the tests bound the error so.
-#include <torch/extension.h>
+#include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cmath>
 #include <cstring>
@@ -29,6 +32,9 @@ inline float half_at(const uint8_t* p) {
   std::memcpy(&bits, p, sizeof(bits));
   return _cvtsh_ss(bits);
 }
+
+// How far ahead of the block being multiplied its weight row is prefetched (rows are read once, in order).
+constexpr int64_t kPrefetchBytes = 1024;
 
 inline int32_t hsum_epi32(__m256i v) {
   const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -86,20 +92,29 @@ inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
 // Q4_K: 8 sub-blocks of 32, w = d sc q - dmin m, against activations quantized per 256 columns (one scale
 // per super-block), so that the sub-block scales multiply integer sums and the block needs two float products:
 //   sum_k w x = xs (d sum_j sc_j (q . x)_j - dmin sum_j m_j (sum of x)_j).
-// 64 columns (two sub-blocks) per vpdpbusd; the 6-bit scales and minima are unpacked eight at a time.
-float dot_q4_k(const uint8_t* row, int64_t blocks, const QuantizedActivations& x) {
-  const __m256i low4 = _mm256_set1_epi8(0xF);
-  // lanes 0-7 of the dot of columns 64j..64j+63 belong to sub-block 2j, lanes 8-15 to sub-block 2j+1
-  const __m512i pair_scale[4] = {
-      _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
-      _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
-      _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),
-      _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)};
-  __m512 acc = _mm512_setzero_ps();
-  __m128 acc_min = _mm_setzero_ps();
+// 64 bytes of codes at a time: their low nibbles are sub-blocks 4p and 4p + 2, their high ones 4p + 1 and
+// 4p + 3, which is why the activations come in that order (q256_k4). vpmaddubsw multiplies codes and
+// activations into 16-bit pair sums (at most 2 * 15 * 127), vpdpwssd those by the 16-bit sub-block scale into
+// 32-bit sums: two single-uop instructions per 64 columns. The weights are unpacked once for all `M` rows.
+template <int M>
+void dot_q4_k(const uint8_t* row, int64_t blocks, const QuantizedActivations* x, float* out) {
+  const __m512i low4 = _mm512_set1_epi8(0xF);
+  // shuffle controls: 128-bit lanes 0-1 take byte a of the scales as 16-bit words, lanes 2-3 byte b (0x80: zero)
+  const auto pick = [](uint64_t a, uint64_t b) {
+    const uint64_t words = 0x8000800080008000u, ones = 0x0001000100010001u;
+    return _mm512_set_epi64(words | b * ones, words | b * ones, words | b * ones, words | b * ones,
+                            words | a * ones, words | a * ones, words | a * ones, words | a * ones);
+  };
+  // sub-blocks of the low and high nibbles of bytes 0-63 (4p, 4p + 2; 4p + 1, 4p + 3) for p = 0, 1
+  const __m512i pick_scale[4] = {pick(0, 2), pick(1, 3), pick(4, 6), pick(5, 7)};
+  __m512 acc[M];
+  __m128 acc_min[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), acc_min[m] = _mm_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b, row += 144) {
-    const float xs = x.scale256[b];
-    const float d = half_at(row) * xs, dmin = half_at(row + 2) * xs;
+    _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 128, _MM_HINT_T0);
+    const float d = half_at(row), dmin = half_at(row + 2);
     // 12 bytes of scales as three words: sub-blocks 0-3 in the low 6 bits of words 0 (scales) and 1 (minima);
     // sub-blocks 4-7 in word 2's nibbles, topped with the 2 high bits of words 0 and 1 (ggml's get_scale_min_k4)
     uint32_t w[3];
@@ -108,66 +123,92 @@ float dot_q4_k(const uint8_t* row, int64_t blocks, const QuantizedActivations& x
         static_cast<uint64_t>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)) << 32;
     const uint64_t minima = (w[1] & 0x3F3F3F3Fu) |
         static_cast<uint64_t>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)) << 32;
-    const __m512i scale32 = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(scales)));  // lanes 0-7
-    const uint8_t* qs = row + 16;
-    const int8_t* xq = x.q256 + 256 * b;
-    __m512i sum = _mm512_setzero_si512();  // [16] int32: sc_j (q . x) over 4 columns each
-    for (int j = 0; j < 4; ++j) {
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
-      const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(packed, low4)),
-                                           _mm256_and_si256(_mm256_srli_epi16(packed, 4), low4), 1);
-      const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(xq + 64 * j));
-      sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, _mm512_permutexvar_epi32(pair_scale[j], scale32)));
+    const __m512i all_scales = _mm512_set1_epi64(static_cast<int64_t>(scales));
+    const __m128i minima16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(minima)));  // [8] int16
+    __m512i sum[M];  // [16] int32 each: sc_j (q . x) over 4 columns
+    for (int m = 0; m < M; ++m) sum[m] = _mm512_setzero_si512();
+    for (int p = 0; p < 2; ++p) {
+      const __m512i packed = _mm512_loadu_si512(row + 16 + 64 * p);
+      const __m512i low = _mm512_and_si512(packed, low4);
+      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+      const __m512i scale_low = _mm512_shuffle_epi8(all_scales, pick_scale[2 * p]);
+      const __m512i scale_high = _mm512_shuffle_epi8(all_scales, pick_scale[2 * p + 1]);
+      for (int m = 0; m < M; ++m) {
+        const int8_t* xq = x[m].q256_k4 + 256 * b + 128 * p;
+        sum[m] = _mm512_dpwssd_epi32(sum[m], _mm512_maddubs_epi16(low, _mm512_loadu_si512(xq)), scale_low);
+        sum[m] = _mm512_dpwssd_epi32(sum[m], _mm512_maddubs_epi16(high, _mm512_loadu_si512(xq + 64)), scale_high);
+      }
     }
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(d), acc);
-    const __m128i mins_dot = _mm_madd_epi16(  // [4] int32: m_j (sum of x)_j, two sub-blocks each
-        _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(minima))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.sum32 + 8 * b)));
-    acc_min = _mm_fmadd_ps(_mm_cvtepi32_ps(mins_dot), _mm_set1_ps(dmin), acc_min);
+    for (int m = 0; m < M; ++m) {
+      const float xs = x[m].scale256[b];
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m]), _mm512_set1_ps(d * xs), acc[m]);
+      const __m128i mins_dot = _mm_madd_epi16(  // [4] int32: m_j (sum of x)_j, two sub-blocks each
+          minima16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x[m].sum32 + 8 * b)));
+      acc_min[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(mins_dot), _mm_set1_ps(dmin * xs), acc_min[m]);
+    }
   }
-  const __m128 t = _mm_add_ps(acc_min, _mm_movehl_ps(acc_min, acc_min));
-  return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  for (int m = 0; m < M; ++m) {
+    const __m128 t = _mm_add_ps(acc_min[m], _mm_movehl_ps(acc_min[m], acc_min[m]));
+    out[m] = _mm512_reduce_add_ps(acc[m]) - _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  }
 }
 
-// Q6_K: 16 sub-blocks of 16, w = d sc (q - 32), q = 4 low bits (ql) + 2 high bits (qh).
-float dot_q6_k(const uint8_t* row, int64_t blocks, const QuantizedActivations& x) {
-  const __m256i low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3);
-  // lane i of a 64-column dot covers columns 4i..4i+3, i.e. 16-column sub-block i / 4
-  const __m512i first = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  const __m512i four = _mm512_set1_epi32(4);
-  __m512 acc = _mm512_setzero_ps(), offsets = _mm512_setzero_ps();
+// Q6_K: 16 sub-blocks of 16, w = d sc (q - 32), q = 4 low bits (ql) + 2 high bits (qh), against activations
+// quantized per 256 columns (as Q4_K):  sum_k w x = xs d sum_s sc_s ((q . x)_s - 32 (sum of x)_s), in integers
+// (at most 16 * 63 * 127 * 128 per sub-block). Per 128 columns: 64 bytes of ql, whose low nibbles are columns
+// 0-63 and high ones 64-127, topped by 2 bits each of 32 bytes of qh (bits 0-1 for columns 0-31, 2-3 for 32-63,
+// 4-5 for 64-95, 6-7 for 96-127); vpmaddubsw / vpdpwssd as in Q4_K (pair sums at most 2 * 63 * 127).
+template <int M>
+void dot_q6_k(const uint8_t* row, int64_t blocks, const QuantizedActivations* x, float* out) {
+  const __m512i low4 = _mm512_set1_epi8(0xF), bits45 = _mm512_set1_epi8(0x30);
+  // 128-bit lane L of scale vector k holds sub-block 4k + L's scale (16-bit), for 16 columns
+  const __m512i pick[4] = {
+      _mm512_set_epi64(0x0003000300030003, 0x0003000300030003, 0x0002000200020002, 0x0002000200020002,
+                       0x0001000100010001, 0x0001000100010001, 0x0000000000000000, 0x0000000000000000),
+      _mm512_set_epi64(0x0007000700070007, 0x0007000700070007, 0x0006000600060006, 0x0006000600060006,
+                       0x0005000500050005, 0x0005000500050005, 0x0004000400040004, 0x0004000400040004),
+      _mm512_set_epi64(0x000B000B000B000B, 0x000B000B000B000B, 0x000A000A000A000A, 0x000A000A000A000A,
+                       0x0009000900090009, 0x0009000900090009, 0x0008000800080008, 0x0008000800080008),
+      _mm512_set_epi64(0x000F000F000F000F, 0x000F000F000F000F, 0x000E000E000E000E, 0x000E000E000E000E,
+                       0x000D000D000D000D, 0x000D000D000D000D, 0x000C000C000C000C, 0x000C000C000C000C)};
+  __m512 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b, row += 210) {
-    const uint8_t* ql = row;
-    const uint8_t* qh = row + 128;
+    _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 128, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 192, _MM_HINT_T0);
     const float d = half_at(row + 208);
-    const __m512 sub_scale = _mm512_mul_ps(  // [16]: d sc[s] x-scale of sub-block s
-        _mm512_mul_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 192))))),
-        _mm512_loadu_ps(x.scale16 + 16 * b));
-    offsets = _mm512_fmadd_ps(sub_scale, _mm512_cvtepi32_ps(_mm512_loadu_si512(x.sum16 + 16 * b)), offsets);
-    for (int n = 0; n < 2; ++n, ql += 64, qh += 32) {
-      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
-      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
-      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_slli_epi16(_mm256_and_si256(h, low2), 4));
-      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, low4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), low2), 4));
-      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), low2), 4));
-      const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), low2), 4));
-      const int8_t* xb = x.q + 256 * b + 128 * n;
-      const __m512i dot12 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_inserti64x4(
-          _mm512_castsi256_si512(q1), q2, 1), _mm512_loadu_si512(xb));
-      const __m512i dot34 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_inserti64x4(
-          _mm512_castsi256_si512(q3), q4, 1), _mm512_loadu_si512(xb + 64));
-      const __m512i base = _mm512_add_epi32(first, _mm512_set1_epi32(8 * n));
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot12), _mm512_permutexvar_ps(base, sub_scale), acc);
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot34), _mm512_permutexvar_ps(_mm512_add_epi32(base, four),
-                                                                             sub_scale), acc);
+    const __m256i scale16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 192)));
+    const __m512i scales = _mm512_castsi256_si512(scale16);
+    // -32 sc_s against each sub-block's activation sum: the codes' offset, in the same integer sum
+    const __m512i offset_scale = _mm512_zextsi256_si512(_mm256_mullo_epi16(scale16, _mm256_set1_epi16(-32)));
+    __m512i sum[M];  // [16] int32 each
+    for (int m = 0; m < M; ++m)
+      sum[m] = _mm512_dpwssd_epi32(_mm512_setzero_si512(), offset_scale, _mm512_zextsi256_si512(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[m].sum16_256 + 16 * b))));
+    for (int n = 0; n < 2; ++n) {
+      const __m512i ql = _mm512_loadu_si512(row + 64 * n);
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 128 + 32 * n));
+      const __m512i high = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+      // A | (B & C) and (A & C) | B as ternary-logic truth tables (A = 0xF0, B = 0xCC, C = 0xAA)
+      const __m512i q_first = _mm512_ternarylogic_epi32(_mm512_and_si512(ql, low4), _mm512_slli_epi16(high, 4),
+                                                        bits45, 0xF8);
+      const __m512i q_second = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), _mm512_and_si512(high, bits45),
+                                                         low4, 0xEC);
+      const __m512i scale_first = _mm512_permutexvar_epi16(pick[2 * n], scales);
+      const __m512i scale_second = _mm512_permutexvar_epi16(pick[2 * n + 1], scales);
+      for (int m = 0; m < M; ++m) {
+        const int8_t* xq = x[m].q256 + 256 * b + 128 * n;
+        sum[m] = _mm512_dpwssd_epi32(sum[m], _mm512_maddubs_epi16(q_first, _mm512_loadu_si512(xq)), scale_first);
+        sum[m] = _mm512_dpwssd_epi32(sum[m], _mm512_maddubs_epi16(q_second, _mm512_loadu_si512(xq + 64)),
+                                     scale_second);
+      }
     }
+    for (int m = 0; m < M; ++m)
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m]), _mm512_set1_ps(d * x[m].scale256[b]), acc[m]);
   }
-  return _mm512_reduce_add_ps(acc) - 32.f * _mm512_reduce_add_ps(offsets);
+  for (int m = 0; m < M; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
 }
 
 inline void store_bf16(c10::BFloat16* dst, __m512 v) {
@@ -277,18 +318,24 @@ QuantizedActivations quantize_activations(const float* x, int64_t in_features, c
     for (int half = 0; half < 2; ++half)
       out.sum16[2 * b + half] = round16(x + 32 * b + 16 * half, inverse, out.q + 32 * b + 16 * half);
   }
-  if (in_features % 256 != 0) return {out.q, out.scale, out.scale16, out.sum16, nullptr, nullptr, nullptr};
+  if (in_features % 256 != 0) return {out.q, out.scale, out.scale16, out.sum16, nullptr, nullptr, nullptr, nullptr,
+                                      nullptr};
   for (int64_t b = 0; b < in_features / 256; ++b) {
     const float amax = abs_max(x + 256 * b, 256);
     const float inverse = amax > 0.f ? 127.f / amax : 0.f;
     out.scale256[b] = amax / 127.f;
-    for (int j = 0; j < 8; ++j) {
-      const int64_t k = 256 * b + 32 * j;
-      out.sum32[k / 32] = static_cast<int16_t>(round16(x + k, inverse, out.q256 + k) +
-                                               round16(x + k + 16, inverse, out.q256 + k + 16));
+    for (int j = 0; j < 16; ++j) {
+      const int64_t k = 256 * b + 16 * j;
+      out.sum16_256[k / 16] = static_cast<int16_t>(round16(x + k, inverse, out.q256 + k));
     }
   }
-  return {out.q, out.scale, out.scale16, out.sum16, out.q256, out.scale256, out.sum32};
+  for (int64_t k = 0; k < in_features; k += 32) {
+    out.sum32[k / 32] = static_cast<int16_t>(out.sum16_256[k / 16] + out.sum16_256[k / 16 + 1]);
+    // Q4_K's order per 128 columns: 0-31, 64-95, 32-63, 96-127 (32-column piece i of 4 goes to place i / 2 + 2 (i % 2))
+    const int64_t piece = (k % 128) / 32, place = piece / 2 + 2 * (piece % 2);
+    std::memcpy(out.q256_k4 + k - k % 128 + 32 * place, out.q256 + k, 32);
+  }
+  return {out.q, out.scale, out.scale16, out.sum16, out.q256, out.scale256, out.sum32, out.q256_k4, out.sum16_256};
 }
 
 float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x) {
@@ -296,8 +343,37 @@ float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const Quan
     case 2: return dot_q4_01<false>(row, in_features / 32, x);
     case 3: return dot_q4_01<true>(row, in_features / 32, x);
     case 8: return dot_q8_0(row, in_features / 32, x);
-    case 12: return dot_q4_k(row, in_features / 256, x);
-    default: return dot_q6_k(row, in_features / 256, x);
+    default: {
+      float out;
+      vnni_dot_rows(kind, row, in_features, &x, 1, &out);
+      return out;
+    }
+  }
+}
+
+namespace {
+
+template <int M>
+void dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x, float* out) {
+  if (kind == 12) return dot_q4_k<M>(row, in_features / 256, x, out);
+  return dot_q6_k<M>(row, in_features / 256, x, out);
+}
+
+}  // namespace
+
+void vnni_dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x,
+                   int64_t rows, float* out) {
+  if (kind != 12 && kind != 14) {
+    for (int64_t m = 0; m < rows; ++m) out[m] = vnni_dot(kind, row, in_features, x[m]);
+    return;
+  }
+  for (int64_t m = 0; m < rows; m += kDotRowsMax) {  // callers pass at most kDotRowsMax; more go in turns
+    switch (std::min(rows - m, kDotRowsMax)) {
+      case 1: dot_rows<1>(kind, row, in_features, x + m, out + m); break;
+      case 2: dot_rows<2>(kind, row, in_features, x + m, out + m); break;
+      case 3: dot_rows<3>(kind, row, in_features, x + m, out + m); break;
+      default: dot_rows<4>(kind, row, in_features, x + m, out + m); break;
+    }
   }
 }
 
@@ -311,6 +387,7 @@ void dequantize_row_bf16(int64_t, const uint8_t*, int64_t, c10::BFloat16*) {}
 bool vnni_kind(int64_t) { return false; }
 QuantizedActivations quantize_activations(const float*, int64_t, const ActivationBuffer&) { return {}; }
 float vnni_dot(int64_t, const uint8_t*, int64_t, const QuantizedActivations&) { return 0.f; }
+void vnni_dot_rows(int64_t, const uint8_t*, int64_t, const QuantizedActivations*, int64_t, float*) {}
 }  // namespace conveyor_gguf
 
 #endif

@@ -18,6 +18,8 @@ struct QuantizedActivations {
   const int8_t* q256;      // [in]; null when in is not a multiple of 256
   const float* scale256;   // [in / 256]
   const int16_t* sum32;    // [in / 32]: sums of q256 per 32 columns
+  const int8_t* q256_k4;   // [in]: q256 in Q4_K's nibble order (per 128 columns: 0-31, 64-95, 32-63, 96-127)
+  const int16_t* sum16_256;  // [in / 16]: sums of q256 per 16 columns (Q6_K's sub-blocks)
 };
 
 // The storage one QuantizedActivations row points into (reused between calls: no allocation per product).
@@ -29,6 +31,8 @@ struct ActivationBuffer {
   int8_t* q256;
   float* scale256;
   int16_t* sum32;
+  int8_t* q256_k4;
+  int16_t* sum16_256;
 };
 
 // Whether GGML type id `kind` has an int8 dot product here (false for all where VNNI is not built in).
@@ -38,8 +42,16 @@ bool vnni_kind(int64_t kind);
 // only when in is a multiple of 256; q256 is then non-null in the result).
 QuantizedActivations quantize_activations(const float* x, int64_t in_features, const ActivationBuffer& out);
 
+// Activation rows one call of vnni_dot_rows takes at most.
+constexpr int64_t kDotRowsMax = 4;
+
 // One weight row of GGML type `kind` (vnni_kind) times one quantized activation row.
 float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x);
+
+// One weight row of GGML type `kind` (vnni_kind) times `rows` (1..kDotRowsMax) quantized activation rows x[0..rows)
+// -> out[0..rows): the weight blocks are unpacked once for all of them.
+void vnni_dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x,
+                   int64_t rows, float* out);
 
 // Whether GGML type id `kind` has a vectorized dequantization to bfloat16 here.
 bool bf16_kind(int64_t kind);
