@@ -201,7 +201,7 @@ void check_x(const torch::Tensor& x, int64_t in_features) {
 const std::vector<conveyor_gguf::QuantizedActivations>& quantized_rows(const float* x, int64_t rows,
                                                                        int64_t in_features) {
   thread_local std::vector<int8_t> q, q256, q256_k4;
-  thread_local std::vector<float> scale, scale16, scale256;
+  thread_local std::vector<float> scale, scale256;
   thread_local std::vector<int32_t> sum16;
   thread_local std::vector<int16_t> sum32, sum16_256;
   thread_local std::vector<conveyor_gguf::QuantizedActivations> acts;
@@ -212,7 +212,6 @@ const std::vector<conveyor_gguf::QuantizedActivations>& quantized_rows(const flo
     q256_k4.resize(values);
     sum16_256.resize(values / 16);
     scale.resize(values / 32);
-    scale16.resize(values / 16);
     sum16.resize(values / 16);
     sum32.resize(values / 32);
     scale256.resize(values / 32);  // in / 256 per row would do; rows of in % 256 != 0 leave it unused
@@ -221,8 +220,8 @@ const std::vector<conveyor_gguf::QuantizedActivations>& quantized_rows(const flo
   for (int64_t m = 0; m < rows; ++m)
     acts[m] = conveyor_gguf::quantize_activations(
         x + m * in_features, in_features,
-        {q.data() + m * in_features, scale.data() + m * groups, scale16.data() + 2 * m * groups,
-         sum16.data() + 2 * m * groups, q256.data() + m * in_features, scale256.data() + m * groups,
+        {q.data() + m * in_features, scale.data() + m * groups, sum16.data() + 2 * m * groups,
+         q256.data() + m * in_features, scale256.data() + m * groups,
          sum32.data() + m * groups, q256_k4.data() + m * in_features, sum16_256.data() + 2 * m * groups});
   return acts;
 }

@@ -34,7 +34,7 @@ inline float half_at(const uint8_t* p) {
 }
 
 // How far ahead of the block being multiplied its weight row is prefetched (rows are read once, in order).
-constexpr int64_t kPrefetchBytes = 1024;
+constexpr int64_t kPrefetchBytes = 2048;
 
 inline int32_t hsum_epi32(__m256i v) {
   const __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -107,6 +107,11 @@ void dot_q4_k(const uint8_t* row, int64_t blocks, const QuantizedActivations* x,
   };
   // sub-blocks of the low and high nibbles of bytes 0-63 (4p, 4p + 2; 4p + 1, 4p + 3) for p = 0, 1
   const __m512i pick_scale[4] = {pick(0, 2), pick(1, 3), pick(4, 6), pick(5, 7)};
+  // the bytes of the scale field holding each scale's and minimum's low bits (6, or a nibble), and the top 2
+  const __m128i low_bits_at = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+  const __m128i top_bits_at = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
+  const __m128i low_bits_mask = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+  const __m128i top_bits_mask = _mm_set1_epi8(0x30);
   __m512 acc[M];
   __m128 acc_min[M];
   for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), acc_min[m] = _mm_setzero_ps();
@@ -115,16 +120,17 @@ void dot_q4_k(const uint8_t* row, int64_t blocks, const QuantizedActivations* x,
     _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 64, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 128, _MM_HINT_T0);
     const float d = half_at(row), dmin = half_at(row + 2);
-    // 12 bytes of scales as three words: sub-blocks 0-3 in the low 6 bits of words 0 (scales) and 1 (minima);
-    // sub-blocks 4-7 in word 2's nibbles, topped with the 2 high bits of words 0 and 1 (ggml's get_scale_min_k4)
-    uint32_t w[3];
-    std::memcpy(w, row + 4, sizeof(w));
-    const uint64_t scales = (w[0] & 0x3F3F3F3Fu) |
-        static_cast<uint64_t>((w[2] & 0x0F0F0F0Fu) | (((w[0] >> 6) & 0x03030303u) << 4)) << 32;
-    const uint64_t minima = (w[1] & 0x3F3F3F3Fu) |
-        static_cast<uint64_t>(((w[2] >> 4) & 0x0F0F0F0Fu) | (((w[1] >> 6) & 0x03030303u) << 4)) << 32;
-    const __m512i all_scales = _mm512_set1_epi64(static_cast<int64_t>(scales));
-    const __m128i minima16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(minima)));  // [8] int16
+    // the 12 bytes b of scales and minima -> 8 scales (bytes 0-7) and 8 minima (bytes 8-15) at once, as ggml's
+    // get_scale_min_k4: sub-block j < 4 has b[j] & 63 and b[j + 4] & 63; j >= 4 a nibble of b[j + 4] (low: the
+    // scale, high: the minimum) topped with the 2 high bits of b[j - 4] and of b[j]
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 4));
+    const __m128i low_bits = _mm_shuffle_epi8(raw, low_bits_at);  // b[0-3], b[8-11], b[4-7], b[8-11]
+    const __m128i nibbled = _mm_and_si128(  // high nibbles of the last four: srli_epi16 is exact there
+        _mm_mask_blend_epi8(0xF000, low_bits, _mm_srli_epi16(low_bits, 4)), low_bits_mask);
+    const __m128i scales_minima = _mm_ternarylogic_epi32(  // A | (B & C)
+        nibbled, _mm_srli_epi16(_mm_shuffle_epi8(raw, top_bits_at), 2), top_bits_mask, 0xF8);
+    const __m512i all_scales = _mm512_broadcastq_epi64(scales_minima);
+    const __m128i minima16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scales_minima, scales_minima));  // [8] int16
     __m512i sum[M];  // [16] int32 each: sc_j (q . x) over 4 columns
     for (int m = 0; m < M; ++m) sum[m] = _mm512_setzero_si512();
     for (int p = 0; p < 2; ++p) {
@@ -314,12 +320,11 @@ QuantizedActivations quantize_activations(const float* x, int64_t in_features, c
   for (int64_t b = 0; b < in_features / 32; ++b) {
     const float amax = abs_max(x + 32 * b, 32);
     const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-    out.scale[b] = out.scale16[2 * b] = out.scale16[2 * b + 1] = amax / 127.f;
+    out.scale[b] = amax / 127.f;
     for (int half = 0; half < 2; ++half)
       out.sum16[2 * b + half] = round16(x + 32 * b + 16 * half, inverse, out.q + 32 * b + 16 * half);
   }
-  if (in_features % 256 != 0) return {out.q, out.scale, out.scale16, out.sum16, nullptr, nullptr, nullptr, nullptr,
-                                      nullptr};
+  if (in_features % 256 != 0) return {out.q, out.scale, out.sum16, nullptr, nullptr, nullptr, nullptr, nullptr};
   for (int64_t b = 0; b < in_features / 256; ++b) {
     const float amax = abs_max(x + 256 * b, 256);
     const float inverse = amax > 0.f ? 127.f / amax : 0.f;
@@ -331,11 +336,11 @@ QuantizedActivations quantize_activations(const float* x, int64_t in_features, c
   }
   for (int64_t k = 0; k < in_features; k += 32) {
     out.sum32[k / 32] = static_cast<int16_t>(out.sum16_256[k / 16] + out.sum16_256[k / 16 + 1]);
-    // Q4_K's order per 128 columns: 0-31, 64-95, 32-63, 96-127 (32-column piece i of 4 goes to place i / 2 + 2 (i % 2))
+    // Q4_K's order per 128 columns: 0-31, 64-95, 32-63, 96-127 (32 columns i of 4 go to place i / 2 + 2 (i % 2))
     const int64_t piece = (k % 128) / 32, place = piece / 2 + 2 * (piece % 2);
     std::memcpy(out.q256_k4 + k - k % 128 + 32 * place, out.q256 + k, 32);
   }
-  return {out.q, out.scale, out.scale16, out.sum16, out.q256, out.scale256, out.sum32, out.q256_k4, out.sum16_256};
+  return {out.q, out.scale, out.sum16, out.q256, out.scale256, out.sum32, out.q256_k4, out.sum16_256};
 }
 
 float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x) {

@@ -13,7 +13,6 @@ namespace conveyor_gguf {
 struct QuantizedActivations {
   const int8_t* q;         // [in]
   const float* scale;      // [in / 32]
-  const float* scale16;    // [in / 16]: scale repeated per 16 columns (Q6_K's sub-blocks)
   const int32_t* sum16;    // [in / 16]: sums of q per 16 columns
   const int8_t* q256;      // [in]; null when in is not a multiple of 256
   const float* scale256;   // [in / 256]
@@ -26,7 +25,6 @@ struct QuantizedActivations {
 struct ActivationBuffer {
   int8_t* q;
   float* scale;
-  float* scale16;
   int32_t* sum16;
   int8_t* q256;
   float* scale256;
