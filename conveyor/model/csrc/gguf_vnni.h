@@ -7,16 +7,16 @@
 
 namespace conveyor_gguf {
 
-// One activation row quantized twice: per 32 columns, x[k] ~ scale[k / 32] * q[k] (the 32-weight types and
-// Q6_K), and, where in is a multiple of 256, per 256 columns, x[k] ~ scale256[k / 256] * q256[k] (Q4_K, as
-// ggml's Q8_K: one scale per super-block lets its 8 sub-block scales be applied in integers).
+// One activation row quantized twice: per 32 columns, x[k] ~ scale[k / 32] * q[k] (the 32-weight types),
+// and, where in is a multiple of 256, per 256 columns, x[k] ~ scale256[k / 256] * q256[k] (Q4_K and Q6_K, as
+// ggml's Q8_K: one scale per super-block lets their sub-block scales be applied in integers).
 struct QuantizedActivations {
   const int8_t* q;         // [in]
   const float* scale;      // [in / 32]
   const int32_t* sum16;    // [in / 16]: sums of q per 16 columns
   const int8_t* q256;      // [in]; null when in is not a multiple of 256
   const float* scale256;   // [in / 256]
-  const int16_t* sum32;    // [in / 32]: sums of q256 per 32 columns
+  const int16_t* sum32;    // [in / 32]: sums of q256 per 32 columns (Q4_K's sub-blocks)
   const int8_t* q256_k4;   // [in]: q256 in Q4_K's nibble order (per 128 columns: 0-31, 64-95, 32-63, 96-127)
   const int16_t* sum16_256;  // [in / 16]: sums of q256 per 16 columns (Q6_K's sub-blocks)
 };
