@@ -113,11 +113,14 @@ def _amx(request: pytest.FixtureRequest) -> Any:
 def test_amx_products_match_float64_over_the_bfloat16_weights(kind: str, rows: int,
                                                               request: pytest.FixtureRequest) -> None:
     """The AMX kernel at row counts around its 16-row tiles and 32-row pairs of tiles, output widths that fill
-    no 16- or 32-row weight block, input widths of an odd number of 32-column tiles; a wide input (more than one
-    chunk of packed activations, the last one partial) at 300 rows; equal to float64 over the weights rounded to
-    bfloat16 within float32 sums and one rounding; the projection's choice for many bfloat16 rows."""
+    no 16- or 32-row weight block, input widths of an odd number of 32-column tiles, wider than one panel at 64
+    and 300 rows (300: two chunks of packed activations, the last partial); equal to float64 over the weights
+    rounded to bfloat16 within float32 sums and one rounding; the projection's choice for many bfloat16 rows."""
     kernels = _amx(request)
-    in_features = 8192 if rows == 300 else 3 * FORMATS[kind].block  # 8192: five chunks of 64 packed rows
+    block = FORMATS[kind].block
+    # 300 rows of 8192: four 2048-column panels, two chunks of packed rows (256 + 44); 64 of 2048 + 3 blocks: a
+    # short last panel
+    in_features = {300: 8192, 64: 2048 + 3 * block}.get(rows, 3 * block)
     for out_features in (37, 50):
         weight = random_blocks(kind, out_features, in_features, seed=rows + out_features)
         x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]

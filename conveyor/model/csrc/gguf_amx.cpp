@@ -9,7 +9,9 @@
 // before the next 32. The activations are the B operand in the pair-interleaved layout TDPBF16PS reads
 // ([row tiles][in / 32][16 k pairs][16 rows][2]), packed once per call by chunks of rows small enough to stay
 // in L2 (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
-// accumulators; the results are stored, transposed, to y as bfloat16.
+// accumulators; the results are stored, transposed, to y as bfloat16. Inputs wider than kPanelValues are taken
+// a panel of columns at a time (the weights dequantized for one panel, the accumulators kept in a float32
+// buffer between panels), so that a chunk holds as many rows however wide the input.
 //
 // Linux hands out the tile registers' state only on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
 // XFEATURE_XTILEDATA)), asked once per process; available() is false where the CPU (cpuid) or the kernel says no.
@@ -35,7 +37,10 @@ constexpr int64_t kTile = 16;      // rows of every tile
 constexpr int64_t kTileK = 32;     // bfloat16 values in a tile row (64 bytes)
 constexpr int64_t kTileValues = kTile * kTileK;  // = kTilePieceStride
 constexpr int64_t kBlockN = 32;    // weight rows dequantized together: two A tiles
-constexpr int64_t kPackedBytes = 1 << 20;  // packed activations per chunk of rows (in L2 beside the weights)
+constexpr int64_t kSliceTiles = 16;       // k tiles of the weights multiplied by every row tile in turn (L1)
+constexpr int64_t kPanelValues = 2048;     // columns of the weights dequantized at a time (a multiple of 256)
+constexpr int64_t kPackedBytes = 1 << 20;  // one panel of packed activations per chunk of rows (in L2 beside
+                                           // the weights)
 
 constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
@@ -99,19 +104,29 @@ void store_transposed(const float* c, int64_t n, int64_t m, c10::BFloat16* y, in
   }
 }
 
-// C for two weight tiles (a: [2][k tiles][16][32]) x one or two activation tiles (b0, b1: [k tiles][16][32]).
+// C for two weight tiles (a0, a1: [k tiles][16][32]) x one or two activation tiles (b0, b1: the same):
+// c [4][16][16] float32 (accumulator 2 j + i: weight tile i, activation tile j), summed onto what c holds unless
+// `first`.
 template <bool kTwo>
-void multiply(const c10::BFloat16* a, const c10::BFloat16* b0, const c10::BFloat16* b1, int64_t k_tiles,
-              float* c) {
-  _tile_zero(0);
-  _tile_zero(1);
-  if (kTwo) {
-    _tile_zero(2);
-    _tile_zero(3);
+void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloat16* b0, const c10::BFloat16* b1,
+              int64_t k_tiles, bool first, float* c) {
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (kTwo) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  } else {
+    _tile_loadd(0, c, 64);
+    _tile_loadd(1, c + 256, 64);
+    if (kTwo) {
+      _tile_loadd(2, c + 512, 64);
+      _tile_loadd(3, c + 768, 64);
+    }
   }
-  const c10::BFloat16* a1 = a + k_tiles * kTileValues;
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
-    _tile_loadd(4, a + kt * kTileValues, 64);
+    _tile_loadd(4, a0 + kt * kTileValues, 64);
     _tile_loadd(6, b0 + kt * kTileValues, 64);
     _tile_loadd(5, a1 + kt * kTileValues, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -229,13 +244,14 @@ void tiles_q6_k(const uint8_t* b, c10::BFloat16* out) {
 
 bool tile_kind(int64_t kind) { return kind == 2 || kind == 8 || kind == 12 || kind == 14; }
 
-void dequantize_tile_row(int64_t kind, const uint8_t* row, int64_t in_features, c10::BFloat16* out) {
+void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10::BFloat16* out) {
   constexpr int64_t piece = kTilePieceStride;
+  const uint8_t* b = blocks;
   switch (kind) {
-    case 2: for (int64_t k = 0; k < in_features; k += 32, row += 18, out += piece) tiles_q4_0(row, out); break;
-    case 8: for (int64_t k = 0; k < in_features; k += 32, row += 34, out += piece) tiles_q8_0(row, out); break;
-    case 12: for (int64_t k = 0; k < in_features; k += 256, row += 144, out += 8 * piece) tiles_q4_k(row, out); break;
-    default: for (int64_t k = 0; k < in_features; k += 256, row += 210, out += 8 * piece) tiles_q6_k(row, out); break;
+    case 2: for (int64_t k = 0; k < count; k += 32, b += 18, out += piece) tiles_q4_0(b, out); break;
+    case 8: for (int64_t k = 0; k < count; k += 32, b += 34, out += piece) tiles_q8_0(b, out); break;
+    case 12: for (int64_t k = 0; k < count; k += 256, b += 144, out += 8 * piece) tiles_q4_k(b, out); break;
+    default: for (int64_t k = 0; k < count; k += 256, b += 210, out += 8 * piece) tiles_q6_k(b, out); break;
   }
 }
 
@@ -246,46 +262,64 @@ bool available() {
 
 void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
                   const WeightRow& weight_row, c10::BFloat16* y) {
-  const int64_t k_tiles = in_features / kTileK;
-  const int64_t chunk_rows = std::max<int64_t>(2 * kTile, kPackedBytes / (in_features * 2) / (2 * kTile) * 2 * kTile);
+  const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
+  const int64_t panel_values = std::min(in_features, kPanelValues);
+  const int64_t chunk_rows = std::max<int64_t>(2 * kTile, kPackedBytes / (panel_values * 2) / (2 * kTile) * 2 * kTile);
   const int64_t n_blocks = (out_features + kBlockN - 1) / kBlockN;
   thread_local std::vector<uint32_t> packed_storage;  // the caller's: [row tiles][k tiles][16][16] bf16 pairs
   const int64_t chunk_tiles = (std::min(chunk_rows, rows) + kTile - 1) / kTile;
+  const int64_t pair_floats = 4 * kTile * kTile;  // the four accumulators of a pair of activation tiles
   packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
   const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     const int64_t count = std::min(chunk_rows, rows - m0), row_tiles = (count + kTile - 1) / kTile;
+    const int64_t pairs = (row_tiles + 1) / 2;
     pack_activations(x, m0, count, in_features, packed_storage.data());
     at::parallel_for(0, n_blocks, 1, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<c10::BFloat16> weights;  // [2][k tiles][16][32]
-      weights.resize(2 * k_tiles * kTileValues);
-      alignas(64) float c[4 * kTile * kTile];
+      thread_local std::vector<c10::BFloat16> weights;  // [2][panel k tiles][16][32]
+      thread_local std::vector<float> sums;             // [blocks (1 for one panel)][pairs][4][16][16]
+      weights.resize(2 * (panel_values / kTileK) * kTileValues);
+      sums.resize((panels > 1 ? end - begin : 1) * pairs * pair_floats);
       configure_tiles();
-      for (int64_t nb = begin; nb < end; ++nb) {
-        const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0);
-        for (int64_t i = 0; i < kBlockN; ++i) {
-          c10::BFloat16* dst = weights.data() + (i / kTile) * k_tiles * kTileValues + (i % kTile) * kTileK;
-          if (i < n) {
-            weight_row(n0 + i, dst);
-          } else {  // rows past the last: zeros (their results are not stored)
-            for (int64_t kt = 0; kt < k_tiles; ++kt) std::memset(dst + kt * kTileValues, 0, kTileK * 2);
+      for (int64_t p = 0; p < panels; ++p) {
+        const int64_t k0 = p * kPanelValues, kc = std::min(kPanelValues, in_features - k0), kt0 = k0 / kTileK;
+        const int64_t panel_tiles = kc / kTileK;
+        for (int64_t nb = begin; nb < end; ++nb) {
+          const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0);
+          for (int64_t i = 0; i < kBlockN; ++i) {
+            c10::BFloat16* dst = weights.data() + (i / kTile) * panel_tiles * kTileValues + (i % kTile) * kTileK;
+            if (i < n) {
+              weight_row(n0 + i, k0, kc, dst);
+            } else {  // rows past the last: zeros (their results are not stored)
+              for (int64_t kt = 0; kt < panel_tiles; ++kt) std::memset(dst + kt * kTileValues, 0, kTileK * 2);
+            }
           }
-        }
-        for (int64_t t = 0; t < row_tiles; t += 2) {
-          const c10::BFloat16* b0 = packed + t * k_tiles * kTileValues;
-          const bool two = t + 1 < row_tiles;
-          if (two) {
-            multiply<true>(weights.data(), b0, b0 + k_tiles * kTileValues, k_tiles, c);
-          } else {
-            multiply<false>(weights.data(), b0, nullptr, k_tiles, c);
-          }
-          for (int64_t j = 0; j < (two ? 2 : 1); ++j) {
-            const int64_t m_first = m0 + (t + j) * kTile, m = std::min(kTile, rows - m_first);
-            for (int64_t i = 0; i < 2; ++i) {
-              const int64_t n_valid = std::min(kTile, n - i * kTile);
-              if (n_valid <= 0) continue;
-              store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m,
-                               y + m_first * out_features + n0 + i * kTile, out_features);
+          // a slice of kSliceTiles columns of the two weight tiles stays in L1 across every pair of row tiles
+          const c10::BFloat16* a = weights.data();
+          for (int64_t s0 = 0; s0 < panel_tiles; s0 += kSliceTiles) {
+            const int64_t slice = std::min(kSliceTiles, panel_tiles - s0);
+            const bool first = p == 0 && s0 == 0, last = p == panels - 1 && s0 + slice == panel_tiles;
+            for (int64_t t = 0; t < row_tiles; t += 2) {
+              const c10::BFloat16* b0 = packed + (t * k_tiles + kt0 + s0) * kTileValues;
+              const bool two = t + 1 < row_tiles;
+              float* c = sums.data() + ((panels > 1 ? nb - begin : 0) * pairs + t / 2) * pair_floats;
+              const c10::BFloat16* a0 = a + s0 * kTileValues;
+              const c10::BFloat16* a1 = a0 + panel_tiles * kTileValues;
+              if (two) {
+                multiply<true>(a0, a1, b0, b0 + k_tiles * kTileValues, slice, first, c);
+              } else {
+                multiply<false>(a0, a1, b0, nullptr, slice, first, c);
+              }
+              if (!last) continue;
+              for (int64_t j = 0; j < (two ? 2 : 1); ++j) {
+                const int64_t m_first = m0 + (t + j) * kTile, m = std::min(kTile, rows - m_first);
+                for (int64_t i = 0; i < 2; ++i) {
+                  const int64_t n_valid = std::min(kTile, n - i * kTile);
+                  if (n_valid <= 0) continue;
+                  store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m,
+                                   y + m_first * out_features + n0 + i * kTile, out_features);
+                }
+              }
             }
           }
         }

@@ -393,16 +393,16 @@ torch::Tensor gguf_linear_amx(const torch::Tensor& x, const torch::Tensor& block
   const bool vectorized = conveyor_amx::tile_kind(kind);
   conveyor_amx::product_bf16(
       xc.data_ptr<c10::BFloat16>(), rows, in_features, out_features,
-      [&](int64_t n, c10::BFloat16* out) {  // row n -> its 32-value pieces, kTilePieceStride apart
+      [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {  // -> 32-value pieces
+        const uint8_t* blocks_from = bp + n * row_bytes + first / f.block * f.bytes;
         if (vectorized) {
-          conveyor_amx::dequantize_tile_row(kind, bp + n * row_bytes, in_features, out);
+          conveyor_amx::dequantize_tile_row(kind, blocks_from, count, out);
           return;
         }
-        thread_local std::vector<float> w;  // [in]: the float path (Q4_1, Q5_0, Q5_1, Q5_K)
-        w.resize(in_features);
-        dequant_row(f, bp + n * row_bytes, in_features, w.data());
-        for (int64_t k = 0; k < in_features; ++k)
-          out[k / 32 * conveyor_amx::kTilePieceStride + k % 32] = c10::BFloat16(w[k]);
+        thread_local std::vector<float> w;  // [count]: the float path (Q4_1, Q5_0, Q5_1, Q5_K)
+        w.resize(count);
+        dequant_row(f, blocks_from, count, w.data());
+        for (int64_t k = 0; k < count; ++k) out[k / 32 * conveyor_amx::kTilePieceStride + k % 32] = c10::BFloat16(w[k]);
       },
       y.data_ptr<c10::BFloat16>());
   return y;
