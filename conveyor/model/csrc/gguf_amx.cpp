@@ -37,7 +37,6 @@ constexpr int64_t kTile = 16;      // rows of every tile
 constexpr int64_t kTileK = 32;     // bfloat16 values in a tile row (64 bytes)
 constexpr int64_t kTileValues = kTile * kTileK;  // = kTilePieceStride
 constexpr int64_t kBlockN = 32;    // weight rows dequantized together: two A tiles
-constexpr int64_t kSliceTiles = 16;       // k tiles of the weights multiplied by every row tile in turn (L1)
 constexpr int64_t kPanelValues = 2048;     // columns of the weights dequantized at a time (a multiple of 256)
 constexpr int64_t kPackedBytes = 1 << 20;  // one panel of packed activations per chunk of rows (in L2 beside
                                            // the weights)
@@ -294,31 +293,25 @@ void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int
               for (int64_t kt = 0; kt < panel_tiles; ++kt) std::memset(dst + kt * kTileValues, 0, kTileK * 2);
             }
           }
-          // a slice of kSliceTiles columns of the two weight tiles stays in L1 across every pair of row tiles
-          const c10::BFloat16* a = weights.data();
-          for (int64_t s0 = 0; s0 < panel_tiles; s0 += kSliceTiles) {
-            const int64_t slice = std::min(kSliceTiles, panel_tiles - s0);
-            const bool first = p == 0 && s0 == 0, last = p == panels - 1 && s0 + slice == panel_tiles;
-            for (int64_t t = 0; t < row_tiles; t += 2) {
-              const c10::BFloat16* b0 = packed + (t * k_tiles + kt0 + s0) * kTileValues;
-              const bool two = t + 1 < row_tiles;
-              float* c = sums.data() + ((panels > 1 ? nb - begin : 0) * pairs + t / 2) * pair_floats;
-              const c10::BFloat16* a0 = a + s0 * kTileValues;
-              const c10::BFloat16* a1 = a0 + panel_tiles * kTileValues;
-              if (two) {
-                multiply<true>(a0, a1, b0, b0 + k_tiles * kTileValues, slice, first, c);
-              } else {
-                multiply<false>(a0, a1, b0, nullptr, slice, first, c);
-              }
-              if (!last) continue;
-              for (int64_t j = 0; j < (two ? 2 : 1); ++j) {
-                const int64_t m_first = m0 + (t + j) * kTile, m = std::min(kTile, rows - m_first);
-                for (int64_t i = 0; i < 2; ++i) {
-                  const int64_t n_valid = std::min(kTile, n - i * kTile);
-                  if (n_valid <= 0) continue;
-                  store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m,
-                                   y + m_first * out_features + n0 + i * kTile, out_features);
-                }
+          const bool first = p == 0, last = p == panels - 1;
+          for (int64_t t = 0; t < row_tiles; t += 2) {
+            const c10::BFloat16* b0 = packed + (t * k_tiles + kt0) * kTileValues;
+            const bool two = t + 1 < row_tiles;
+            float* c = sums.data() + ((panels > 1 ? nb - begin : 0) * pairs + t / 2) * pair_floats;
+            const c10::BFloat16* a1 = weights.data() + panel_tiles * kTileValues;
+            if (two) {
+              multiply<true>(weights.data(), a1, b0, b0 + k_tiles * kTileValues, panel_tiles, first, c);
+            } else {
+              multiply<false>(weights.data(), a1, b0, nullptr, panel_tiles, first, c);
+            }
+            if (!last) continue;
+            for (int64_t j = 0; j < (two ? 2 : 1); ++j) {
+              const int64_t m_first = m0 + (t + j) * kTile, m = std::min(kTile, rows - m_first);
+              for (int64_t i = 0; i < 2; ++i) {
+                const int64_t n_valid = std::min(kTile, n - i * kTile);
+                if (n_valid <= 0) continue;
+                store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m,
+                                 y + m_first * out_features + n0 + i * kTile, out_features);
               }
             }
           }
