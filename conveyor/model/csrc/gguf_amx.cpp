@@ -1,5 +1,5 @@
 // The many-rows product of weights dequantized on the fly, on AMX tiles (Intel Sapphire Rapids and later):
-// prefill chunks and busy decode steps of kept-compact GGUF weights (gguf_linear_tiles).
+// prefill chunks and busy decode steps of kept-compact GGUF weights (gguf_linear_amx in gguf_linear.cpp).
 //
 //   C [16 weight rows, 16 activation rows] float32 += A [16 weight rows, 32 k] bf16 . B [32 k, 16 activation rows]
 //
@@ -7,8 +7,8 @@
 // scratch, laid out tile by tile ([2][in / 32][16 rows][32 k], 1 KiB per tile: rows 64 bytes apart, so a tile
 // load never strides a row of `in` values through one L1 set), and multiplies them by every activation row
 // before the next 32. The activations are the B operand in the pair-interleaved layout TDPBF16PS reads
-// ([row tiles][in / 32][16 k pairs][16 rows][2]), packed once per call by chunks of rows small enough to stay
-// in L2 (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
+// ([row tiles][in / 32][16 k pairs][16 rows][2]), packed once per call by chunks of rows whose panel stays in
+// L2 (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
 // accumulators; the results are stored, transposed, to y as bfloat16. Inputs wider than kPanelValues are taken
 // a panel of columns at a time (the weights dequantized for one panel, the accumulators kept in a float32
 // buffer between panels), so that a chunk holds as many rows however wide the input.
