@@ -4,7 +4,8 @@ gate/up Q4_K, down Q6_K; the tied Q6_K LM head), side by side in one process, ar
     --old-build NAME   also time another build of the kernels (a name under $TORCH_EXTENSIONS_DIR, e.g. the
                        starting commit's) on the M=1 decode products, as the engine called them there (one
                        call per part of a row stack, then torch.cat)
-    --rows M ...       one layer at M activation rows: row kernel, tile kernel, bfloat16 weights (Projection)
+    --rows M ...       one layer at M activation rows: row kernel (M <= 16), tile kernel, AMX kernel (where the
+                       CPU has AMX-BF16), bfloat16 weights (Projection)
 
     flock /work/bench.lock .venv/bin/python benchmarks/ab_gguf_1b_file.py --threads 2 \\
         --old-build conveyor_kernels_8c8d0627bd8f --rows 1 4 8 16 64
@@ -89,11 +90,16 @@ def main() -> None:
     dense = [Projection(new.gguf_dequantize(b, kind, k).bfloat16(), None, new) for b, kind, k in layer]
     for rows in args.rows:
         xs = [torch.randn(rows, k).bfloat16() for _, _, k in layer]  # [rows, in] each
-        got = medians({
-            "rows": lambda: [new.gguf_linear_rows(xi, *w) for xi, w in zip(xs, layer)],
-            "tiles": lambda: [new.gguf_linear_tiles(xi, *w) for xi, w in zip(xs, layer)],
-            "bf16": lambda: [d(xi) for xi, d in zip(xs, dense)]}, args.repeats)
-        print(f"M={rows}: one layer's products, median ms: {got}  tiles / bf16 = {got['tiles'] / got['bf16']:.2f}")
+        arms = {"rows": lambda: [new.gguf_linear_rows(xi, *w) for xi, w in zip(xs, layer)],
+                "tiles": lambda: [new.gguf_linear_tiles(xi, *w) for xi, w in zip(xs, layer)],
+                "bf16": lambda: [d(xi) for xi, d in zip(xs, dense)]}
+        if new.gguf_amx_available():
+            arms["amx"] = lambda: [new.gguf_linear_amx(xi, *w) for xi, w in zip(xs, layer)]
+        if rows > 16:  # the row kernel costs ~1 ms per row and layer: not a contender here
+            del arms["rows"]
+        got = medians(arms, args.repeats)
+        ratios = "  ".join(f"{arm} / bf16 = {got[arm] / got['bf16']:.2f}" for arm in got if arm != "bf16")
+        print(f"M={rows}: one layer's products, median ms: {got}  {ratios}", flush=True)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,8 @@ def test_products_match_float64_over_the_dequantized_weights(kind: str, rows: in
     magnitude = x.double().abs() @ w.abs().t()  # [rows, out]: bounds every partial sum
     exact = x.double() @ w.t()  # [rows, out]
     projection = GGUFProjection(weight, bias, kernels)
-    for name in ("gguf_linear_rows", "gguf_linear_tiles"):
+    amx = dtype == torch.bfloat16 and kernels.gguf_amx_available()
+    for name in ("gguf_linear_rows", "gguf_linear_tiles", *(("gguf_linear_amx",) if amx else ())):
         got = getattr(kernels, name)(x, weight.blocks, weight.type_id, in_features)
         assert got.dtype == dtype and got.shape == (rows, out_features)
         if dtype == torch.float32:
@@ -85,10 +86,74 @@ def test_products_match_float64_over_the_dequantized_weights(kind: str, rows: in
         elif name == "gguf_linear_rows":  # exact products, float32 sums, one bfloat16 rounding
             assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all(), name
         else:  # the tile's weights rounded to bfloat16 first
-            rounded = x.double() @ weight.dequantize().bfloat16().double().t()
-            assert ((got.double() - rounded).abs() <= rounded.abs() * 2 ** -8 + magnitude * 2 ** -16).all(), name
-    direct = kernels.gguf_linear_rows if rows <= ROWS_MAX else kernels.gguf_linear_tiles
+            assert _within_bf16_weights(got, x, weight), name
+    direct = kernels.gguf_linear_rows if rows <= ROWS_MAX else \
+        kernels.gguf_linear_amx if amx else kernels.gguf_linear_tiles
     assert torch.equal(projection(x), direct(x, weight.blocks, weight.type_id, in_features) + bias)
+
+
+def _within_bf16_weights(got: torch.Tensor, x: torch.Tensor, weight: QuantizedWeight) -> bool:
+    """got [rows, out] is x W^T with W rounded to bfloat16, summed in float32 and rounded once to x's dtype:
+    within half a bfloat16 step of the float64 product over the same rounded weights, plus float32 sums."""
+    w = weight.dequantize().bfloat16().double()  # [out, in]
+    rounded = x.double() @ w.t()  # [rows, out]
+    magnitude = x.double().abs() @ w.abs().t()  # [rows, out]
+    return bool(((got.double() - rounded).abs() <= rounded.abs() * 2 ** -8 + magnitude * 2 ** -16).all())
+
+
+def _amx(request: pytest.FixtureRequest) -> Any:
+    kernels = _kernels(request)
+    if not kernels.gguf_amx_available():
+        pytest.skip("this CPU (or kernel) offers no AMX-BF16 tiles; many-row products take gguf_linear_tiles")
+    return kernels
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+@pytest.mark.parametrize("rows", [5, 16, 17, 64, 300])
+def test_amx_products_match_float64_over_the_bfloat16_weights(kind: str, rows: int,
+                                                              request: pytest.FixtureRequest) -> None:
+    """The AMX kernel at row counts around its 16-row tiles and 32-row pairs of tiles, output widths that fill
+    no 16- or 32-row weight block, input widths of an odd number of 32-column tiles, wider than one panel at 64
+    and 300 rows (300: two chunks of packed activations, the last partial); equal to float64 over the weights
+    rounded to bfloat16 within float32 sums and one rounding; the projection's choice for many bfloat16 rows."""
+    kernels = _amx(request)
+    block = FORMATS[kind].block
+    # 300 rows of 8192: four 2048-column panels, two chunks of packed rows (256 + 44); 64 of 2048 + 3 blocks: a
+    # short last panel
+    in_features = {300: 8192, 64: 2048 + 3 * block}.get(rows, 3 * block)
+    for out_features in (37, 50):
+        weight = random_blocks(kind, out_features, in_features, seed=rows + out_features)
+        x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]
+        got = kernels.gguf_linear_amx(x, weight.blocks, weight.type_id, in_features)  # [rows, out]
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, out_features)
+        assert _within_bf16_weights(got, x, weight)
+        projection = GGUFProjection(weight, None, kernels)
+        assert torch.equal(projection(x), got)  # the projection takes this kernel for many bfloat16 rows
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
+def test_amx_dequantization_is_exact(kind: str, request: pytest.FixtureRequest) -> None:
+    """One-hot activation rows pick single weights: the AMX kernel's output is then its dequantized bfloat16
+    weights themselves (one exact product, no sum), equal to the reference dequantization rounded to bfloat16,
+    and to what the oneDNN tile kernel multiplies by."""
+    kernels = _amx(request)
+    in_features = 3 * FORMATS[kind].block
+    weight = random_blocks(kind, 37, in_features, seed=7)
+    one_hot = torch.eye(in_features).bfloat16()  # [in, in]
+    got = kernels.gguf_linear_amx(one_hot, weight.blocks, weight.type_id, in_features)  # [in, 37] = W^T
+    assert torch.equal(got, weight.dequantize().bfloat16().t())
+    assert torch.equal(got, kernels.gguf_linear_tiles(one_hot, weight.blocks, weight.type_id, in_features))
+
+
+def test_amx_product_refuses_what_it_cannot_multiply(request: pytest.FixtureRequest) -> None:
+    kernels = _amx(request)
+    weight = random_blocks("Q4_K", 40, 256, seed=1)
+    with pytest.raises(RuntimeError, match="multiplies bfloat16 activations, got Float; use gguf_linear_tiles"):
+        kernels.gguf_linear_amx(torch.randn(20, 256), weight.blocks, weight.type_id, 256)
+    with pytest.raises(RuntimeError, match="do not hold 512 weights"):
+        kernels.gguf_linear_amx(torch.randn(20, 512).bfloat16(), weight.blocks, weight.type_id, 512)
+    empty = kernels.gguf_linear_amx(torch.zeros(0, 256).bfloat16(), weight.blocks, weight.type_id, 256)
+    assert empty.shape == (0, 40)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -208,7 +273,8 @@ def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(kind: st
                                                                         request: pytest.FixtureRequest) -> None:
     """Ours with the weights kept compact (bfloat16 and float32 activations) against kernels='torch', where
     the same file is dequantized at load by the `gguf` package and run in float32: token for token, near-ties
-    excepted. One request alone (the row kernel) and all at once with prefill chunks (the tile kernel)."""
+    excepted. One request alone (the row kernel) and all at once with prefill chunks (the tile kernel; with
+    bfloat16 activations the AMX kernel where the CPU has one)."""
     _kernels(request)
     path = _quantized_file(tiny_f32_gguf, kind, str(tmp_path))
     rng = np.random.default_rng(len(kind))

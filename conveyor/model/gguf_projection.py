@@ -2,11 +2,16 @@
 
 Few rows (single-request decoding) go to the kernel that multiplies each weight row by every activation row
 (int8 dot products, or the row dequantized once), all parts of a row stack in one call; more than ROWS_MAX
-rows (prefill chunks, busy decode steps) to the one that dequantizes a tile of weights at a time into a
-thread's scratch and runs torch's GEMM on it.
+rows (prefill chunks, busy decode steps) of bfloat16 activations to the AMX kernel where the CPU has AMX-BF16
+(each thread dequantizes 32 weight rows to bfloat16 and multiplies them on tiles, csrc/gguf_amx.cpp), else (no
+AMX, or float32 activations) to the one that dequantizes a tile of weights at a time into a thread's scratch and
+runs torch's GEMM on it. Which one is logged once per process.
 """
 
 from __future__ import annotations
+
+import functools
+import logging
 
 import torch
 
@@ -16,6 +21,21 @@ from conveyor.model.native import NativeKernels
 
 ROWS_MAX = 4
 """Activation rows up to which the row kernel is used (see benchmarks/RESULTS.md, GGUF kernels)."""
+
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def amx_rows(kernels: NativeKernels) -> bool:
+    """Whether bfloat16 products of more than ROWS_MAX rows run on AMX tiles here (logged on the first call)."""
+    amx = kernels.gguf_amx_available()
+    if amx:
+        logger.info("GGUF products of more than %d bfloat16 rows: AMX-BF16 tiles (gguf_linear_amx)", ROWS_MAX)
+    else:
+        logger.info("GGUF products of more than %d rows: dequantized tiles into torch's GEMM (gguf_linear_tiles); "
+                    "this CPU or kernel offers no AMX-BF16", ROWS_MAX)
+    return amx
 
 
 class GGUFProjection:
@@ -36,7 +56,12 @@ class GGUFProjection:
     def _part(self, part: QuantizedWeight | Projection, x: torch.Tensor) -> torch.Tensor:
         if isinstance(part, Projection):
             return part(x)
-        product = self.kernels.gguf_linear_rows if x.shape[0] <= ROWS_MAX else self.kernels.gguf_linear_tiles
+        if x.shape[0] <= ROWS_MAX:
+            product = self.kernels.gguf_linear_rows
+        elif x.dtype == torch.bfloat16 and amx_rows(self.kernels):
+            product = self.kernels.gguf_linear_amx
+        else:
+            product = self.kernels.gguf_linear_tiles
         return product(x, part.blocks, part.type_id, part.in_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

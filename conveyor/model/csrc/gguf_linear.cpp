@@ -8,6 +8,8 @@
 //   gguf_linear_tiles: many rows (prefill chunks, busy decode steps): each thread dequantizes a tile of
 //                      weight rows x all K (about kTileBytes, so that it stays in L2) to the activations'
 //                      dtype in its own scratch and runs torch's GEMM (oneDNN: AVX-512 BF16 / AMX) on it;
+//   gguf_linear_amx:   many rows of bfloat16 activations on AMX tiles (gguf_amx.cpp), each thread dequantizing
+//                      32 weight rows at a time to bfloat16 itself (no GEMM library call per tile);
 //   gguf_dequantize:   whole rows to float32 (embedding lookups, reference checks).
 // The weights stay as the file stores them, [N rows][K / block blocks]: no float copy is ever kept.
 //
@@ -21,6 +23,7 @@
 #include <cstring>
 #include <vector>
 
+#include "gguf_amx.h"
 #include "gguf_vnni.h"
 
 namespace {
@@ -387,6 +390,39 @@ torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blo
         std::memcpy(dst + (m * out_features + n0) * element, src + m * n * element, n * element);
     }
   });
+  return y;
+}
+
+bool gguf_amx_available() { return conveyor_amx::available(); }
+
+torch::Tensor gguf_linear_amx(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
+                              int64_t in_features) {
+  const Format f = checked_format(blocks, kind, in_features);
+  check_x(x, in_features);
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "gguf_linear_amx multiplies bfloat16 activations, got ",
+              x.scalar_type(), "; use gguf_linear_tiles for float32 ones");
+  TORCH_CHECK(conveyor_amx::available(), "gguf_linear_amx needs AMX-BF16 (Intel Sapphire Rapids or later) and a "
+              "kernel that grants tile data; this CPU or build has none: use gguf_linear_tiles");
+  const int64_t rows = x.size(0), out_features = blocks.size(0), row_bytes = blocks.size(1);
+  const torch::Tensor xc = x.contiguous();  // [rows, in]
+  auto y = torch::empty({rows, out_features}, x.options());  // [rows, out]
+  if (rows == 0 || out_features == 0) return y;
+  const uint8_t* bp = blocks.data_ptr<uint8_t>();
+  const bool vectorized = conveyor_amx::tile_kind(kind);
+  conveyor_amx::product_bf16(
+      xc.data_ptr<c10::BFloat16>(), rows, in_features, out_features,
+      [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {  // -> 32-value pieces
+        const uint8_t* blocks_from = bp + n * row_bytes + first / f.block * f.bytes;
+        if (vectorized) {
+          conveyor_amx::dequantize_tile_row(kind, blocks_from, count, out);
+          return;
+        }
+        thread_local std::vector<float> w;  // [count]: the float path (Q4_1, Q5_0, Q5_1, Q5_K)
+        w.resize(count);
+        dequant_row(f, blocks_from, count, w.data());
+        for (int64_t k = 0; k < count; ++k) out[k / 32 * conveyor_amx::kTilePieceStride + k % 32] = c10::BFloat16(w[k]);
+      },
+      y.data_ptr<c10::BFloat16>());
   return y;
 }
 
