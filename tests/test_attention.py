@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conveyor.model.attention import attend, build_attention_batch, paged_attention
+from conveyor.model.attention import build_attention_batch, paged_attention
 from conveyor.model.native import DecodeAttention, NativeKernels
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 8, 4
@@ -126,22 +126,3 @@ def test_many_decodes_in_length_groups_with_a_prefill_match_sdpa(decode_op: Deco
         expected = _reference(q[row:row + n], k_all, v_all, start)
         torch.testing.assert_close(out[row:row + n], expected, atol=1e-5, rtol=1e-5)
         row += n
-
-
-def test_a_prefill_chunk_attends_through_the_flash_kernel() -> None:
-    """A chunk's [heads, len, d] attention equals SDPA over 4-D inputs bit for bit (torch's CPU flash kernel),
-    causal and with an additive mask; 3-D inputs would take the math path, ~10x slower in bfloat16, whose
-    float32 copies round differently (checked below, so this test notices a return to it)."""
-    g = torch.Generator().manual_seed(2)
-    qkv = torch.randn(144, 15, 64, generator=g).to(torch.bfloat16)
-    q, k, v = (qkv[:, a:b].transpose(0, 1) for a, b in ((0, 9), (9, 12), (12, 15)))  # [heads, len, d] views
-    flash = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True, scale=0.125,
-                                           enable_gqa=True)[0]  # [heads, len, d]
-    assert torch.equal(attend(q, k, v, None, 0.125, None, is_causal=True), flash)
-    math = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.125, enable_gqa=True)
-    assert not torch.equal(math, flash)
-    valid = torch.arange(144)[None, :] <= torch.arange(100, 144)[:, None]  # the last 44 queries, causal
-    mask = torch.zeros(44, 144, dtype=torch.bfloat16).masked_fill_(~valid, float("-inf"))
-    masked = F.scaled_dot_product_attention(q[None, :, 100:], k[None], v[None], attn_mask=mask, scale=0.125,
-                                            enable_gqa=True)[0]
-    assert torch.equal(attend(q[:, 100:], k, v, mask, 0.125, None), masked)

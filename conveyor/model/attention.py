@@ -266,18 +266,10 @@ def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
            softcap: float | None, is_causal: bool = False) -> torch.Tensor:
     """SDPA over q [..., heads, q_len, d] and k, v [..., kv_heads, k_len, d] (grouped-query when fewer kv heads);
-    with a softcap, the scores are capped explicitly (SDPA has no such option), softmax in float32.
-
-    A prefill chunk's [heads, len, d] gets a batch axis first: torch's CPU flash kernel takes 4-D inputs only,
-    and 3-D ones went to the math path, which copies everything to float32 (one 144-token chunk of the
-    default model in bfloat16: ~10x slower; the flash kernel is also what transformers' sdpa attention runs)."""
+    with a softcap, the scores are capped explicitly (SDPA has no such option), softmax in float32."""
     if softcap is None:
-        unbatched = q.dim() == 3
-        if unbatched:
-            q, k, v = q[None], k[None], v[None]  # [1, heads, len, d]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                             enable_gqa=k.shape[-3] != q.shape[-3])
-        return out[0] if unbatched else out
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=k.shape[-3] != q.shape[-3])
     if k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # [..., heads, k_len, d]
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)  # [..., heads, k_len, d]
