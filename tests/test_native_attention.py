@@ -40,7 +40,7 @@ def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ta
 # group 9 take the portable one; float16 always the portable one.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 1, 128), (6, 2, 8), (9, 1, 64)])
-@pytest.mark.parametrize("block_size", [4, 16])
+@pytest.mark.parametrize("block_size", [1, 4, 5, 16])
 def test_kernel_matches_float64_reference(native_kernels: native.NativeKernels, dtype: torch.dtype, heads: int,
                                           kv_heads: int, head_dim: int, block_size: int) -> None:
     gen = torch.Generator().manual_seed(heads * 1000 + head_dim + block_size)
@@ -189,3 +189,33 @@ def test_rotary_and_cache_matches_torch_bit_for_bit(native_kernels: native.Nativ
     with pytest.raises(RuntimeError, match="outside the cache"):
         native_kernels.rotary_and_cache(qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache,
                                  torch.full((tokens,), 8 * block), heads, kv_heads)
+
+
+def test_small_ops_give_the_same_bits_on_one_thread_and_split(native_kernels: native.NativeKernels) -> None:
+    """A decode step's few rows run on the calling thread, a prefill's many rows split over the threads: the same
+    rows give the same bits either way (400 rows split; the same rows 50 at a time run inline)."""
+    gen = torch.Generator().manual_seed(8)
+    rows, chunk, dtype = 400, 50, torch.bfloat16
+    h = (torch.randn(rows, 576, generator=gen) * 3).to(dtype)
+    delta = torch.randn(rows, 576, generator=gen).to(dtype)
+    weight = (1 + 0.3 * torch.randn(576, generator=gen)).to(dtype)
+    split_h = h.clone()
+    split = native_kernels.add_rms_norm(split_h, delta, weight, 1e-5)
+    pieces = [(h[i:i + chunk].clone(), delta[i:i + chunk]) for i in range(0, rows, chunk)]
+    inline = torch.cat([native_kernels.add_rms_norm(p, d, weight, 1e-5) for p, d in pieces])
+    assert torch.equal(split, inline) and torch.equal(split_h, torch.cat([p for p, _ in pieces]))
+    gate_up = (torch.randn(rows, 2 * 1536, generator=gen) * 4).to(dtype)
+    assert torch.equal(native_kernels.silu_and_mul(gate_up),
+                       torch.cat([native_kernels.silu_and_mul(gate_up[i:i + chunk]) for i in range(0, rows, chunk)]))
+    heads, kv_heads, head_dim, block = 9, 3, 64, 16
+    qkv = (torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen) * 2).to(dtype)
+    rotary = RotaryEmbedding(RopeSpec(theta=10000.0), head_dim, 4096, torch.device("cpu"))
+    cos, sin = (t.view(rows, -1) for t in rotary.tables(torch.randint(0, 4000, (rows,), generator=gen), dtype))
+    slots = torch.randperm(32 * block, generator=gen)[:rows]
+    caches = [torch.zeros(32, block, kv_heads, head_dim, dtype=dtype) for _ in range(4)]
+    split_qk = native_kernels.rotary_and_cache(qkv, cos, sin, caches[0], caches[1], slots, heads, kv_heads)
+    inline_qk = torch.cat([native_kernels.rotary_and_cache(qkv[i:i + chunk], cos[i:i + chunk], sin[i:i + chunk],
+                                                           caches[2], caches[3], slots[i:i + chunk], heads, kv_heads)
+                           for i in range(0, rows, chunk)])
+    assert torch.equal(split_qk, inline_qk)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])

@@ -4,7 +4,7 @@ distribution (chi-square), counter-based determinism, and the noise itself."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import pytest
 import torch
@@ -147,6 +147,53 @@ def test_plain_greedy_in_the_model_dtype_picks_the_float32_ids(dtype: torch.dtyp
     with_logprobs = sample_output(logits, greedy)
     assert torch.equal(with_logprobs.tokens, reference)
     assert with_logprobs.top_logprobs is not None and with_logprobs.top_logprobs.dtype == torch.float32
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_native_argmax_rows_is_torchs_max_indices(native_kernels: Any, dtype: torch.dtype) -> None:
+    """csrc/argmax_rows.cpp against torch's max(dim=-1).indices on every vector tail length, exact ties (the first
+    wins), NaN (torch picks the first NaN), +-inf, an all -inf row, and rows with a stride (a view of wider rows)."""
+    g = torch.Generator().manual_seed(11)
+    for vocab in (1, 2, 15, 16, 17, 63, 64, 65, 127, 4099, 49152):
+        rows = 9
+        logits = (torch.randn(rows, vocab, generator=g) * 3).round().to(dtype)  # coarse values: many ties
+        if vocab > 2:
+            logits[1, vocab // 2] = logits[1, vocab - 1] = logits[1].max() + 1  # a tie at the top, far apart
+            logits[2, vocab - 1] = float("nan")
+            logits[3, vocab // 3] = logits[3, vocab - 2] = float("nan")
+            logits[4, vocab - 1] = float("inf")
+            logits[5, 0] = float("-inf")
+        logits[6] = float("-inf")
+        logits[7] = 0.25
+        got = native_kernels.argmax_rows(logits)
+        assert got.dtype == torch.int64 and torch.equal(got, logits.max(dim=-1).indices), vocab
+        wide = torch.randn(rows, vocab + 5, generator=g).to(dtype)
+        view = wide[:, 2:vocab + 2]  # rows vocab + 5 apart
+        assert torch.equal(native_kernels.argmax_rows(view), view.max(dim=-1).indices), vocab
+    assert native_kernels.argmax_rows(torch.empty(0, 10, dtype=dtype)).shape == (0,)
+    with pytest.raises(RuntimeError, match="contiguous rows"):
+        native_kernels.argmax_rows(torch.randn(4, 6).to(dtype).t())
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        native_kernels.argmax_rows(torch.randn(4, 6, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_sampling_with_the_native_argmax_gives_torchs_ids(native_kernels: Any, dtype: torch.dtype) -> None:
+    """sample() with the native kernels (every argmax through argmax_rows) against sample() on torch's ops: plain
+    greedy in the model's dtype, and a mixed batch of greedy and top-k/top-p sampled rows (float32 path)."""
+    g = torch.Generator().manual_seed(5)
+    rows, vocab = 64, 49152
+    logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
+    logits[9, 100] = logits[9, 30000] = logits[9].max() + 1
+    greedy = tensors([0.0] * rows, [0] * rows, [1.0] * rows, list(range(rows)), [0] * rows)
+    assert torch.equal(sample_output(logits, greedy, kernels=native_kernels).tokens,
+                       sample_output(logits, greedy).tokens)
+    temperature = torch.rand(rows, generator=g) + 0.5
+    temperature[::3] = 0.0
+    mixed = tensors(temperature, [50] * rows, [0.9] * rows, list(range(rows)), [4] * rows)
+    native = sample_output(logits, mixed, kernels=native_kernels).tokens
+    assert torch.equal(native, sample_output(logits, mixed).tokens)
+    assert torch.equal(native[::3], logits[::3].float().argmax(dim=-1))
+
 
 # ---- (c) the sampled distribution -------------------------------------------------------
 

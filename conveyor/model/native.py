@@ -17,7 +17,9 @@ cost more in dispatch than in arithmetic. csrc/ holds:
     their blocks (few rows: int8 dot products; many rows: AMX tiles where the CPU has them);
   - token_bitmask.cpp: structured output's grammar masks applied to the logits in place (one read of
     the masks, one write per forbidden token; torch's ops expand every bit into a float first), and
-    a greedy row's argmax over its allowed tokens without the write.
+    a greedy row's argmax over its allowed tokens without the write;
+  - argmax_rows.cpp: greedy sampling's argmax over bfloat16 or float32 logits (torch's max reduction
+    reads them at ~5 GB/s idle, slower beside other work).
 
 It is built for the CPU at hand (-march=native), so the build's name carries a hash of the
 sources, the CPU's feature flags and torch's and Python's versions (never the checkout's path): another
@@ -103,6 +105,10 @@ class NativeKernels(Protocol):
         model's): a NaN is never chosen, where torch's argmax would choose it."""
         ...
 
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [rows, vocab] float32 or bfloat16 -> [rows] int64: torch's max(dim=-1).indices (csrc/argmax_rows.cpp)."""
+        ...
+
     def gguf_linear_vectorized(self) -> bool:
         """Whether the GGUF products were built with AVX-512 BF16 and VNNI (else gguf_quant dequantizes at load)."""
         ...
@@ -138,7 +144,7 @@ class NativeKernels(Protocol):
 _HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h",
                                                                               "gguf_amx.h")]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp", "norm_act.cpp",
-                                                            "rotary_cache.cpp", "quant_linear.cpp",
+                                                            "rotary_cache.cpp", "quant_linear.cpp", "argmax_rows.cpp",
                                                             "f32_linear.cpp", "token_bitmask.cpp",
                                                             "gguf_linear.cpp", "gguf_vnni.cpp", "gguf_amx.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]

@@ -18,10 +18,10 @@ from conveyor.model.attention import DECODE_GROUP_SIZE, AttentionBatch, build_at
 from conveyor.model.llama import LlamaModel
 from conveyor.model.loader import LoadedModel
 from conveyor.model.native import resolve_kernels
-from conveyor.model.sampler import SampleOutput, SamplingTensors, raw_logprobs, sample
+from conveyor.model.sampler import SampleOutput, SamplingKernels, SamplingTensors, raw_logprobs, sample
 from conveyor.model.sampling_inputs import build_sampling_tensors
 from conveyor.device import DeviceInfo, available_memory
-from conveyor.structured.bitmask import DeferredBitmask, GrammarKernels
+from conveyor.structured.bitmask import DeferredBitmask
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +116,8 @@ class ModelRunner:
         self.decode_group_size = DECODE_GROUP_SIZE if kernels is None else 2**31
         """Decodes per attention group: the torch path pads each group to its longest context; the
         native kernel pads nothing and takes them all at once."""
-        self.grammar_kernels: GrammarKernels | None = kernels
-        """Structured output's grammar masks applied by the native kernels (None: torch's ops)."""
+        self.sampling_kernels: SamplingKernels | None = kernels
+        """The sampler's argmax and structured output's grammar masks by the native kernels (None: torch's ops)."""
         loaded.weights.clear()  # the model holds its own (device) copies now
         element = torch.empty((), dtype=self.model.dtype).element_size()
         self.cache_plan = plan_kv_cache(config, info, self.spec.kv_bytes_per_token(element), max_model_len)
@@ -262,7 +262,7 @@ class ModelRunner:
         sample_out = prompt_out = None
         if hidden is not None and step.sample_rows is not None and step.sampling is not None:
             logits = self.model.logits(hidden[step.sample_rows])  # [num_sampled, vocab]
-            sample_out = sample(logits, step.sampling, self._grammar_mask(step), self.grammar_kernels,
+            sample_out = sample(logits, step.sampling, self._grammar_mask(step), self.sampling_kernels,
                                 logits_owned=True)
         if hidden is not None and step.prompt_rows is not None and step.prompt_targets is not None:
             logits = self.model.logits(hidden[step.prompt_rows])  # [prompt_rows, vocab]

@@ -10,6 +10,7 @@ per-request generator object or Python loop.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -143,14 +144,26 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Te
     return torch.empty_like(logits).scatter_(1, order, ascending)
 
 
-def _first_argmax(x: torch.Tensor) -> torch.Tensor:
-    """[rows, vocab] -> [rows] index of each row's first maximum: `max(dim).indices` has argmax's
-    tie rule and runs ~2.5x faster on CPU (0.84 vs 2.1 ms for 64 x 49152 float32)."""
+class SamplingKernels(GrammarKernels, Protocol):
+    """The native CPU kernels the sampler uses (conveyor.model.native.NativeKernels has them)."""
+
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """[rows, vocab] float32 or bfloat16 -> [rows] int64, exactly `logits.max(dim=-1).indices`."""
+        ...
+
+
+def _first_argmax(x: torch.Tensor, kernels: SamplingKernels | None = None) -> torch.Tensor:
+    """[rows, vocab] -> [rows] index of each row's first maximum (the first NaN where a row has one).
+    `max(dim).indices` has argmax's tie rule and runs ~2.5x faster on CPU than argmax (0.84 vs 2.1 ms for
+    64 x 49152 float32); the native kernel gives the same ids and reads the logits once at memory speed
+    (64 x 49,152 bfloat16: benchmarks/decode_attention_bw.py has both)."""
+    if kernels is not None and native_applies(x):
+        return kernels.argmax_rows(x)
     return x.max(dim=-1).indices
 
 
 def _greedy_allowed(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,
-                    kernels: GrammarKernels | None, owned: bool) -> torch.Tensor:
+                    kernels: SamplingKernels | None, owned: bool) -> torch.Tensor:
     """logits [batch, vocab]; rows [k] int64 (distinct); bitmask [k, words] int32 -> [batch] each row's first
     argmax among the tokens its grammar allows (every token for a row not in `rows`): the argmax of the
     masked logits. The native kernel finds it without writing the mask and reads no logit of a word the
@@ -159,12 +172,12 @@ def _greedy_allowed(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Ten
         return _first_argmax(apply_bitmask(logits, rows, bitmask, owned=owned))
     allowed = kernels.argmax_allowed(logits, rows.to(torch.int64).contiguous(), bitmask.contiguous())  # [k]
     tokens = torch.empty(logits.shape[0], dtype=torch.int64) if rows.shape[0] == logits.shape[0] \
-        else _first_argmax(logits)  # [batch]
+        else _first_argmax(logits, kernels)  # [batch]
     return tokens.index_copy_(0, rows, allowed)
 
 
 def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor, torch.Tensor] | None = None,
-           kernels: GrammarKernels | None = None, logits_owned: bool = False) -> SampleOutput:
+           kernels: SamplingKernels | None = None, logits_owned: bool = False) -> SampleOutput:
     """logits: [rows, vocab] raw model logits, in the model's dtype -> sampled ids [rows] (+ raw
     logprobs when asked).
 
@@ -181,12 +194,13 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
     native `kernels` where given (CPU). A plain greedy batch takes each row's argmax among its allowed
     tokens in the model's dtype (widening is exact, so the ids are the same), with the native kernel
     without writing the mask at all; else masked in place when `logits_owned` (the caller reads
-    `logits` no more)."""
+    `logits` no more). Every argmax goes through the native `kernels` too where given (the same ids as
+    torch's `max(dim=-1).indices`, ties and NaN included)."""
     plain = t.bias is None and t.suppress is None and t.penalties is None and t.num_logprobs is None
     if t.all_greedy and plain:
         if grammar is not None:
             return SampleOutput(_greedy_allowed(logits, *grammar, kernels, logits_owned))
-        return SampleOutput(_first_argmax(logits))
+        return SampleOutput(_first_argmax(logits, kernels))
     raw = logits
     logits = logits.float()  # [rows, vocab]
     processed = process_logits(logits, t)  # [rows, vocab]
@@ -195,7 +209,7 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
         own = processed is not logits or t.num_logprobs is None and (logits is not raw or logits_owned)
         processed = apply_bitmask(processed, *grammar, native=None if kernels is None else kernels.apply_token_bitmask_,
                                   owned=own)
-    tokens = _first_argmax(processed)  # [rows]
+    tokens = _first_argmax(processed, kernels)  # [rows]
     if not t.all_greedy:
         is_greedy = t.temperature == 0  # [rows]
         temperature = torch.where(is_greedy, torch.ones_like(t.temperature), t.temperature)
@@ -206,7 +220,7 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
             scaled = apply_min_p(scaled, t.min_p)
         u = uniform_noise(t.seeds, t.output_index, logits.shape[-1])  # [rows, vocab]
         gumbel = -torch.log(-torch.log(u))  # [rows, vocab]; argmax(logits + gumbel) ~ softmax(logits)
-        sampled = _first_argmax(scaled + gumbel)  # [rows]
+        sampled = _first_argmax(scaled + gumbel, kernels)  # [rows]
         tokens = torch.where(is_greedy, tokens, sampled)
     if t.num_logprobs is None:
         return SampleOutput(tokens)

@@ -17,6 +17,7 @@ torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& panels, in
                          const c10::optional<torch::Tensor>& bias);
 void apply_token_bitmask_(torch::Tensor& logits, const torch::Tensor& rows, const torch::Tensor& bitmask);
 torch::Tensor argmax_allowed(const torch::Tensor& logits, const torch::Tensor& rows, const torch::Tensor& bitmask);
+torch::Tensor argmax_rows(const torch::Tensor& logits);
 bool gguf_linear_vectorized();
 torch::Tensor gguf_dequantize(const torch::Tensor& blocks, int64_t kind, int64_t in_features);
 torch::Tensor gguf_linear_rows(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind, int64_t in_features);
@@ -44,6 +45,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Tokens a row's grammar bitmask forbids set to -inf in the logits, in place (CPU)");
   m.def("argmax_allowed", &argmax_allowed, no_gil,
         "Each masked row's first largest logit among the tokens its grammar bitmask allows (CPU)");
+  m.def("argmax_rows", &argmax_rows, no_gil,
+        "Each row's first largest logit (the first NaN where there is one), as torch's max(dim=-1).indices (CPU)");
   m.def("gguf_linear_vectorized", &gguf_linear_vectorized, "Whether gguf_linear_* were built with AVX-512 BF16/VNNI");
   m.def("gguf_dequantize", &gguf_dequantize, no_gil, "GGUF-quantized rows -> float32 (CPU)");
   m.def("gguf_linear_rows", &gguf_linear_rows, no_gil, "x @ W^T, W in GGUF blocks, few rows of x (CPU)");

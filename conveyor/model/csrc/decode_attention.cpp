@@ -39,6 +39,25 @@ inline int64_t slot_of(const int64_t* table, int64_t t, int64_t block_size) {
   return table[t / block_size] * block_size + t % block_size;
 }
 
+// Walks the slots of tokens t, t + 1, ... through a block table with no division per token (a 64-bit
+// division per token and pass cost more than the arithmetic of a 64-wide head).
+class SlotCursor {
+ public:
+  SlotCursor(const int64_t* table, int64_t block_size, int64_t t)
+      : table_(table), block_size_(block_size), block_(t / block_size), offset_(t % block_size) {}
+  int64_t slot() const { return table_[block_] * block_size_ + offset_; }
+  void next() {
+    if (++offset_ == block_size_) {
+      offset_ = 0;
+      ++block_;
+    }
+  }
+
+ private:
+  const int64_t* table_;
+  int64_t block_size_, block_, offset_;
+};
+
 // scores: [rows, ctx] -> softmax along ctx, in place.
 void softmax_rows(float* scores, int64_t rows, int64_t ctx) {
   for (int64_t g = 0; g < rows; ++g) {
@@ -127,13 +146,15 @@ void attend_item_avx512(const Item& it, const T* q, const T* k_cache, const T* v
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < V; ++j)
       qv[g][j] = _mm512_mul_ps(load16(q + g * it.q_head_stride + 16 * j), _mm512_set1_ps(it.scale));
-  for (int64_t t = 0; t < ctx; ++t) {  // pass 1: scores
+  SlotCursor here(it.table, it.block_size, 0), ahead(it.table, it.block_size, std::min(PREFETCH_AHEAD, ctx));
+  for (int64_t t = 0; t < ctx; ++t, here.next()) {  // pass 1: scores
     if (t + PREFETCH_AHEAD < ctx) {
-      const int64_t ahead = slot_of(it.table, t + PREFETCH_AHEAD, it.block_size) * stride;
-      prefetch_row<T, D>(k_base + ahead, 0);
-      prefetch_row<T, D>(v_base + ahead, 1);
+      const int64_t ahead_row = ahead.slot() * stride;
+      prefetch_row<T, D>(k_base + ahead_row, 0);
+      prefetch_row<T, D>(v_base + ahead_row, 1);
+      ahead.next();
     }
-    const T* k = k_base + slot_of(it.table, t, it.block_size) * stride;
+    const T* k = k_base + here.slot() * stride;
     __m512 kv[V];
     for (int j = 0; j < V; ++j) kv[j] = load16(k + 16 * j);
     for (int g = 0; g < G; ++g) {
@@ -146,9 +167,13 @@ void attend_item_avx512(const Item& it, const T* q, const T* k_cache, const T* v
   __m512 acc[G][V];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < V; ++j) acc[g][j] = _mm512_setzero_ps();
-  for (int64_t t = 0; t < ctx; ++t) {  // pass 2: weights times V
-    if (t + PREFETCH_AHEAD < ctx) prefetch_row<T, D>(v_base + slot_of(it.table, t + PREFETCH_AHEAD, it.block_size) * stride, 0);
-    const T* v = v_base + slot_of(it.table, t, it.block_size) * stride;
+  SlotCursor v_here(it.table, it.block_size, 0), v_ahead(it.table, it.block_size, std::min(PREFETCH_AHEAD, ctx));
+  for (int64_t t = 0; t < ctx; ++t, v_here.next()) {  // pass 2: weights times V
+    if (t + PREFETCH_AHEAD < ctx) {
+      prefetch_row<T, D>(v_base + v_ahead.slot() * stride, 0);
+      v_ahead.next();
+    }
+    const T* v = v_base + v_here.slot() * stride;
     __m512 vv[V];
     for (int j = 0; j < V; ++j) vv[j] = load16(v + 16 * j);
     for (int g = 0; g < G; ++g) {

@@ -17,6 +17,11 @@
 
 namespace {
 
+// Elements of QKV below which the op runs on the calling thread alone: a decode step's 64 rows of 960 take
+// microseconds here, about an OpenMP fork/join on an idle machine and far less than one beside other work
+// (see norm_act.cpp).
+constexpr int64_t kInlineElements = int64_t{1} << 16;
+
 #if defined(CONVEYOR_VEC_BF16)
 using namespace conveyor_vec;
 
@@ -51,7 +56,7 @@ void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, T* k_cach
                              T* qk, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim) {
   const int64_t row = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
   const int64_t kv_row = kv_heads * head_dim;
-  at::parallel_for(0, tokens, std::max<int64_t>(1, 16384 / row), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tokens, std::max<int64_t>(1, kInlineElements / row), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* src = qkv + t * row;
       const T* c = cos + t * head_dim;

@@ -1,0 +1,72 @@
+"""The native decode attention's read bandwidth at W1's shape (default model: 3 KV heads of 64, 9 query heads,
+64 sequences, ~210 tokens of context each, blocks scattered over the cache) against a plain streaming read of
+the same number of bytes (torch sum over a contiguous bfloat16 tensor) and the bfloat16 argmax over the
+64 x 49,152 logits as the sampler takes it.
+
+    .venv/bin/python benchmarks/decode_attention_bw.py [--seqs 64] [--context 210]
+
+Run under the bench lock; it prints medians of alternating calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import conveyor  # noqa: F401  (OpenMP spin count before torch loads)
+import torch
+
+from conveyor.model.native import load_kernels
+
+
+def median_ms(fn, repeats: int = 30) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seqs", type=int, default=64)
+    parser.add_argument("--context", type=int, default=210)
+    parser.add_argument("--layers", type=int, default=30, help="caches to rotate through (defeats the L2/L3)")
+    args = parser.parse_args()
+    kernels = load_kernels()
+    torch.manual_seed(0)
+    block, kv_heads, heads, dim = 16, 3, 9, 64
+    blocks_per_seq = -(-args.context // block)
+    num_blocks = args.seqs * blocks_per_seq + 8
+    caches = [(torch.randn(num_blocks, block, kv_heads, dim).to(torch.bfloat16),
+               torch.randn(num_blocks, block, kv_heads, dim).to(torch.bfloat16)) for _ in range(args.layers)]
+    tables = torch.randperm(num_blocks)[:args.seqs * blocks_per_seq].view(args.seqs, blocks_per_seq).contiguous()
+    lens = torch.full((args.seqs,), args.context, dtype=torch.int64)
+    q = torch.randn(args.seqs, heads, dim).to(torch.bfloat16)
+    read = 2 * args.seqs * args.context * kv_heads * dim * 2  # K and V bytes of one layer
+
+    def attention() -> None:
+        for k, v in caches:
+            kernels.decode_attention(q, k, v, tables, lens, dim ** -0.5)
+
+    flat = torch.randn(args.layers * read // 2).to(torch.bfloat16)
+
+    def stream() -> None:
+        flat.sum()
+
+    logits = torch.randn(args.seqs, 49152).to(torch.bfloat16)
+    for name, fn, nbytes in (("decode_attention x layers", attention, read * args.layers),
+                             ("streaming read (sum)", stream, flat.numel() * 2)):
+        ms = median_ms(fn, 10)
+        print(f"{name:28s} {ms:8.2f} ms  {nbytes / ms / 1e6:6.1f} GB/s ({nbytes / 1e6:.0f} MB)")
+    print(f"{'argmax bf16 (max.indices)':28s} {median_ms(lambda: logits.max(dim=-1).indices):8.3f} ms")
+    if hasattr(kernels, "argmax_rows"):
+        print(f"{'argmax bf16 (native)':28s} {median_ms(lambda: kernels.argmax_rows(logits)):8.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
