@@ -133,13 +133,18 @@ def test_one_bad_request_does_not_disturb_another(server: ServerProcess) -> None
 
 def test_queue_full_gives_503_with_retry_after(server: ServerProcess) -> None:
     import concurrent.futures as cf
-    body = {"model": MODEL, "prompt": "Story:", "max_tokens": 30, "ignore_eos": True}
+    body = {"model": MODEL, "prompt": "Story:", "max_tokens": 16, "ignore_eos": True}
     with cf.ThreadPoolExecutor(40) as pool:
         results = list(pool.map(lambda _: httpx.post(server.url + COMPLETIONS, json=body, timeout=120), range(40)))
     refused = [r for r in results if r.status_code == 503]
     assert refused, "40 simultaneous requests with --max-queued-requests 2 should see a 503"
     assert all(r.headers.get("retry-after") and r.json()["error"]["code"] == "queue_full" for r in refused)
-    assert all(r.status_code in (200, 503) for r in results)
+    assert any(r.status_code == 200 for r in results), [r.status_code for r in results]
+    # This server runs with --request-timeout 3: on a loaded machine an admitted request may pass its deadline,
+    # and then it must end as the documented 504 timeout error, never as anything else.
+    timed_out = [r for r in results if r.status_code == 504]
+    assert all(r.json()["error"]["type"] == "timeout_error" for r in timed_out), [r.text for r in timed_out]
+    assert all(r.status_code in (200, 503, 504) for r in results), [(r.status_code, r.text) for r in results]
     assert httpx.get(server.url + "/health").status_code == 200
 
 
