@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -17,11 +18,25 @@ class Reference:
     """Per generated position: reference's top-1 minus top-2 logit."""
 
 
+@contextmanager
+def reference_threads() -> Iterator[None]:
+    """Run the transformers reference on one thread. Its hundreds of small ops per token each fork and join
+    torch's OpenMP team; on a shared or busy machine every join waits for a descheduled thread, and the reference
+    ran 7x slower on 2 threads than on 1 (0.5 against 3.7 s per token at load 6) and dominated the suite's time.
+    The reference's tokens do not depend on its thread count; the engine under test keeps its own."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def hf_greedy(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list[Reference]:
     """transformers generate, one prompt at a time (no padding), EOS disabled."""
     refs = []
     for ids in prompts:
-        with torch.no_grad():
+        with torch.no_grad(), reference_threads():
             out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
                                  eos_token_id=-1, pad_token_id=0, output_logits=True,
                                  return_dict_in_generate=True)

@@ -239,7 +239,7 @@ def test_gemma3_gguf_layer_pattern_key_is_honoured_or_refused(llama_cpp_converte
     is refused by name; an attention soft-cap key (Gemma 3 has none) is refused."""
     import gguf
 
-    from conveyor.model.gguf_loader import read_spec
+    from conveyor.model.gguf_loader import open_gguf, read_spec
 
     source = _gguf(_family("gemma3-text", built, tmp_path_factory), "f32", tmp_path_factory)
     key = "gemma3.attention.sliding_window_pattern"
@@ -250,7 +250,7 @@ def test_gemma3_gguf_layer_pattern_key_is_honoured_or_refused(llama_cpp_converte
               "gemma3.attn_logit_softcapping=50.0 is not supported for gemma3")]
     for i, (metadata, expected) in enumerate(cases):
         path = rewrite(source, str(tmp_path_factory.mktemp(f"gemma3-pattern-{i}") / "model.gguf"), metadata=metadata)
-        reader = gguf.GGUFReader(path)
+        reader = open_gguf(path)
         if isinstance(expected, str):
             with pytest.raises(ModelLoadError, match=expected):
                 read_spec(reader, path)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from parity import Reference, compare, hf_greedy
+from parity import Reference, compare, hf_greedy, reference_threads
 
 from conveyor import LLM, SamplingParams
 from conveyor.model.layers import Projection, native_bf16_cpu
@@ -83,7 +83,7 @@ def test_default_model_bf16_is_as_accurate_as_transformers_bf16(
     for seq, prompt, out in zip(sequences, prompts, outs):
         assert out.prompt_logprobs is not None
         ids = torch.tensor([seq])
-        with torch.no_grad():
+        with torch.no_grad(), reference_threads():
             exact = torch.log_softmax(hf_default_model(ids).logits[0].float(), -1)  # [len, vocab]
             theirs = torch.log_softmax(hf_bf16(ids).logits[0].float(), -1)  # [len, vocab]
         for pos in range(len(prompt), len(seq)):  # logprob of token `pos` given the ones before it

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from conveyor.errors import ModelLoadError
+from conveyor.model.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, read_gguf
 from conveyor.model.gguf_quant import FORMATS, QuantizedWeight
 from conveyor.model.weights import LoadedModel, fuse_weights
 from conveyor.model.rope import yarn_attention_factor
@@ -81,11 +82,8 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    return reader.field(key, default)
 
 
 _HONOURED_KEYS = {
@@ -111,7 +109,7 @@ PARTIAL_ROTARY_ARCHITECTURES = ("phi3",)
 transformers does for them."""
 
 
-def check_metadata_keys(reader: Any, arch: str, path: str) -> None:
+def check_metadata_keys(reader: GGUFFile, arch: str, path: str) -> None:
     """Refuse every metadata key that is not honoured and could change the computation."""
     for key in reader.fields:
         if key.startswith(_NEUTRAL_NAMESPACES):
@@ -131,7 +129,7 @@ def check_metadata_keys(reader: Any, arch: str, path: str) -> None:
                              f"{', '.join(sorted(honoured))}")
 
 
-def _rope_spec(reader: Any, arch: str, path: str, names: set[str], rotary_dim: int) -> RopeSpec:
+def _rope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], rotary_dim: int) -> RopeSpec:
     theta = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
     scaling = _field(reader, f"{arch}.rope.scaling.type", "none") or "none"
     if "rope_factors_long.weight" in names or "rope_factors_short.weight" in names:
@@ -174,7 +172,7 @@ def _rope_spec(reader: Any, arch: str, path: str, names: set[str], rotary_dim: i
                     yarn_attention_factor(factor))
 
 
-def _longrope_spec(reader: Any, arch: str, path: str, names: set[str], theta: float, scaling: str,
+def _longrope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], theta: float, scaling: str,
                    rotary_dim: int) -> RopeSpec:
     """Phi-3's longrope as llama.cpp's converter writes it: both factor sets as tensors, the attention factor and
     the original context as metadata (the set is chosen per engine, see conveyor/model/rope.py)."""
@@ -201,7 +199,7 @@ def _longrope_spec(reader: Any, arch: str, path: str, names: set[str], theta: fl
                     short_factors=sets["rope_factors_short.weight"], long_factors=sets["rope_factors_long.weight"])
 
 
-def read_spec(reader: Any, path: str) -> ModelSpec:
+def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
@@ -230,7 +228,7 @@ def read_spec(reader: Any, path: str) -> ModelSpec:
     rope = _rope_spec(reader, arch, path, names, rotary_dim)
     if rotary_dim != head_dim:
         rope = dataclasses.replace(rope, rotary_dim=rotary_dim)
-    vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     return ModelSpec(
@@ -251,13 +249,13 @@ def read_spec(reader: Any, path: str) -> ModelSpec:
     )
 
 
-def _phi3_fields(reader: Any, layers: int) -> dict[str, Any]:
+def _phi3_fields(reader: GGUFFile, layers: int) -> dict[str, Any]:
     """Phi-3's sliding window covers every layer (0: none, as llama.cpp's converter writes for Phi-4)."""
     window = _field(reader, "phi3.attention.sliding_window")
     return dict(layer_windows=(int(window),) * layers) if window else {}
 
 
-def _gemma2_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:
+def _gemma2_fields(reader: GGUFFile, hidden: int, heads: int, head_dim: int, layers: int) -> dict[str, Any]:
     """Gemma 2 as llama.cpp runs it: every other layer local (even ones, as transformers' layer_types), the
     query scale 1/sqrt(head_dim) except for the 46-layer 27B, which uses 1/sqrt(hidden / heads) (the GGUF has no
     query_pre_attn_scalar)."""
@@ -275,7 +273,7 @@ GEMMA3_LOCAL_ROPE_BASE = 10000.0
 """The local layers' rope base llama.cpp assumes when the file has no gemma3.rope.freq_base_swa."""
 
 
-def _gemma3_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: int, path: str) -> dict[str, Any]:
+def _gemma3_fields(reader: GGUFFile, hidden: int, heads: int, head_dim: int, layers: int, path: str) -> dict[str, Any]:
     """Gemma 3 text as llama.cpp runs it: local (sliding) and global layers by the sliding_window_pattern key
     (a period n: layer i is local when i % n < n - 1; or one flag per layer) or llama.cpp's fixed period 6, local
     layers with their own rope base and no scaling, q/k norms (tensors), the query scale 1/sqrt(head_dim) except
@@ -302,7 +300,7 @@ def _gemma3_fields(reader: Any, hidden: int, heads: int, head_dim: int, layers: 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 
 
-def tensor_array(tensor: Any, path: str) -> np.ndarray:
+def tensor_array(tensor: GGUFTensor, path: str) -> np.ndarray:
     """A GGUF tensor -> float32 array in the file's logical shape [rows, cols] (dequantized); weight types the
     gguf package cannot dequantize, and integer types, are refused by name."""
     from gguf.quants import dequantize
@@ -319,7 +317,7 @@ def tensor_array(tensor: Any, path: str) -> np.ndarray:
     return array.reshape([int(d) for d in reversed(tensor.shape)]) if array.ndim != len(tensor.shape) else array
 
 
-def float_tensor_view(tensor: Any) -> torch.Tensor | None:
+def float_tensor_view(tensor: GGUFTensor) -> torch.Tensor | None:
     """An F32 / F16 / BF16 GGUF tensor -> a torch view of the file's memory map [rows, cols] (no copy); None for
     every other type."""
     kind = tensor.tensor_type.name
@@ -352,13 +350,18 @@ def supported_weight_types() -> list[str]:
     return names
 
 
-def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
-    from gguf import GGUFReader
-
+def open_gguf(path: str) -> GGUFFile:
+    """The file's metadata and tensor views (its memory map, never written); a bad file is a ModelLoadError."""
     try:
-        reader = GGUFReader(path, "c")  # a private read-only use of the map: tensors are views, never written
-    except Exception as exc:  # the gguf package raises plain ValueError/struct errors on bad files
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+        return read_gguf(path)
+    except GGUFFormatError as exc:
+        raise ModelLoadError(f"not a readable GGUF file: {exc}") from None
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+
+
+def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
+    reader = open_gguf(path)
     spec = read_spec(reader, path)
     tensors: dict[str, torch.Tensor | QuantizedWeight] = {}
     for t in reader.tensors:

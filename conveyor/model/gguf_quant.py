@@ -76,8 +76,11 @@ class QuantizedWeight:
     def with_dtype(self, dtype: torch.dtype) -> QuantizedWeight:
         return replace(self, dtype=dtype)
 
-    def dequantize(self) -> torch.Tensor:
-        """-> W [out, in] float32 by the `gguf` package's reference dequantization (the kernels must agree)."""
+    def dequantize(self, kernels: object | None = None) -> torch.Tensor:
+        """-> W [out, in] float32 by the `gguf` package's reference dequantization, or by the native kernels'
+        when given (the same values exactly: test_gguf_quant.py checks it; ~50x faster, so loads are quick)."""
+        if kernels is not None:
+            return kernels.gguf_dequantize(self.blocks, self.type_id, self.in_features)  # type: ignore[attr-defined]
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize
 
@@ -121,17 +124,18 @@ class RowStack:
         return RowStack(tuple(p.to(dtype).contiguous() if isinstance(p, torch.Tensor) else p.with_dtype(dtype)
                               for p in self.parts))
 
-    def dequantize(self) -> torch.Tensor:
-        return torch.cat([p.float() if isinstance(p, torch.Tensor) else p.dequantize() for p in self.parts])
+    def dequantize(self, kernels: object | None = None) -> torch.Tensor:
+        return torch.cat([p.float() if isinstance(p, torch.Tensor) else p.dequantize(kernels) for p in self.parts])
 
 
 AnyWeight = torch.Tensor | QuantizedWeight | RowStack
 
 
-def dense(weight: AnyWeight) -> torch.Tensor:
-    """The weight as a plain tensor in its compute dtype: GGUF blocks dequantized (by gguf's reference), a tensor
-    as it is (for the code that needs rows or columns of it, or re-quantizes it)."""
-    return weight if isinstance(weight, torch.Tensor) else weight.dequantize().to(weight.dtype)
+def dense(weight: AnyWeight, kernels: object | None = None) -> torch.Tensor:
+    """The weight as a plain tensor in its compute dtype: GGUF blocks dequantized (by gguf's reference, or by the
+    native kernels when given), a tensor as it is (for the code that needs rows or columns of it, or re-quantizes
+    it)."""
+    return weight if isinstance(weight, torch.Tensor) else weight.dequantize(kernels).to(weight.dtype)
 
 
 def cast_weight(weight: AnyWeight, dtype: torch.dtype) -> AnyWeight:
@@ -183,8 +187,8 @@ def place_weights(weights: dict[str, AnyWeight], device: torch.device, kernels: 
     log = logger.info if chosen else logger.warning  # a choice is noted; a fallback (no kernels here) warned
     log("GGUF-quantized weights are dequantized to %s at load (%.0f MiB): %s", str(dtype).removeprefix("torch."),
         dense_bytes / 2**20, reason)
-    return {name: dense(w).to(device)
-            for name, w in weights.items()}
+    native = kernels if kernels is not None and kernels.gguf_linear_vectorized() else None  # type: ignore[attr-defined]
+    return {name: dense(w, native).to(device) for name, w in weights.items()}
 
 
 def embedding_rows(embed: torch.Tensor | QuantizedWeight, token_ids: torch.Tensor, kernels: object | None

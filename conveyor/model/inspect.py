@@ -7,10 +7,13 @@ import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ModelLoadError
 from conveyor.model.spec import ModelSpec, RopeSpec
+
+if TYPE_CHECKING:
+    from conveyor.model.gguf_file import GGUFFile
 
 
 @dataclass
@@ -79,17 +82,11 @@ def _spec_facts(spec: ModelSpec) -> dict[str, str]:
 
 
 def _inspect_gguf(path: str) -> ModelSummary:
-    from gguf import GGUFReader
-
-    from conveyor.model.gguf_loader import (GGUF_ARCHITECTURES, ROPE_TENSORS, hf_name, read_spec,
+    from conveyor.model.gguf_loader import (GGUF_ARCHITECTURES, ROPE_TENSORS, hf_name, open_gguf, read_spec,
                                             supported_weight_types)
 
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:  # the gguf package raises plain ValueError/struct errors on bad files
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from None
-    arch_field = reader.fields.get("general.architecture")
-    arch = str(arch_field.contents()) if arch_field is not None else "?"
+    reader = open_gguf(path)
+    arch = str(reader.field("general.architecture", "?"))
     types = Counter(t.tensor_type.name for t in reader.tensors)
     facts = {"tensors": f"{len(reader.tensors)} ({', '.join(f'{n} {k}' for k, n in types.most_common())})"}
     try:
@@ -110,13 +107,13 @@ def _inspect_gguf(path: str) -> ModelSummary:
     return ModelSummary(path, "gguf", arch, not reason, reason, facts)
 
 
-def _raw_gguf_facts(reader: Any, arch: str) -> dict[str, str]:
+def _raw_gguf_facts(reader: GGUFFile, arch: str) -> dict[str, str]:
     facts = {}
     for key, name in (("block_count", "layers"), ("embedding_length", "hidden"), ("context_length", "context"),
                       ("attention.sliding_window", "window")):
-        f = reader.fields.get(f"{arch}.{key}")
-        if f is not None:
-            facts[name] = str(f.contents())
+        value = reader.field(f"{arch}.{key}")
+        if value is not None:
+            facts[name] = str(value)
     return facts
 
 
