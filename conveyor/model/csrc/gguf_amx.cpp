@@ -16,6 +16,7 @@
 // Linux hands out the tile registers' state only on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
 // XFEATURE_XTILEDATA)), asked once per process; available() is false where the CPU (cpuid) or the kernel says no.
 #include "gguf_amx.h"
+#include "gguf_dequant.h"
 
 #include <ATen/Parallel.h>
 
@@ -184,15 +185,7 @@ void tiles_q4_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[16]: (q - 8) d
   store_lookup(out, _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1), table);
 }
 
-inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {  // as gguf_linear.cpp / ggml
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
+using conveyor_gguf::scale_min_k4;  // ggml's get_scale_min_k4
 
 // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32 = 8 pieces; sub-block 2j the low nibbles of qs[32j..32j+31],
 // 2j + 1 the high ones; each value d sc q - dmin m, looked up among its sub-block's 16.
