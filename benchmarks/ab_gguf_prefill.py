@@ -1,6 +1,7 @@
 """Many-rows GGUF products per projection of the real 1B Q4_K_M file (layer 0: fused Q/K Q4_K + V Q6_K, O Q4_K,
 fused gate/up Q4_K, down Q6_K) at prefill sizes, against torch.matmul over the same weights dequantized to
-bfloat16 (oneDNN, AMX), side by side in one process, arms alternating; median ms per projection.
+bfloat16 (oneDNN, AMX), side by side in one process, arms alternating (their order rotated each round: the arm after another ran
+slower in a fixed order); median ms per projection.
 
 Arms: `amx` this checkout's AMX kernel as the engine calls it (a mixed-type stack in one gguf_linear_amx_parts
 call), `old` another build of the kernels (--old-build: a name under $TORCH_EXTENSIONS_DIR, e.g. the starting
@@ -31,10 +32,11 @@ Matrix = tuple[torch.Tensor, int, int]  # blocks [out, row bytes], GGML type id,
 
 def medians(arms: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
     times: dict[str, list[float]] = {name: [] for name in arms}
+    names = list(arms)
     for rep in range(repeats + 1):  # the first round warms up
-        for name, run in arms.items():
+        for name in names[rep % len(names):] + names[:rep % len(names)]:  # each arm in each place in turn
             start = time.perf_counter()
-            run()
+            arms[name]()
             if rep:
                 times[name].append(time.perf_counter() - start)
     return {name: round(statistics.median(t) * 1e3, 2) for name, t in times.items()}
@@ -46,7 +48,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--old-build", default=None)
     parser.add_argument("--rows", type=int, nargs="+", default=[512])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=6)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     new = load_kernels()
