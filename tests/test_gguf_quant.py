@@ -131,6 +131,23 @@ def test_amx_products_match_float64_over_the_bfloat16_weights(kind: str, rows: i
         assert torch.equal(projection(x), got)  # the projection takes this kernel for many bfloat16 rows
 
 
+@pytest.mark.parametrize("in_features", [512, 4096])
+def test_amx_products_do_not_depend_on_how_the_work_is_split(in_features: int,
+                                                             request: pytest.FixtureRequest) -> None:
+    """300 weight rows (10 blocks of 32: several units of work, the last partial) by 300 activation rows (two
+    chunks at 2048-column panels), one panel or two: within the float64 bound, and each row's output the same
+    when its rows are multiplied alone or with others (units taken by whichever thread is free, each thread
+    packing its own chunk)."""
+    kernels = _amx(request)
+    weight = random_blocks("Q4_K", 300, in_features, seed=in_features)
+    x = torch.randn(300, in_features, generator=torch.Generator().manual_seed(3)).bfloat16()  # [300, in]
+    got = kernels.gguf_linear_amx(x, weight.blocks, weight.type_id, in_features)  # [300, 300]
+    assert _within_bf16_weights(got, x, weight)
+    pieces = [kernels.gguf_linear_amx(x[a:b].contiguous(), weight.blocks, weight.type_id, in_features)
+              for a, b in ((0, 7), (7, 150), (150, 300))]
+    assert torch.equal(got, torch.cat(pieces))
+
+
 @pytest.mark.parametrize("kind", list(FORMATS))
 def test_amx_dequantization_is_exact(kind: str, request: pytest.FixtureRequest) -> None:
     """One-hot activation rows pick single weights: the AMX kernel's output is then its dequantized bfloat16
