@@ -131,6 +131,23 @@ def test_amx_products_match_float64_over_the_bfloat16_weights(kind: str, rows: i
         assert torch.equal(projection(x), got)  # the projection takes this kernel for many bfloat16 rows
 
 
+@pytest.mark.parametrize("in_features", [512, 4096])
+def test_amx_products_do_not_depend_on_how_the_work_is_split(in_features: int,
+                                                             request: pytest.FixtureRequest) -> None:
+    """300 weight rows (10 blocks of 32: several units of work, the last partial) by 300 activation rows (two
+    chunks at 2048-column panels), one panel or two: within the float64 bound, and each row's output the same
+    when its rows are multiplied alone or with others (units taken by whichever thread is free, each thread
+    packing its own chunk)."""
+    kernels = _amx(request)
+    weight = random_blocks("Q4_K", 300, in_features, seed=in_features)
+    x = torch.randn(300, in_features, generator=torch.Generator().manual_seed(3)).bfloat16()  # [300, in]
+    got = kernels.gguf_linear_amx(x, weight.blocks, weight.type_id, in_features)  # [300, 300]
+    assert _within_bf16_weights(got, x, weight)
+    pieces = [kernels.gguf_linear_amx(x[a:b].contiguous(), weight.blocks, weight.type_id, in_features)
+              for a, b in ((0, 7), (7, 150), (150, 300))]
+    assert torch.equal(got, torch.cat(pieces))
+
+
 @pytest.mark.parametrize("kind", list(FORMATS))
 def test_amx_dequantization_is_exact(kind: str, request: pytest.FixtureRequest) -> None:
     """One-hot activation rows pick single weights: the AMX kernel's output is then its dequantized bfloat16
@@ -178,6 +195,24 @@ def test_stacked_parts_in_one_call_equal_each_part_alone(dtype: torch.dtype, row
     assert torch.equal(projection(x), got)
     with pytest.raises(RuntimeError, match="one type id per block matrix"):
         kernels.gguf_linear_rows_parts(x, [parts[0].blocks], [], in_features)
+
+
+@pytest.mark.parametrize("rows, in_features", [(37, 512), (16, 2048 + 256)])
+def test_amx_stacked_parts_in_one_call_equal_each_part_alone(rows: int, in_features: int,
+                                                            request: pytest.FixtureRequest) -> None:
+    """Many rows of a mixed-type stack (Q4_K / Q6_K as in a Q4_K_M file's fused QKV, and Q5_K's float path) on
+    AMX tiles in one call: a 32-row weight block spanning all three parts, one and two column panels; exactly the
+    parts' own products side by side (no torch.cat), and what the projection gives for many bfloat16 rows."""
+    kernels = _amx(request)
+    parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in (("Q4_K", 40), ("Q6_K", 9), ("Q5_K", 7))]
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]
+    got = kernels.gguf_linear_amx_parts(x, [p.blocks for p in parts], [p.type_id for p in parts], in_features)
+    alone = torch.cat([kernels.gguf_linear_amx(x, p.blocks, p.type_id, in_features) for p in parts], dim=1)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 56) and torch.equal(got, alone)
+    projection = GGUFProjection(RowStack(tuple(parts)), None, kernels)  # type: ignore[arg-type]
+    assert torch.equal(projection(x), got)
+    with pytest.raises(RuntimeError, match="one type id per block matrix"):
+        kernels.gguf_linear_amx_parts(x, [parts[0].blocks], [], in_features)
 
 
 def test_kernels_refuse_blocks_that_do_not_fit(request: pytest.FixtureRequest) -> None:

@@ -3,9 +3,10 @@
 Few rows (single-request decoding) go to the kernel that multiplies each weight row by every activation row
 (int8 dot products, or the row dequantized once), all parts of a row stack in one call; more than ROWS_MAX
 rows (prefill chunks, busy decode steps) of bfloat16 activations to the AMX kernel where the CPU has AMX-BF16
-(each thread dequantizes 32 weight rows to bfloat16 and multiplies them on tiles, csrc/gguf_amx.cpp), else (no
-AMX, or float32 activations) to the one that dequantizes a tile of weights at a time into a thread's scratch and
-runs torch's GEMM on it. Which one is logged once per process.
+(each thread dequantizes 32 weight rows to bfloat16 and multiplies them on tiles, csrc/gguf_amx.cpp), again
+all parts of a row stack (a fused QKV of Q4_K and Q6_K) in one call, else (no AMX, or float32 activations) to
+the one that dequantizes a tile of weights at a time into a thread's scratch and runs torch's GEMM on it, part
+by part. Which one is logged once per process.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class GGUFProjection:
         x = x.contiguous()
         if self.stacked is not None and x.shape[0] <= ROWS_MAX:
             y = self.kernels.gguf_linear_rows_parts(x, *self.stacked, self.in_features)  # [tokens, out]
+            return y if self.bias is None else y + self.bias
+        if self.stacked is not None and x.dtype == torch.bfloat16 and amx_rows(self.kernels):
+            y = self.kernels.gguf_linear_amx_parts(x, *self.stacked, self.in_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
         outs = [self._part(p, x) for p in self.parts]  # each [tokens, part rows]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # [tokens, out]

@@ -13,8 +13,9 @@ cost more in dispatch than in arithmetic. csrc/ holds:
   - f32_linear.cpp: float32 products over weights packed in 32-column panels, prefetched a panel
     ahead (all decoder linears of the default model at 8 rows 1.5-2.3x, at 64 rows 1.2-1.5x faster
     than torch's GEMM);
-  - gguf_linear.cpp / gguf_vnni.cpp / gguf_amx.cpp: products with GGUF-quantized weights kept in
-    their blocks (few rows: int8 dot products; many rows: AMX tiles where the CPU has them);
+  - gguf_linear.cpp / gguf_vnni.cpp / gguf_amx.cpp / gguf_dequant.cpp: products with GGUF-quantized
+    weights kept in their blocks (few rows: int8 dot products; many rows: AMX tiles where the CPU has them;
+    ggml's scalar dequantizers as the reference and the float path);
   - token_bitmask.cpp: structured output's grammar masks applied to the logits in place (one read of
     the masks, one write per forbidden token; torch's ops expand every bit into a float first), and
     a greedy row's argmax over its allowed tokens without the write;
@@ -136,17 +137,24 @@ class NativeKernels(Protocol):
         ...
 
     def gguf_linear_amx(self, x: torch.Tensor, blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
-        """The same product for bfloat16 x on AMX tiles, weights dequantized 32 rows at a time (many rows); raises
-        where gguf_amx_available() is false."""
+        """The same product for bfloat16 x on AMX tiles, every weight dequantized once per call (many rows);
+        raises where gguf_amx_available() is false."""
+        ...
+
+    def gguf_linear_amx_parts(self, x: torch.Tensor, blocks: list[torch.Tensor], kinds: list[int],
+                              in_features: int) -> torch.Tensor:
+        """gguf_linear_amx over a row stack of matrices of mixed types (as gguf_linear_rows_parts), in one
+        call: one packing of x, one output [rows, sum out_i]."""
         ...
 
 
 _HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h",
-                                                                              "gguf_amx.h")]
+                                                                              "gguf_amx.h", "gguf_dequant.h")]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp", "norm_act.cpp",
                                                             "rotary_cache.cpp", "quant_linear.cpp", "argmax_rows.cpp",
                                                             "f32_linear.cpp", "token_bitmask.cpp",
-                                                            "gguf_linear.cpp", "gguf_vnni.cpp", "gguf_amx.cpp")]
+                                                            "gguf_linear.cpp", "gguf_vnni.cpp", "gguf_amx.cpp",
+                                                            "gguf_dequant.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
 """-ffp-contract=off: no fused multiply-adds the source does not write, so that float32 results round
 like torch's separate kernels (the attention kernel's explicit FMA intrinsics are unaffected)."""

@@ -15,8 +15,7 @@
 
 namespace {
 
-inline float to_float(float v) { return v; }
-inline float to_float(at::BFloat16 v) { return static_cast<float>(v); }
+using conveyor_vec::to_float;
 
 // NaN and -inf from their bit patterns: the sources compile with -ffast-math, under which `v != v` and
 // infinity() are not to be relied on.
@@ -50,8 +49,7 @@ int64_t first_argmax_scalar(const T* row, int64_t vocab) {
 }
 
 #if defined(CONVEYOR_VEC_AVX512)
-inline __m512 load16(const float* p, __mmask16 lanes = 0xFFFF) { return _mm512_maskz_loadu_ps(lanes, p); }
-inline __m512 load16(const at::BFloat16* p, __mmask16 lanes = 0xFFFF) { return conveyor_vec::load_bf16(p, lanes); }
+using conveyor_vec::load16;
 
 template <typename T>
 int64_t first_argmax(const T* row, int64_t vocab) {

@@ -26,6 +26,8 @@ torch::Tensor gguf_linear_rows_parts(const torch::Tensor& x, const std::vector<t
 torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind, int64_t in_features);
 bool gguf_amx_available();
 torch::Tensor gguf_linear_amx(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind, int64_t in_features);
+torch::Tensor gguf_linear_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
+                                    const std::vector<int64_t>& kinds, int64_t in_features);
 
 // Every op releases the GIL while it computes, as torch's own ops do: on CPU the engine's host thread
 // (async batching, runtime/overlap.py) runs Python while the forward pass is in these kernels.
@@ -55,4 +57,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear_tiles", &gguf_linear_tiles, no_gil, "x @ W^T, W in GGUF blocks, tiles into a GEMM (CPU)");
   m.def("gguf_amx_available", &gguf_amx_available, "Whether gguf_linear_amx can run here (AMX-BF16 granted)");
   m.def("gguf_linear_amx", &gguf_linear_amx, no_gil, "x @ W^T, W in GGUF blocks, bfloat16 x, on AMX tiles (CPU)");
+  m.def("gguf_linear_amx_parts", &gguf_linear_amx_parts, no_gil,
+        "x @ [W_1; W_2; ...]^T, each W in GGUF blocks of its own type, bfloat16 x, on AMX tiles, one call (CPU)");
 }

@@ -3,23 +3,30 @@
 //
 //   C [16 weight rows, 16 activation rows] float32 += A [16 weight rows, 32 k] bf16 . B [32 k, 16 activation rows]
 //
-// The weight rows are the A operand: each thread dequantizes 32 of them (kBlockN) to bfloat16 into its own
+// The weight rows are the A operand: a thread dequantizes 32 of them (kBlockN) to bfloat16 into its own
 // scratch, laid out tile by tile ([2][in / 32][16 rows][32 k], 1 KiB per tile: rows 64 bytes apart, so a tile
-// load never strides a row of `in` values through one L1 set), and multiplies them by every activation row
-// before the next 32. The activations are the B operand in the pair-interleaved layout TDPBF16PS reads
-// ([row tiles][in / 32][16 k pairs][16 rows][2]), packed once per call by chunks of rows whose panel stays in
-// L2 (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
-// accumulators; the results are stored, transposed, to y as bfloat16. Inputs wider than kPanelValues are taken
-// a panel of columns at a time (the weights dequantized for one panel, the accumulators kept in a float32
-// buffer between panels), so that a chunk holds as many rows however wide the input.
+// load never strides a row of `in` values through one L1 set), and multiplies them by every activation row of
+// the chunk before the next 32. The activations are the B operand in the pair-interleaved layout TDPBF16PS reads
+// ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in L2 (kPackedBytes);
+// rows past the last are zeros. Two weight tiles x two activation tiles make the four accumulators; the results
+// are stored, transposed, to y as bfloat16. Inputs wider than kPanelValues are taken a panel of columns at a
+// time (the weights dequantized for one panel, the accumulators kept in a float32 buffer between panels), so
+// that a chunk holds as many rows however wide the input.
+//
+// Work is split in units (one chunk of rows x a few weight blocks), taken in turn by whichever thread is free,
+// in one parallel region per call; each thread packs the chunk it works on into its own buffer. No barrier
+// inside a call: on a shared 2-core machine each parallel region cost a wait for the second thread's core
+// (a 2-thread call took ~4x a 1-thread one with a packing region and a product region per chunk).
 //
 // Linux hands out the tile registers' state only on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
 // XFEATURE_XTILEDATA)), asked once per process; available() is false where the CPU (cpuid) or the kernel says no.
 #include "gguf_amx.h"
+#include "gguf_dequant.h"
 
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -40,6 +47,9 @@ constexpr int64_t kBlockN = 32;    // weight rows dequantized together: two A ti
 constexpr int64_t kPanelValues = 2048;     // columns of the weights dequantized at a time (a multiple of 256)
 constexpr int64_t kPackedBytes = 1 << 20;  // one panel of packed activations per chunk of rows (in L2 beside
                                            // the weights)
+constexpr int64_t kUnitBlocks = 4;         // weight blocks a thread takes at a time (one panel)
+constexpr int64_t kSumsBytes = 256 << 10;  // more panels: a thread takes as many blocks as have their
+                                           // accumulators in this, kept between panels
 
 constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
@@ -73,22 +83,20 @@ void configure_tiles() {
 // Activation rows [m0, m0 + count) of x [*, in] -> packed [ceil(count / 16)][in / 32][16 k pairs][16 rows][2].
 void pack_activations(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, uint32_t* packed) {
   const int64_t row_tiles = (count + kTile - 1) / kTile, k_tiles = in_features / kTileK;
-  at::parallel_for(0, row_tiles, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      uint32_t* dst = packed + t * k_tiles * (kTileValues / 2);
-      for (int64_t r = 0; r < kTile; ++r) {
-        const int64_t m = t * kTile + r;
-        if (m >= count) {
-          for (int64_t kt = 0; kt < k_tiles; ++kt)
-            for (int64_t p = 0; p < kTileK / 2; ++p) dst[kt * (kTileValues / 2) + p * kTile + r] = 0;
-          continue;
-        }
-        const uint32_t* pairs = reinterpret_cast<const uint32_t*>(x + (m0 + m) * in_features);  // [in / 2]
+  for (int64_t t = 0; t < row_tiles; ++t) {
+    uint32_t* dst = packed + t * k_tiles * (kTileValues / 2);
+    for (int64_t r = 0; r < kTile; ++r) {
+      const int64_t m = t * kTile + r;
+      if (m >= count) {
         for (int64_t kt = 0; kt < k_tiles; ++kt)
-          for (int64_t p = 0; p < kTileK / 2; ++p) dst[kt * (kTileValues / 2) + p * kTile + r] = pairs[kt * 16 + p];
+          for (int64_t p = 0; p < kTileK / 2; ++p) dst[kt * (kTileValues / 2) + p * kTile + r] = 0;
+        continue;
       }
+      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(x + (m0 + m) * in_features);  // [in / 2]
+      for (int64_t kt = 0; kt < k_tiles; ++kt)
+        for (int64_t p = 0; p < kTileK / 2; ++p) dst[kt * (kTileValues / 2) + p * kTile + r] = pairs[kt * 16 + p];
     }
-  });
+  }
 }
 
 // An accumulator tile C [16 weight rows][16 activation rows] -> y[m0 + j, n0 + i] for the valid i < n, j < m.
@@ -184,15 +192,7 @@ void tiles_q4_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[16]: (q - 8) d
   store_lookup(out, _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1), table);
 }
 
-inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {  // as gguf_linear.cpp / ggml
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
+using conveyor_gguf::scale_min_k4;  // ggml's get_scale_min_k4
 
 // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32 = 8 pieces; sub-block 2j the low nibbles of qs[32j..32j+31],
 // 2j + 1 the high ones; each value d sc q - dmin m, looked up among its sub-block's 16.
@@ -264,26 +264,39 @@ void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int
   const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
   const int64_t panel_values = std::min(in_features, kPanelValues);
   const int64_t chunk_rows = std::max<int64_t>(2 * kTile, kPackedBytes / (panel_values * 2) / (2 * kTile) * 2 * kTile);
+  const int64_t chunk_tiles = (std::min(chunk_rows, rows) + kTile - 1) / kTile, chunk_pairs = (chunk_tiles + 1) / 2;
   const int64_t n_blocks = (out_features + kBlockN - 1) / kBlockN;
-  thread_local std::vector<uint32_t> packed_storage;  // the caller's: [row tiles][k tiles][16][16] bf16 pairs
-  const int64_t chunk_tiles = (std::min(chunk_rows, rows) + kTile - 1) / kTile;
   const int64_t pair_floats = 4 * kTile * kTile;  // the four accumulators of a pair of activation tiles
-  packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
-  const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
-  for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
-    const int64_t count = std::min(chunk_rows, rows - m0), row_tiles = (count + kTile - 1) / kTile;
-    const int64_t pairs = (row_tiles + 1) / 2;
-    pack_activations(x, m0, count, in_features, packed_storage.data());
-    at::parallel_for(0, n_blocks, 1, [&](int64_t begin, int64_t end) {
-      thread_local std::vector<c10::BFloat16> weights;  // [2][panel k tiles][16][32]
-      thread_local std::vector<float> sums;             // [blocks (1 for one panel)][pairs][4][16][16]
-      weights.resize(2 * (panel_values / kTileK) * kTileValues);
-      sums.resize((panels > 1 ? end - begin : 1) * pairs * pair_floats);
-      configure_tiles();
+  const int64_t unit_blocks =
+      panels > 1 ? std::max<int64_t>(1, kSumsBytes / (chunk_pairs * pair_floats * 4)) : kUnitBlocks;
+  const int64_t units_per_chunk = (n_blocks + unit_blocks - 1) / unit_blocks;
+  const int64_t units = (rows + chunk_rows - 1) / chunk_rows * units_per_chunk;
+  // One parallel region per call, its units (a chunk of rows x unit_blocks weight blocks, chunk by chunk) taken
+  // in turn by whichever thread is free, each thread packing the chunk it works on itself: no barrier inside a
+  // call, so that on a shared machine a thread waiting for its core holds up no other.
+  std::atomic<int64_t> next_unit{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
+    thread_local std::vector<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][16] bf16 pairs
+    thread_local std::vector<c10::BFloat16> weights;    // [2][panel k tiles][16][32]
+    thread_local std::vector<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
+    packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
+    weights.resize(2 * (panel_values / kTileK) * kTileValues);
+    sums.resize((panels > 1 ? unit_blocks : 1) * chunk_pairs * pair_floats);
+    const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
+    int64_t packed_m0 = -1;  // the chunk packed_storage holds
+    configure_tiles();
+    for (int64_t unit = next_unit++; unit < units; unit = next_unit++) {
+      const int64_t m0 = unit / units_per_chunk * chunk_rows, count = std::min(chunk_rows, rows - m0);
+      const int64_t row_tiles = (count + kTile - 1) / kTile, pairs = (row_tiles + 1) / 2;
+      if (m0 != packed_m0) {
+        pack_activations(x, m0, count, in_features, packed_storage.data());
+        packed_m0 = m0;
+      }
+      const int64_t g0 = unit % units_per_chunk * unit_blocks, g_end = std::min(n_blocks, g0 + unit_blocks);
       for (int64_t p = 0; p < panels; ++p) {
         const int64_t k0 = p * kPanelValues, kc = std::min(kPanelValues, in_features - k0), kt0 = k0 / kTileK;
         const int64_t panel_tiles = kc / kTileK;
-        for (int64_t nb = begin; nb < end; ++nb) {
+        for (int64_t nb = g0; nb < g_end; ++nb) {
           const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0);
           for (int64_t i = 0; i < kBlockN; ++i) {
             c10::BFloat16* dst = weights.data() + (i / kTile) * panel_tiles * kTileValues + (i % kTile) * kTileK;
@@ -297,7 +310,7 @@ void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int
           for (int64_t t = 0; t < row_tiles; t += 2) {
             const c10::BFloat16* b0 = packed + (t * k_tiles + kt0) * kTileValues;
             const bool two = t + 1 < row_tiles;
-            float* c = sums.data() + ((panels > 1 ? nb - begin : 0) * pairs + t / 2) * pair_floats;
+            float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
             const c10::BFloat16* a1 = weights.data() + panel_tiles * kTileValues;
             if (two) {
               multiply<true>(weights.data(), a1, b0, b0 + k_tiles * kTileValues, panel_tiles, first, c);
@@ -317,9 +330,9 @@ void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int
           }
         }
       }
-      _tile_release();
-    });
-  }
+    }
+    _tile_release();
+  });
 }
 
 }  // namespace conveyor_amx

@@ -9,12 +9,13 @@
 //                      weight rows x all K (about kTileBytes, so that it stays in L2) to the activations'
 //                      dtype in its own scratch and runs torch's GEMM (oneDNN: AVX-512 BF16 / AMX) on it;
 //   gguf_linear_amx:   many rows of bfloat16 activations on AMX tiles (gguf_amx.cpp), each thread dequantizing
-//                      32 weight rows at a time to bfloat16 itself (no GEMM library call per tile);
+//                      its weight rows to bfloat16 itself, once per call (no GEMM library call per tile);
+//                      gguf_linear_amx_parts: the same for a row stack of mixed types, in one call;
 //   gguf_dequantize:   whole rows to float32 (embedding lookups, reference checks).
 // The weights stay as the file stores them, [N rows][K / block blocks]: no float copy is ever kept.
 //
-// Block layouts and their dequantization are ggml's (ggml-quants.c, dequantize_row_*), for the
-// types named by their GGML type ids below; conveyor.model.gguf_quant holds the same table.
+// Block layouts and their dequantization are ggml's (gguf_dequant.h), for the types named by their GGML
+// type ids; conveyor.model.gguf_quant holds the same table.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -24,165 +25,21 @@
 #include <vector>
 
 #include "gguf_amx.h"
+#include "gguf_dequant.h"
 #include "gguf_vnni.h"
 
 namespace {
 
-enum Kind : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+using conveyor_gguf::dequant_row;
+using conveyor_gguf::Format;
 
 constexpr int64_t kTileBytes = 512 * 1024;    // dequantized weights per GEMM tile (fewer, larger GEMMs)
 constexpr int64_t kMinTileRows = 32;
 constexpr int64_t kMinBytesPerThread = 32768;  // less is not worth waking a thread for
 
-inline float half_to_float(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
-
-// --- one block -> `block` floats -------------------------------------------------------------------
-
-void dequant_q4_0(const uint8_t* b, float* y) {  // d, qs[16]: (q - 8) d
-  const float d = half_to_float(b);
-  const uint8_t* qs = b + 2;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = static_cast<float>((qs[j] & 0xF) - 8) * d;
-    y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
-  }
-}
-
-void dequant_q4_1(const uint8_t* b, float* y) {  // d, m, qs[16]: q d + m
-  const float d = half_to_float(b), m = half_to_float(b + 2);
-  const uint8_t* qs = b + 4;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = static_cast<float>(qs[j] & 0xF) * d + m;
-    y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
-  }
-}
-
-void dequant_q5_0(const uint8_t* b, float* y) {  // d, qh (32 high bits), qs[16]: (q - 16) d
-  const float d = half_to_float(b);
-  uint32_t qh;
-  std::memcpy(&qh, b + 2, sizeof(qh));
-  const uint8_t* qs = b + 6;
-  for (int j = 0; j < 16; ++j) {
-    const int high0 = ((qh >> j) << 4) & 0x10, high1 = (qh >> (j + 12)) & 0x10;
-    y[j] = static_cast<float>(((qs[j] & 0xF) | high0) - 16) * d;
-    y[j + 16] = static_cast<float>(((qs[j] >> 4) | high1) - 16) * d;
-  }
-}
-
-void dequant_q5_1(const uint8_t* b, float* y) {  // d, m, qh, qs[16]: q d + m
-  const float d = half_to_float(b), m = half_to_float(b + 2);
-  uint32_t qh;
-  std::memcpy(&qh, b + 4, sizeof(qh));
-  const uint8_t* qs = b + 8;
-  for (int j = 0; j < 16; ++j) {
-    const int high0 = ((qh >> j) << 4) & 0x10, high1 = (qh >> (j + 12)) & 0x10;
-    y[j] = static_cast<float>((qs[j] & 0xF) | high0) * d + m;
-    y[j + 16] = static_cast<float>((qs[j] >> 4) | high1) * d + m;
-  }
-}
-
-void dequant_q8_0(const uint8_t* b, float* y) {  // d, qs[32] int8: q d
-  const float d = half_to_float(b);
-  const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
-  for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
-}
-
-// The 6-bit scale and minimum of sub-block j (0..7) of a Q4_K / Q5_K block (ggml's get_scale_min_k4).
-inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
-void dequant_q4_k(const uint8_t* b, float* y) {  // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32
-  const float d = half_to_float(b), dmin = half_to_float(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* q = b + 16;
-  for (int j = 0; j < 4; ++j, q += 32, y += 64) {
-    int sc, m;
-    scale_min_k4(2 * j, scales, &sc, &m);
-    const float d1 = d * sc, m1 = dmin * m;
-    scale_min_k4(2 * j + 1, scales, &sc, &m);
-    const float d2 = d * sc, m2 = dmin * m;
-    for (int l = 0; l < 32; ++l) y[l] = d1 * static_cast<float>(q[l] & 0xF) - m1;
-    for (int l = 0; l < 32; ++l) y[l + 32] = d2 * static_cast<float>(q[l] >> 4) - m2;
-  }
-}
-
-void dequant_q5_k(const uint8_t* b, float* y) {  // d, dmin, scales[12], qh[32], qs[128]
-  const float d = half_to_float(b), dmin = half_to_float(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qh = b + 16;
-  const uint8_t* ql = b + 48;
-  for (int j = 0; j < 4; ++j, ql += 32, y += 64) {
-    int sc, m;
-    scale_min_k4(2 * j, scales, &sc, &m);
-    const float d1 = d * sc, m1 = dmin * m;
-    scale_min_k4(2 * j + 1, scales, &sc, &m);
-    const float d2 = d * sc, m2 = dmin * m;
-    const int bit1 = 2 * j, bit2 = 2 * j + 1;
-    for (int l = 0; l < 32; ++l) y[l] = d1 * static_cast<float>((ql[l] & 0xF) | (((qh[l] >> bit1) & 1) << 4)) - m1;
-    for (int l = 0; l < 32; ++l) y[l + 32] = d2 * static_cast<float>((ql[l] >> 4) | (((qh[l] >> bit2) & 1) << 4)) - m2;
-  }
-}
-
-void dequant_q6_k(const uint8_t* b, float* y) {  // ql[128], qh[64], scales[16] int8, d: 16 sub-blocks of 16
-  const uint8_t* ql = b;
-  const uint8_t* qh = b + 128;
-  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = half_to_float(b + 208);
-  for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128) {
-    for (int l = 0; l < 32; ++l) {
-      const int is = l / 16;
-      const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      y[l] = d * sc[is] * static_cast<float>(q1);
-      y[l + 32] = d * sc[is + 2] * static_cast<float>(q2);
-      y[l + 64] = d * sc[is + 4] * static_cast<float>(q3);
-      y[l + 96] = d * sc[is + 6] * static_cast<float>(q4);
-    }
-  }
-}
-
-struct Format {
-  int64_t block;  // weights per block
-  int64_t bytes;  // bytes per block
-  void (*dequant)(const uint8_t*, float*);
-};
-
-Format format_of(int64_t kind) {
-  switch (kind) {
-    case kQ4_0: return {32, 18, dequant_q4_0};
-    case kQ4_1: return {32, 20, dequant_q4_1};
-    case kQ5_0: return {32, 22, dequant_q5_0};
-    case kQ5_1: return {32, 24, dequant_q5_1};
-    case kQ8_0: return {32, 34, dequant_q8_0};
-    case kQ4_K: return {256, 144, dequant_q4_k};
-    case kQ5_K: return {256, 176, dequant_q5_k};
-    case kQ6_K: return {256, 210, dequant_q6_k};
-    default: break;
-  }
-  TORCH_CHECK(false, "GGML weight type id ", kind, " has no native kernel; supported ids: 2 (Q4_0), 3 (Q4_1), "
-              "6 (Q5_0), 7 (Q5_1), 8 (Q8_0), 12 (Q4_K), 13 (Q5_K), 14 (Q6_K)");
-  return {};
-}
-
-inline void dequant_row(const Format& f, const uint8_t* row, int64_t in_features, float* y) {
-  for (int64_t k = 0; k < in_features; k += f.block, row += f.bytes) f.dequant(row, y + k);
-}
-
 // Checks the blocks against K and the type; -> the format.
 Format checked_format(const torch::Tensor& blocks, int64_t kind, int64_t in_features) {
-  const Format f = format_of(kind);
+  const Format f = conveyor_gguf::format_of(kind);
   TORCH_CHECK(blocks.device().is_cpu() && blocks.scalar_type() == torch::kUInt8 && blocks.dim() == 2 &&
               blocks.is_contiguous(), "blocks must be a contiguous CPU uint8 tensor [rows, row bytes], got ",
               blocks.sizes(), " ", blocks.scalar_type());
@@ -395,35 +252,50 @@ torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blo
 
 bool gguf_amx_available() { return conveyor_amx::available(); }
 
-torch::Tensor gguf_linear_amx(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
-                              int64_t in_features) {
-  const Format f = checked_format(blocks, kind, in_features);
+torch::Tensor gguf_linear_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
+                                    const std::vector<int64_t>& kinds, int64_t in_features) {
+  TORCH_CHECK(!blocks.empty() && blocks.size() == kinds.size(), "gguf_linear_amx_parts needs one type id per "
+              "block matrix and at least one matrix, got ", blocks.size(), " matrices and ", kinds.size(), " ids");
+  std::vector<Part> parts;
+  int64_t out_features = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Format f = checked_format(blocks[i], kinds[i], in_features);
+    parts.push_back({blocks[i].data_ptr<uint8_t>(), kinds[i], blocks[i].size(1), out_features, f});
+    out_features += blocks[i].size(0);
+  }
   check_x(x, in_features);
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "gguf_linear_amx multiplies bfloat16 activations, got ",
               x.scalar_type(), "; use gguf_linear_tiles for float32 ones");
   TORCH_CHECK(conveyor_amx::available(), "gguf_linear_amx needs AMX-BF16 (Intel Sapphire Rapids or later) and a "
               "kernel that grants tile data; this CPU or build has none: use gguf_linear_tiles");
-  const int64_t rows = x.size(0), out_features = blocks.size(0), row_bytes = blocks.size(1);
+  const int64_t rows = x.size(0);
   const torch::Tensor xc = x.contiguous();  // [rows, in]
   auto y = torch::empty({rows, out_features}, x.options());  // [rows, out]
   if (rows == 0 || out_features == 0) return y;
-  const uint8_t* bp = blocks.data_ptr<uint8_t>();
-  const bool vectorized = conveyor_amx::tile_kind(kind);
   conveyor_amx::product_bf16(
       xc.data_ptr<c10::BFloat16>(), rows, in_features, out_features,
       [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {  // -> 32-value pieces
-        const uint8_t* blocks_from = bp + n * row_bytes + first / f.block * f.bytes;
-        if (vectorized) {
-          conveyor_amx::dequantize_tile_row(kind, blocks_from, count, out);
+        size_t p = parts.size() - 1;
+        while (n < parts[p].first) --p;  // the part holding output row n
+        const Part& part = parts[p];
+        const uint8_t* blocks_from = part.blocks + (n - part.first) * part.row_bytes +
+                                     first / part.format.block * part.format.bytes;
+        if (conveyor_amx::tile_kind(part.kind)) {
+          conveyor_amx::dequantize_tile_row(part.kind, blocks_from, count, out);
           return;
         }
         thread_local std::vector<float> w;  // [count]: the float path (Q4_1, Q5_0, Q5_1, Q5_K)
         w.resize(count);
-        dequant_row(f, blocks_from, count, w.data());
+        dequant_row(part.format, blocks_from, count, w.data());
         for (int64_t k = 0; k < count; ++k) out[k / 32 * conveyor_amx::kTilePieceStride + k % 32] = c10::BFloat16(w[k]);
       },
       y.data_ptr<c10::BFloat16>());
   return y;
+}
+
+torch::Tensor gguf_linear_amx(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
+                              int64_t in_features) {
+  return gguf_linear_amx_parts(x, {blocks}, {kind}, in_features);
 }
 
 bool gguf_linear_vectorized() {

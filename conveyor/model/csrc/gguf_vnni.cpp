@@ -343,6 +343,9 @@ QuantizedActivations quantize_activations(const float* x, int64_t in_features, c
   return {out.q, out.scale, out.sum16, out.q256, out.scale256, out.sum32, out.q256_k4, out.sum16_256};
 }
 
+namespace {
+
+// One weight row of GGML type `kind` (vnni_kind) times one quantized activation row.
 float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x) {
   switch (kind) {
     case 2: return dot_q4_01<false>(row, in_features / 32, x);
@@ -355,8 +358,6 @@ float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const Quan
     }
   }
 }
-
-namespace {
 
 template <int M>
 void dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x, float* out) {
@@ -391,7 +392,6 @@ bool bf16_kind(int64_t) { return false; }
 void dequantize_row_bf16(int64_t, const uint8_t*, int64_t, c10::BFloat16*) {}
 bool vnni_kind(int64_t) { return false; }
 QuantizedActivations quantize_activations(const float*, int64_t, const ActivationBuffer&) { return {}; }
-float vnni_dot(int64_t, const uint8_t*, int64_t, const QuantizedActivations&) { return 0.f; }
 void vnni_dot_rows(int64_t, const uint8_t*, int64_t, const QuantizedActivations*, int64_t, float*) {}
 }  // namespace conveyor_gguf
 

@@ -43,9 +43,6 @@ QuantizedActivations quantize_activations(const float* x, int64_t in_features, c
 // Activation rows one call of vnni_dot_rows takes at most.
 constexpr int64_t kDotRowsMax = 4;
 
-// One weight row of GGML type `kind` (vnni_kind) times one quantized activation row.
-float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x);
-
 // One weight row of GGML type `kind` (vnni_kind) times `rows` (1..kDotRowsMax) quantized activation rows x[0..rows)
 // -> out[0..rows): the weight blocks are unpacked once for all of them.
 void vnni_dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x,

@@ -54,13 +54,9 @@ inline uint32_t word_bits(const uint32_t* mask, int64_t w, int64_t vocab) {
   return n >= 32 ? mask[w] : n <= 0 ? 0u : mask[w] & ((1u << n) - 1u);
 }
 
-inline float to_float(float v) { return v; }
-inline float to_float(at::BFloat16 v) { return static_cast<float>(v); }
-
+using conveyor_vec::to_float;
 #if defined(CONVEYOR_VEC_AVX512)
-// 16 logits from p (lanes outside `lanes` are not read) as float32.
-inline __m512 load16(const float* p, __mmask16 lanes) { return _mm512_maskz_loadu_ps(lanes, p); }
-inline __m512 load16(const at::BFloat16* p, __mmask16 lanes) { return conveyor_vec::load_bf16(p, lanes); }
+using conveyor_vec::load16;
 #endif
 
 // Index of the first largest logit of `row` among the tokens `mask` allows; 0 when it allows none (where

@@ -1,5 +1,6 @@
 // AVX-512 helpers shared by the kernels, in two tiers:
-//   CONVEYOR_VEC_AVX512 (AVX-512 F/BW/VL): masked loads of 16 bfloat16 as 16 float32;
+//   always: to_float, a float32 or bfloat16 value as float32;
+//   CONVEYOR_VEC_AVX512 (AVX-512 F/BW/VL): masked loads of 16 bfloat16 or float32 as 16 float32;
 //   CONVEYOR_VEC_BF16 (also AVX512_BF16): rounding back to bfloat16 and a vector exp.
 // Rounding to bfloat16 is round-to-nearest-even (vcvtneps2bf16), as torch rounds.
 #pragma once
@@ -7,6 +8,13 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+
+namespace conveyor_vec {
+
+inline float to_float(float v) { return v; }
+inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+
+}  // namespace conveyor_vec
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -23,6 +31,11 @@ inline __m512 load_bf16(const c10::BFloat16* p, __mmask16 mask = 0xFFFF) {
   const __m256i raw = _mm256_maskz_loadu_epi16(mask, reinterpret_cast<const void*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
+
+// 16 values from p (lanes outside `lanes` are not read, and are zero) as float32, for kernels templated on
+// the logits' or activations' type.
+inline __m512 load16(const float* p, __mmask16 lanes = 0xFFFF) { return _mm512_maskz_loadu_ps(lanes, p); }
+inline __m512 load16(const c10::BFloat16* p, __mmask16 lanes = 0xFFFF) { return load_bf16(p, lanes); }
 
 }  // namespace conveyor_vec
 
