@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -126,3 +127,95 @@ def test_many_decodes_in_length_groups_with_a_prefill_match_sdpa(decode_op: Deco
         expected = _reference(q[row:row + n], k_all, v_all, start)
         torch.testing.assert_close(out[row:row + n], expected, atol=1e-5, rtol=1e-5)
         row += n
+
+
+
+@dataclass
+class _Bf16Step:
+    """A bfloat16 step with a fresh prompt (causal), a chunk behind a cached prefix (masked) and one decode, in a
+    paged cache with shuffled blocks."""
+    q: torch.Tensor  # [tokens, heads, d]
+    k: torch.Tensor  # [tokens, kv_heads, d]
+    v: torch.Tensor  # [tokens, kv_heads, d]
+    k_cache: torch.Tensor  # [blocks, BLOCK, kv_heads, d]
+    v_cache: torch.Tensor  # [blocks, BLOCK, kv_heads, d]
+    seqs: list[tuple[int, int]]  # (cached, new) per sequence
+    tables: list[list[int]]
+
+    @staticmethod
+    def random(heads: int, kv_heads: int, head_dim: int, seed: int) -> _Bf16Step:
+        torch.manual_seed(seed)
+        rng = random.Random(seed)
+        num_blocks = 48
+        free = list(range(num_blocks))
+        rng.shuffle(free)
+        seqs = [(0, 37), (21, 18), (30, 1)]
+        n_tokens = sum(n for _, n in seqs)
+        return _Bf16Step(q=torch.randn(n_tokens, heads, head_dim).bfloat16(),
+                         k=torch.randn(n_tokens, kv_heads, head_dim).bfloat16(),
+                         v=torch.randn(n_tokens, kv_heads, head_dim).bfloat16(),
+                         k_cache=torch.randn(num_blocks, BLOCK, kv_heads, head_dim).bfloat16(),
+                         v_cache=torch.randn(num_blocks, BLOCK, kv_heads, head_dim).bfloat16(),
+                         seqs=seqs, tables=[[free.pop() for _ in range(-(-(c + n) // BLOCK))] for c, n in seqs])
+
+    def attend(self, heads: slice, kv_heads: slice, window: int | None = None) -> torch.Tensor:
+        """paged_attention over the given heads only, as one tensor-parallel rank holds them -> [tokens, n, d]."""
+        batch = build_attention_batch([c for c, _ in self.seqs], [n for _, n in self.seqs], self.tables, BLOCK)
+        q = self.q[:, heads].contiguous()  # [tokens, n, d]
+        out = paged_attention(q, self.k[:, kv_heads].contiguous(), self.v[:, kv_heads].contiguous(),
+                              self.k_cache[:, :, kv_heads].clone(), self.v_cache[:, :, kv_heads].clone(), batch,
+                              q.shape[-1] ** -0.5, window=window)  # [tokens, n * d]
+        return out.view(q.shape)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+def test_bf16_prefill_takes_the_fused_kernel_and_matches_float32_math(window: int | None) -> None:
+    """Every SDPA call of a bfloat16 step (fresh prompt, chunk behind a cache, decode; with and without a sliding
+    window) is allowed only torch's fused flash kernel, so one that fell back to the slow float32 "math" path
+    (3-D inputs do) raises. The result must match float32 math attention over the same bfloat16 values."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    heads, kv_heads, head_dim = 8, 2, 32
+    step = _Bf16Step.random(heads, kv_heads, head_dim, seed=3)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        out = step.attend(slice(None), slice(None), window)  # [tokens, heads, d]
+    row = 0
+    for (cached, new), table in zip(step.seqs, step.tables):
+        ctx = cached + new
+        k_all = torch.cat([step.k_cache[b] for b in table])[:ctx].clone()  # [ctx, kv_heads, d]: cached prefix ...
+        v_all = torch.cat([step.v_cache[b] for b in table])[:ctx].clone()
+        k_all[cached:], v_all[cached:] = step.k[row:row + new], step.v[row:row + new]  # ... and this step's
+        q_pos = torch.arange(cached, ctx)[:, None]  # [new, 1]
+        k_pos = torch.arange(ctx)[None, :]  # [1, ctx]
+        valid = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window is not None else True)  # [new, ctx]
+        with sdpa_kernel([SDPBackend.MATH]):
+            expected = F.scaled_dot_product_attention(
+                step.q[row:row + new].float().transpose(0, 1),  # [heads, new, d]
+                k_all.float().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1),  # [heads, ctx, d]
+                v_all.float().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1),
+                attn_mask=valid, scale=head_dim ** -0.5).transpose(0, 1)  # [new, heads, d]
+        # bfloat16 probabilities and output: a few units of bfloat16's 2^-8 relative step
+        torch.testing.assert_close(out[row:row + new].float(), expected, atol=2e-2, rtol=2e-2)
+        row += new
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prefill_gives_a_head_the_same_bits_whatever_other_heads_share_the_call(threads: int) -> None:
+    """Tensor parallelism gives each rank a slice of the query and KV heads: a head's attention output may not
+    depend on how many heads are in the call (nor on the thread count each rank runs with). Bit for bit, bfloat16,
+    over prefills with and without a cached prefix and a decode."""
+    heads, kv_heads = 8, 4
+    step = _Bf16Step.random(heads, kv_heads, 64, seed=5)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        full = step.attend(slice(None), slice(None))  # [tokens, heads, d]
+        torch.set_num_threads(threads)
+        for rank in range(2):  # two ranks: half the query heads and their KV heads each
+            got = step.attend(slice(rank * 4, rank * 4 + 4), slice(rank * 2, rank * 2 + 2))
+            assert torch.equal(got, full[:, rank * 4:rank * 4 + 4]), f"rank {rank} of 2 on {threads} thread(s)"
+        for group in range(kv_heads):  # one KV head and its query heads per call
+            got = step.attend(slice(group * 2, group * 2 + 2), slice(group, group + 1))
+            assert torch.equal(got, full[:, group * 2:group * 2 + 2]), f"KV group {group} on {threads} thread(s)"
+    finally:
+        torch.set_num_threads(before)

@@ -167,7 +167,6 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         _log_window_fallback()
         decode_op = None
     num_tokens, heads, head_dim = q.shape
-    kv_heads = k.shape[1]
     if not kv_written:
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
     out = q.new_empty(num_tokens, heads, head_dim)  # [num_tokens, heads, head_dim]
@@ -184,21 +183,24 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         else:
             out.index_copy_(0, group.rows, o)
 
+    if softcap is not None and batch.prefills:
+        _log_softcap_prefill()
     for chunk in batch.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
-        q_c = q[rows].transpose(0, 1)  # [heads, chunk, head_dim]
+        # A batch axis of 1 on every SDPA operand: torch's fused CPU kernel takes only 4-D inputs (see `attend`)
+        q_c = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, chunk, head_dim]
         if chunk.block_table is None and (window is None or chunk.num_tokens <= window):
-            k_c = k[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
-            v_c = v[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
-            o = attend(q_c, k_c, v_c, None, scale, softcap, is_causal=True)
+            k_c = k[rows].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, chunk, head_dim]
+            v_c = v[rows].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, chunk, head_dim]
+            o = attend(q_c, k_c, v_c, None, scale, softcap, is_causal=True)  # [1, heads, chunk, head_dim]
         elif chunk.block_table is None:  # a window shorter than the chunk: its own K/V, banded causal mask
             assert window is not None
             mask = chunk.window_masks.get(window)
             if mask is None:
                 mask = chunk.window_masks[window] = _prefill_mask(chunk.num_tokens, chunk.num_tokens, window, q)
-            k_c = k[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
-            v_c = v[rows].transpose(0, 1)  # [kv_heads, chunk, head_dim]
-            o = attend(q_c, k_c, v_c, mask, scale, softcap)
+            k_c = k[rows].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, chunk, head_dim]
+            v_c = v[rows].transpose(0, 1).unsqueeze(0)  # [1, kv_heads, chunk, head_dim]
+            o = attend(q_c, k_c, v_c, mask, scale, softcap)  # [1, heads, chunk, head_dim]
         else:
             ctx = chunk.context_len
             if window is None:
@@ -209,11 +211,19 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                 mask = chunk.window_masks.get(window)
                 if mask is None:
                     mask = chunk.window_masks[window] = _prefill_mask(chunk.num_tokens, ctx, window, q)
-            k_c = gather_blocks(k_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
-            v_c = gather_blocks(v_cache, chunk.block_table).view(-1, kv_heads, head_dim)[:ctx].transpose(0, 1)
-            o = attend(q_c, k_c, v_c, mask, scale, softcap)
-        out[rows] = o.transpose(0, 1)  # [chunk, heads, head_dim]
+            k_c = _gathered_context(k_cache, chunk.block_table, ctx)  # [1, kv_heads, ctx, head_dim]
+            v_c = _gathered_context(v_cache, chunk.block_table, ctx)  # [1, kv_heads, ctx, head_dim]
+            o = attend(q_c, k_c, v_c, mask, scale, softcap)  # [1, heads, chunk, head_dim]
+        out[rows] = o[0].transpose(0, 1)  # [chunk, heads, head_dim]
     return out.reshape(num_tokens, heads * head_dim)
+
+
+def _gathered_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
+    """A prefill chunk's cached keys or values: cache [num_blocks, block_size, kv_heads, d], block_table [k]
+    -> [1, kv_heads, context_len, d] (a view of one gathered copy)."""
+    kv_heads, head_dim = cache.shape[2], cache.shape[3]
+    gathered = gather_blocks(cache, block_table).view(1, -1, kv_heads, head_dim)  # [1, k * block_size, kv_heads, d]
+    return gathered[:, :context_len].transpose(1, 2)
 
 
 def _prefill_mask(num_queries: int, context_len: int, window: int | None, q: torch.Tensor) -> torch.Tensor:
@@ -236,6 +246,17 @@ def _log_window_fallback() -> None:
         _window_fallback_logged = True
         logger.info("sliding-window and soft-capped layers decode through the torch gather + attention path (the "
                     "native decode kernel has neither); other layers keep the native kernel")
+
+
+_softcap_prefill_logged = False
+
+
+def _log_softcap_prefill() -> None:
+    global _softcap_prefill_logged
+    if not _softcap_prefill_logged:
+        _softcap_prefill_logged = True
+        logger.info("soft-capped layers attend through explicit scores (tanh cap, float32 softmax) instead of torch's "
+                    "fused attention kernel, which has no soft cap; sliding windows keep the fused kernel with a mask")
 
 
 def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
@@ -265,8 +286,14 @@ def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
            softcap: float | None, is_causal: bool = False) -> torch.Tensor:
-    """SDPA over q [..., heads, q_len, d] and k, v [..., kv_heads, k_len, d] (grouped-query when fewer kv heads);
-    with a softcap, the scores are capped explicitly (SDPA has no such option), softmax in float32."""
+    """SDPA over q [batch, heads, q_len, d] and k, v [batch, kv_heads, k_len, d] (grouped-query when fewer kv heads);
+    with a softcap, the scores are capped explicitly (SDPA has no such option), softmax in float32.
+
+    Always 4-D: on CPU, torch sends 3-D inputs to its "math" fallback, which copies q, k, v to float32 and
+    materialises every score: 7-12x slower for a 144-token chunk of the 1B model, ~19x at 512 tokens. Its fused
+    "flash" kernel works one (batch, head, query block) at a time with splits that depend only on the sequence
+    lengths, so a head's output has the same bits whatever the number of heads or threads in the call
+    (tensor-parallel ranks each hold some of the heads; tests/test_attention.py checks this)."""
     if softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                               enable_gqa=k.shape[-3] != q.shape[-3])
