@@ -164,7 +164,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     `softcap`: scores become softcap * tanh(scores / softcap) (Gemma 2), computed without SDPA.
     """
     if (window is not None or softcap is not None) and decode_op is not None:
-        _log_window_fallback()
+        _log_once(_WINDOW_FALLBACK)
         decode_op = None
     num_tokens, heads, head_dim = q.shape
     if not kv_written:
@@ -184,7 +184,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             out.index_copy_(0, group.rows, o)
 
     if softcap is not None and batch.prefills:
-        _log_softcap_prefill()
+        _log_once(_SOFTCAP_PREFILL)
     for chunk in batch.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         # A batch axis of 1 on every SDPA operand: torch's fused CPU kernel takes only 4-D inputs (see `attend`)
@@ -237,26 +237,18 @@ def _prefill_mask(num_queries: int, context_len: int, window: int | None, q: tor
     return additive_mask(valid, q.dtype)
 
 
-_window_fallback_logged = False
-
-
-def _log_window_fallback() -> None:
-    global _window_fallback_logged
-    if not _window_fallback_logged:
-        _window_fallback_logged = True
-        logger.info("sliding-window and soft-capped layers decode through the torch gather + attention path (the "
+_WINDOW_FALLBACK = ("sliding-window and soft-capped layers decode through the torch gather + attention path (the "
                     "native decode kernel has neither); other layers keep the native kernel")
-
-
-_softcap_prefill_logged = False
-
-
-def _log_softcap_prefill() -> None:
-    global _softcap_prefill_logged
-    if not _softcap_prefill_logged:
-        _softcap_prefill_logged = True
-        logger.info("soft-capped layers attend through explicit scores (tanh cap, float32 softmax) instead of torch's "
+_SOFTCAP_PREFILL = ("soft-capped layers attend through explicit scores (tanh cap, float32 softmax) instead of torch's "
                     "fused attention kernel, which has no soft cap; sliding windows keep the fused kernel with a mask")
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    """Say once per process which slower path a model's layers take."""
+    if message not in _logged:
+        _logged.add(message)
+        logger.info(message)
 
 
 def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
