@@ -82,10 +82,6 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
-    return reader.field(key, default)
-
-
 _HONOURED_KEYS = {
     "vocab_size", "context_length", "embedding_length", "feed_forward_length", "block_count",
     "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
@@ -114,15 +110,15 @@ def check_metadata_keys(reader: GGUFFile, arch: str, path: str) -> None:
     for key in reader.fields:
         if key.startswith(_NEUTRAL_NAMESPACES):
             continue
-        if key == "split.count" and int(_field(reader, key)) > 1:
-            raise ModelLoadError(f"{path}: split.count={_field(reader, key)}: split GGUF files are not supported; "
+        if key == "split.count" and int(reader.field(key)) > 1:
+            raise ModelLoadError(f"{path}: split.count={reader.field(key)}: split GGUF files are not supported; "
                                  f"merge them with llama.cpp's gguf-split --merge")
         if key.startswith("split."):
             continue
         honoured = _HONOURED_KEYS | _HONOURED_BY_ARCH.get(arch, set())
         if key.startswith(f"{arch}.") and key[len(arch) + 1:] in honoured:
             continue
-        value = _field(reader, key)
+        value = reader.field(key)
         shown = value if len(repr(value)) < 80 else f"{repr(value)[:80]}..."
         raise ModelLoadError(f"{path}: GGUF metadata {key}={shown!r} is not supported for {arch} (it would change "
                              f"the computation, and Conveyor does not implement it); supported {arch}.* keys: "
@@ -130,11 +126,11 @@ def check_metadata_keys(reader: GGUFFile, arch: str, path: str) -> None:
 
 
 def _rope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], rotary_dim: int) -> RopeSpec:
-    theta = float(_field(reader, f"{arch}.rope.freq_base", 10000.0))
-    scaling = _field(reader, f"{arch}.rope.scaling.type", "none") or "none"
+    theta = float(reader.field(f"{arch}.rope.freq_base", 10000.0))
+    scaling = reader.field(f"{arch}.rope.scaling.type", "none") or "none"
     if "rope_factors_long.weight" in names or "rope_factors_short.weight" in names:
         return _longrope_spec(reader, arch, path, names, theta, scaling, rotary_dim)
-    if _field(reader, f"{arch}.rope.scaling.attn_factor") is not None:
+    if reader.field(f"{arch}.rope.scaling.attn_factor") is not None:
         raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.scaling.attn_factor without the rope_factors_long "
                              f"and rope_factors_short tensors; supported: with them (Phi-3's longrope)")
     if scaling not in _GGUF_ROPE_TYPES:
@@ -146,28 +142,28 @@ def _rope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], rotary_d
                                  f"supported: one of them")
         tensor = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         factors = tuple(float(x) for x in tensor_array(tensor, path).reshape(-1))
-        dims = _field(reader, f"{arch}.rope.dimension_count") or _field(reader, f"{arch}.attention.key_length") or \
-            int(_field(reader, f"{arch}.embedding_length")) // int(_field(reader, f"{arch}.attention.head_count"))
+        dims = reader.field(f"{arch}.rope.dimension_count") or reader.field(f"{arch}.attention.key_length") or \
+            int(reader.field(f"{arch}.embedding_length")) // int(reader.field(f"{arch}.attention.head_count"))
         if len(factors) != int(dims) // 2:
             raise ModelLoadError(f"{path}: the rope_freqs tensor has {len(factors)} factors; the head size {dims} "
                                  f"needs {int(dims) // 2}")
         return RopeSpec(theta=theta, freq_factors=factors)
-    factor = float(_field(reader, f"{arch}.rope.scaling.factor", 1.0))
+    factor = float(reader.field(f"{arch}.rope.scaling.factor", 1.0))
     if scaling == "none":
         return RopeSpec(theta=theta)
     if scaling == "linear":
         return RopeSpec(theta=theta, scaling_type="linear", factor=factor)
-    ext_factor = _field(reader, f"{arch}.rope.scaling.yarn_ext_factor")
+    ext_factor = reader.field(f"{arch}.rope.scaling.yarn_ext_factor")
     if ext_factor is not None and float(ext_factor) not in (-1.0, 1.0):
         raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.scaling.yarn_ext_factor={ext_factor} is not "
                              f"supported; supported: 1.0 (transformers' YaRN)")
-    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    original = reader.field(f"{arch}.rope.scaling.original_context_length")
     if original is None:
         raise ModelLoadError(f"{path}: yarn rope scaling without {arch}.rope.scaling.original_context_length")
-    attention_factor = _field(reader, f"{arch}.rope.scaling.yarn_attn_factor")
+    attention_factor = reader.field(f"{arch}.rope.scaling.yarn_attn_factor")
     return RopeSpec(theta=theta, scaling_type="yarn", factor=factor, original_max_position_embeddings=int(original),
-                    beta_fast=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
-                    beta_slow=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+                    beta_fast=float(reader.field(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+                    beta_slow=float(reader.field(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
                     attention_factor=float(attention_factor) if attention_factor is not None else
                     yarn_attention_factor(factor))
 
@@ -181,7 +177,7 @@ def _longrope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], thet
         raise ModelLoadError(f"{path}: rope_factors tensors ({found}) with architecture {arch!r} and "
                              f"{arch}.rope.scaling.type={scaling!r}; supported: both rope_factors_long and "
                              f"rope_factors_short, architecture phi3, no rope.scaling.type")
-    original = _field(reader, f"{arch}.rope.scaling.original_context_length")
+    original = reader.field(f"{arch}.rope.scaling.original_context_length")
     if original is None:
         raise ModelLoadError(f"{path}: rope_factors tensors without {arch}.rope.scaling.original_context_length; "
                              f"longrope needs it to choose between them")
@@ -192,33 +188,33 @@ def _longrope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], thet
         if len(sets[name]) != rotary_dim // 2:
             raise ModelLoadError(f"{path}: the {name} tensor has {len(sets[name])} factors; {rotary_dim} rotating "
                                  f"dimensions need {rotary_dim // 2}")
-    context = int(_field(reader, f"{arch}.context_length", original))
+    context = int(reader.field(f"{arch}.context_length", original))
     return RopeSpec(theta=theta, scaling_type="longrope", factor=context / int(original),
                     original_max_position_embeddings=int(original),
-                    attention_factor=float(_field(reader, f"{arch}.rope.scaling.attn_factor", 1.0)),
+                    attention_factor=float(reader.field(f"{arch}.rope.scaling.attn_factor", 1.0)),
                     short_factors=sets["rope_factors_short.weight"], long_factors=sets["rope_factors_long.weight"])
 
 
 def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
-    arch = _field(reader, "general.architecture")
+    arch = reader.field("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
                              f"{', '.join(GGUF_ARCHITECTURES)}")
     check_metadata_keys(reader, arch, path)
 
     def need(key: str) -> Any:
-        value = _field(reader, f"{arch}.{key}")
+        value = reader.field(f"{arch}.{key}")
         if value is None:
             raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key} is missing; the file is incomplete")
         return value
 
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length", hidden // heads))
-    value_length = _field(reader, f"{arch}.attention.value_length")
+    head_dim = int(reader.field(f"{arch}.attention.key_length", hidden // heads))
+    value_length = reader.field(f"{arch}.attention.value_length")
     if value_length is not None and int(value_length) != head_dim:
         raise ModelLoadError(f"{path}: GGUF metadata {arch}.attention.value_length={value_length} differs from the "
                              f"head size {head_dim}; supported: equal (distinct value sizes are not implemented)")
-    rotary_dim = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    rotary_dim = int(reader.field(f"{arch}.rope.dimension_count", head_dim))
     if rotary_dim != head_dim and (arch not in PARTIAL_ROTARY_ARCHITECTURES or rotary_dim % 2
                                    or not 0 < rotary_dim < head_dim):
         raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.dimension_count={rotary_dim} differs from the head "
@@ -228,19 +224,19 @@ def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
     rope = _rope_spec(reader, arch, path, names, rotary_dim)
     if rotary_dim != head_dim:
         rope = dataclasses.replace(rope, rotary_dim=rotary_dim)
-    vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    vocab = reader.field(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
+    eos = reader.field("tokenizer.ggml.eos_token_id")
+    eot = reader.field("tokenizer.ggml.eot_token_id")
     return ModelSpec(
         architecture=arch, vocab_size=int(vocab), hidden_size=hidden,
         intermediate_size=int(need("feed_forward_length")), num_layers=int(need("block_count")),
-        num_heads=heads, num_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", heads)),
+        num_heads=heads, num_kv_heads=int(reader.field(f"{arch}.attention.head_count_kv", heads)),
         head_dim=head_dim, rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         rope=rope,
         max_position_embeddings=int(need("context_length")),
         tie_word_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names, qk_norm="blk.0.attn_q_norm.weight" in names,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        bos_token_id=reader.field("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(sorted({int(t) for t in (eos, eot) if t is not None})),
         **(_gemma2_fields(reader, hidden, heads, head_dim, int(need("block_count"))) if arch == "gemma2" else {}),
         **(_gemma3_fields(reader, hidden, heads, head_dim, int(need("block_count")), path) if arch == "gemma3"
@@ -251,7 +247,7 @@ def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
 
 def _phi3_fields(reader: GGUFFile, layers: int) -> dict[str, Any]:
     """Phi-3's sliding window covers every layer (0: none, as llama.cpp's converter writes for Phi-4)."""
-    window = _field(reader, "phi3.attention.sliding_window")
+    window = reader.field("phi3.attention.sliding_window")
     return dict(layer_windows=(int(window),) * layers) if window else {}
 
 
@@ -259,11 +255,11 @@ def _gemma2_fields(reader: GGUFFile, hidden: int, heads: int, head_dim: int, lay
     """Gemma 2 as llama.cpp runs it: every other layer local (even ones, as transformers' layer_types), the
     query scale 1/sqrt(head_dim) except for the 46-layer 27B, which uses 1/sqrt(hidden / heads) (the GGUF has no
     query_pre_attn_scalar)."""
-    window = _field(reader, "gemma2.attention.sliding_window")
+    window = reader.field("gemma2.attention.sliding_window")
     scale_dim = hidden / heads if layers == 46 else head_dim
     return dict(activation="gelu_tanh", embedding_multiplier=float(hidden) ** 0.5, attention_scale=scale_dim ** -0.5,
-                attn_logit_softcap=_field(reader, "gemma2.attn_logit_softcapping"),
-                final_logit_softcap=_field(reader, "gemma2.final_logit_softcapping"), sandwich_norms=True,
+                attn_logit_softcap=reader.field("gemma2.attn_logit_softcapping"),
+                final_logit_softcap=reader.field("gemma2.final_logit_softcapping"), sandwich_norms=True,
                 layer_windows=tuple(int(window) if window and i % 2 == 0 else None for i in range(layers)))
 
 
@@ -278,11 +274,11 @@ def _gemma3_fields(reader: GGUFFile, hidden: int, heads: int, head_dim: int, lay
     (a period n: layer i is local when i % n < n - 1; or one flag per layer) or llama.cpp's fixed period 6, local
     layers with their own rope base and no scaling, q/k norms (tensors), the query scale 1/sqrt(head_dim) except
     for the 62-layer 27B (1/sqrt(hidden / heads)), as llama.cpp (the GGUF has no query_pre_attn_scalar)."""
-    window = _field(reader, "gemma3.attention.sliding_window")
+    window = reader.field("gemma3.attention.sliding_window")
     if not window:
         raise ModelLoadError(f"{path}: GGUF metadata gemma3.attention.sliding_window is missing or 0; Gemma 3's "
                              f"local layers need it (the file is incomplete)")
-    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
+    pattern = reader.field("gemma3.attention.sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
     if isinstance(pattern, list):
         if len(pattern) != layers:
             raise ModelLoadError(f"{path}: GGUF metadata gemma3.attention.sliding_window_pattern has {len(pattern)} "
@@ -292,8 +288,8 @@ def _gemma3_fields(reader: GGUFFile, hidden: int, heads: int, head_dim: int, lay
         local = [int(pattern) > 0 and i % int(pattern) < int(pattern) - 1 for i in range(layers)]
     scale_dim = hidden / heads if layers == 62 else head_dim
     return dict(activation="gelu_tanh", embedding_multiplier=float(hidden) ** 0.5, attention_scale=scale_dim ** -0.5,
-                final_logit_softcap=_field(reader, "gemma3.final_logit_softcapping"), sandwich_norms=True,
-                local_rope=RopeSpec(theta=float(_field(reader, "gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))),
+                final_logit_softcap=reader.field("gemma3.final_logit_softcapping"), sandwich_norms=True,
+                local_rope=RopeSpec(theta=float(reader.field("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))),
                 layer_windows=tuple(int(window) if is_local else None for is_local in local))
 
 

@@ -137,8 +137,8 @@ class NativeKernels(Protocol):
         ...
 
     def gguf_linear_amx(self, x: torch.Tensor, blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
-        """The same product for bfloat16 x on AMX tiles, every weight dequantized once per call (many rows);
-        raises where gguf_amx_available() is false."""
+        """The same product for bfloat16 x on AMX tiles, weights dequantized 32 rows at a time for each chunk of
+        activation rows (many rows); raises where gguf_amx_available() is false."""
         ...
 
     def gguf_linear_amx_parts(self, x: torch.Tensor, blocks: list[torch.Tensor], kinds: list[int],
