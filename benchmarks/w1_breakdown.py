@@ -106,6 +106,8 @@ def profile_steps(engine: Engine, workload) -> None:
         labelled = _Labelled(model.kernels)
         model.ops.kernels = labelled
         model.ops.decode_attention = labelled.decode_attention
+        if model.ops.prefill_attention is not None:
+            model.ops.prefill_attention = labelled.prefill_attention
     engine.reset_prefix_cache()
     for prompt, params in zip(workload.prompts, workload.params):
         engine.add_request(prompt, params)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.model.attention import build_attention_batch, paged_attention
-from conveyor.model.native import DecodeAttention, NativeKernels
+from conveyor.model.native import DecodeAttention, NativeKernels, PrefillAttention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 6, 2, 8, 4
 
@@ -158,13 +158,14 @@ class _Bf16Step:
                          v_cache=torch.randn(num_blocks, BLOCK, kv_heads, head_dim).bfloat16(),
                          seqs=seqs, tables=[[free.pop() for _ in range(-(-(c + n) // BLOCK))] for c, n in seqs])
 
-    def attend(self, heads: slice, kv_heads: slice, window: int | None = None) -> torch.Tensor:
+    def attend(self, heads: slice, kv_heads: slice, window: int | None = None,
+               prefill_op: PrefillAttention | None = None) -> torch.Tensor:
         """paged_attention over the given heads only, as one tensor-parallel rank holds them -> [tokens, n, d]."""
         batch = build_attention_batch([c for c, _ in self.seqs], [n for _, n in self.seqs], self.tables, BLOCK)
         q = self.q[:, heads].contiguous()  # [tokens, n, d]
         out = paged_attention(q, self.k[:, kv_heads].contiguous(), self.v[:, kv_heads].contiguous(),
                               self.k_cache[:, :, kv_heads].clone(), self.v_cache[:, :, kv_heads].clone(), batch,
-                              q.shape[-1] ** -0.5, window=window)  # [tokens, n * d]
+                              q.shape[-1] ** -0.5, window=window, prefill_op=prefill_op)  # [tokens, n * d]
         return out.view(q.shape)
 
 
@@ -199,23 +200,31 @@ def test_bf16_prefill_takes_the_fused_kernel_and_matches_float32_math(window: in
         row += new
 
 
+@pytest.mark.parametrize("prefill", ["torch", "native"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_prefill_gives_a_head_the_same_bits_whatever_other_heads_share_the_call(threads: int) -> None:
+def test_prefill_gives_a_head_the_same_bits_whatever_other_heads_share_the_call(threads: int, prefill: str,
+                                                                                request: pytest.FixtureRequest) -> None:
     """Tensor parallelism gives each rank a slice of the query and KV heads: a head's attention output may not
     depend on how many heads are in the call (nor on the thread count each rank runs with). Bit for bit, bfloat16,
-    over prefills with and without a cached prefix and a decode."""
+    over prefills with and without a cached prefix and a decode; torch's fused kernel and the native (AMX) one."""
     heads, kv_heads = 8, 4
     step = _Bf16Step.random(heads, kv_heads, 64, seed=5)
+    prefill_op = None
+    if prefill == "native":
+        kernels: NativeKernels = request.getfixturevalue("native_kernels")
+        if not kernels.prefill_attention_available():
+            pytest.skip("the native prefill attention needs AMX-BF16")
+        prefill_op = kernels.prefill_attention
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        full = step.attend(slice(None), slice(None))  # [tokens, heads, d]
+        full = step.attend(slice(None), slice(None), prefill_op=prefill_op)  # [tokens, heads, d]
         torch.set_num_threads(threads)
         for rank in range(2):  # two ranks: half the query heads and their KV heads each
-            got = step.attend(slice(rank * 4, rank * 4 + 4), slice(rank * 2, rank * 2 + 2))
+            got = step.attend(slice(rank * 4, rank * 4 + 4), slice(rank * 2, rank * 2 + 2), prefill_op=prefill_op)
             assert torch.equal(got, full[:, rank * 4:rank * 4 + 4]), f"rank {rank} of 2 on {threads} thread(s)"
         for group in range(kv_heads):  # one KV head and its query heads per call
-            got = step.attend(slice(group * 2, group * 2 + 2), slice(group, group + 1))
+            got = step.attend(slice(group * 2, group * 2 + 2), slice(group, group + 1), prefill_op=prefill_op)
             assert torch.equal(got, full[:, group * 2:group * 2 + 2]), f"KV group {group} on {threads} thread(s)"
     finally:
         torch.set_num_threads(before)

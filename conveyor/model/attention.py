@@ -13,9 +13,10 @@ Every layer first writes this step's K/V through the slot mapping, then attends:
     reference, any device) they go in groups of similar context length (less padding): a
     group's blocks are gathered into [group, max_context, kv_heads, head_dim] and masked by
     context length;
-  - prefill chunks attend one by one: a chunk with no cached context uses its own K/V
-    with a causal mask; a chunk behind cached tokens gathers its blocks and uses an
-    offset-causal mask. Each request attends only over its own blocks.
+  - prefill chunks: with the native CPU kernel (bfloat16 on AMX, full-attention layers) all chunks of the
+    step attend in one call, reading their K/V through their block tables. Otherwise they attend one by
+    one: a chunk with no cached context uses its own K/V with a causal mask; a chunk behind cached tokens
+    gathers its blocks and uses an offset-causal mask. Each request attends only over its own blocks.
 
 Sliding-window layers (window W) mask keys more than W - 1 positions behind the query too: the query at
 position q attends to keys q - W + 1 .. q. Blocks wholly behind every query's window may have been freed
@@ -33,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.core.kv_cache import FREED_BLOCK
-from conveyor.model.native import DecodeAttention
+from conveyor.model.native import DecodeAttention, PrefillAttention
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,10 @@ class AttentionBatch:
     slot_mapping: torch.Tensor  # [num_tokens] int64
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
+    prefill_spans: torch.Tensor | None = None
+    """[chunks, 3] int64: each prefill chunk's first row, rows and context length (for the native kernel)."""
+    prefill_tables: torch.Tensor | None = None
+    """[chunks, max_blocks] int64: each prefill chunk's block table (covering its context), zero-padded."""
 
 
 def build_attention_batch(starts: list[int], lengths: list[int], tables: list[list[int]], block_size: int,
@@ -95,6 +100,7 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
     decode_tables: list[list[int]] = []
     decode_lens: list[int] = []
     prefills: list[PrefillChunk] = []
+    prefill_tables: list[list[int]] = []
     row = 0
     for start, n, table in zip(starts, lengths, tables):
         if table and table[0] == FREED_BLOCK:  # blocks a sliding window passed: any block will do, masked out
@@ -103,15 +109,15 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
         for pos in range(start, start + n):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         context = start + n
+        used = table[:-(-context // block_size)]
         if n == 1:
             decode_rows.append(row)
-            decode_tables.append(table[:-(-context // block_size)])
+            decode_tables.append(used)
             decode_lens.append(context)
-        elif start == 0:
-            prefills.append(PrefillChunk(row, n, context, None))
         else:
-            used = table[:-(-context // block_size)]
-            prefills.append(PrefillChunk(row, n, context, to_device(torch.tensor(used, dtype=torch.int64))))
+            prefill_tables.append(used)
+            block_table = None if start == 0 else to_device(torch.tensor(used, dtype=torch.int64))
+            prefills.append(PrefillChunk(row, n, context, block_table))
         row += n
     groups = []
     order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
@@ -126,8 +132,14 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
             block_tables=to_device(torch.tensor(padded, dtype=torch.int64)),
             context_lens=to_device(torch.tensor([decode_lens[i] for i in members], dtype=torch.int64)),
             in_order=rows == list(range(len(rows)))))
+    spans = tables = None
+    if prefills:
+        width = max(len(t) for t in prefill_tables)
+        spans = to_device(torch.tensor([[c.token_start, c.num_tokens, c.context_len] for c in prefills],
+                                       dtype=torch.int64))
+        tables = to_device(torch.tensor([t + [0] * (width - len(t)) for t in prefill_tables], dtype=torch.int64))
     return AttentionBatch(slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)), decode_groups=groups,
-                          prefills=prefills)
+                          prefills=prefills, prefill_spans=spans, prefill_tables=tables)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -155,12 +167,14 @@ def additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: AttentionBatch, scale: float,
                     decode_op: DecodeAttention | None = None, kv_written: bool = False,
-                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                    window: int | None = None, softcap: float | None = None,
+                    prefill_op: PrefillAttention | None = None) -> torch.Tensor:
     """q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (this step's).
 
     Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first (unless the caller
     already has: kv_written). Decodes go to `decode_op` (the native kernel) when given, else
-    through the torch gather + SDPA path. `window`: this layer's sliding window, None for full attention.
+    through the torch gather + SDPA path; prefill chunks to `prefill_op` (the native kernel) where it applies
+    (bfloat16, head_dim a multiple of 32, no window or soft cap), else through SDPA chunk by chunk. `window`: this layer's sliding window, None for full attention.
     `softcap`: scores become softcap * tanh(scores / softcap) (Gemma 2), computed without SDPA.
     """
     if (window is not None or softcap is not None) and decode_op is not None:
@@ -185,6 +199,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 
     if softcap is not None and batch.prefills:
         _log_once(_SOFTCAP_PREFILL)
+    if batch.prefills and prefill_op is not None and window is None and softcap is None \
+            and q.dtype == torch.bfloat16 and head_dim % 32 == 0:
+        assert batch.prefill_tables is not None and batch.prefill_spans is not None
+        q_rows = q if q.stride(2) == 1 and q.stride(1) == head_dim else q.contiguous()  # [num_tokens, heads, d]
+        prefill_op(q_rows, k_cache, v_cache, batch.prefill_tables, batch.prefill_spans, scale, out)
+        return out.reshape(num_tokens, heads * head_dim)
     for chunk in batch.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         # A batch axis of 1 on every SDPA operand: torch's fused CPU kernel takes only 4-D inputs (see `attend`)

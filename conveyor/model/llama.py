@@ -76,7 +76,8 @@ class LlamaModel:
             else:
                 q, k, kv_written = ops.rotate_and_write(qkv, cos, sin, k_cache, v_cache, batch.slot_mapping, spec)
             attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, ops.decode_attention,
-                                   kv_written, window, spec.attn_logit_softcap)  # [num_tokens, heads * head_dim]
+                                   kv_written, window, spec.attn_logit_softcap,
+                                   ops.prefill_attention)  # [num_tokens, heads * head_dim]
             attn = layer.o_proj(attn)  # [num_tokens, hidden]
             if parallel is not None:  # row-parallel: each rank's heads gave a partial sum
                 attn = parallel.all_reduce(attn)

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from conveyor.model.attention import DecodeAttention
+from conveyor.model.attention import DecodeAttention, PrefillAttention
 from conveyor.model.layers import apply_rotary, rms_norm, silu_and_mul
 from conveyor.model.native import NativeKernels
 from conveyor.model.spec import ModelSpec
@@ -16,6 +16,8 @@ from conveyor.model.spec import ModelSpec
 class LayerOps(Protocol):
     decode_attention: DecodeAttention | None
     """The native decode attention, or None for the torch gather + SDPA path."""
+    prefill_attention: PrefillAttention | None
+    """The native prefill attention (AMX), or None for torch's SDPA chunk by chunk."""
 
     def add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,6 +38,7 @@ class LayerOps(Protocol):
 
 class TorchOps:
     decode_attention: DecodeAttention | None = None
+    prefill_attention: PrefillAttention | None = None
 
     def add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +63,8 @@ class NativeOps:
     def __init__(self, kernels: NativeKernels) -> None:
         self.kernels = kernels
         self.decode_attention: DecodeAttention | None = kernels.decode_attention
+        self.prefill_attention: PrefillAttention | None = \
+            kernels.prefill_attention if kernels.prefill_attention_available() else None
 
     def add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:

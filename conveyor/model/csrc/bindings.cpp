@@ -3,6 +3,9 @@
 
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale);
+bool prefill_attention_available();
+void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                       const torch::Tensor& block_tables, const torch::Tensor& spans, double scale, torch::Tensor& out);
 torch::Tensor add_rms_norm(torch::Tensor& hidden, const c10::optional<torch::Tensor>& delta,
                            const torch::Tensor& weight, double eps);
 torch::Tensor silu_and_mul(const torch::Tensor& gate_up);
@@ -34,6 +37,10 @@ torch::Tensor gguf_linear_amx_parts(const torch::Tensor& x, const std::vector<to
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("decode_attention", &decode_attention, no_gil, "Paged decode attention over block tables (CPU)");
+  m.def("prefill_attention_available", &prefill_attention_available,
+        "Whether prefill_attention can run here (AMX-BF16 granted)");
+  m.def("prefill_attention", &prefill_attention, no_gil,
+        "Causal attention of prompt chunks over their paged K/V, all chunks in one call, bfloat16 on AMX (CPU)");
   m.def("add_rms_norm", &add_rms_norm, no_gil, "hidden += delta (in place), then RMSNorm(hidden) * weight (CPU)");
   m.def("silu_and_mul", &silu_and_mul, no_gil, "silu(gate) * up for gate_up = [gate | up] (CPU)");
   m.def("quant_linear_vectorized", &quant_linear_vectorized, "Whether int4/int8_linear were built with AVX-512 BF16");

@@ -1,0 +1,340 @@
+// Causal attention of a step's prompt chunks over their paged K/V, on AMX tiles: all chunks of all
+// sequences in one call (no per-sequence SDPA call, no gather of cached blocks).
+//
+// A chunk is `n` query rows at positions ctx - n .. ctx - 1 of a sequence whose K/V (ctx tokens: the cached
+// prefix and the chunk itself, already written) live in cache blocks reached through its block table; the
+// query at position p attends to keys 0..p. Per (chunk, KV head) the keys and values are packed once into
+// the pair-interleaved layouts TDPBF16PS reads:
+//
+//   scores  S [16 queries, 32 keys] float32 = Q [16 queries, head_dim] . K^T   (K^T tiles: [16 d pairs][16 keys])
+//   output  O [16 queries, head_dim] += P [16 queries, 32 keys] bf16 . V       (V tiles:   [16 key pairs][16 d])
+//
+// and every query head of the KV head's group runs through them 16 queries at a time, 32 keys at a time, with
+// an online softmax in float32 (running max and sum per query; the accumulated output rescaled when the max
+// grows). As in torch's fused CPU attention for bfloat16 (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp),
+// the probabilities are rounded to bfloat16 for the P.V product; scores, softmax and sums stay float32 and the
+// output is rounded once. A head's result depends only on its chunk, never on the other heads or chunks in the
+// call or on how the work is split between threads.
+//
+// Work units (chunk, KV head, a range of query tiles) are taken from an atomic counter, heaviest first, in one
+// parallel region per call (no barrier: see gguf_amx.cpp on shared machines). bfloat16 only, head_dim a
+// multiple of 32, where AMX is available (conveyor_amx::available()); callers take torch's kernel otherwise.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gguf_amx.h"
+#include "vec_bf16.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(CONVEYOR_VEC_BF16)
+#define CONVEYOR_PREFILL_AMX 1
+#endif
+
+namespace {
+
+constexpr int64_t kTile = 16;       // rows of a tile; queries per query tile; keys per K^T tile
+constexpr int64_t kKeyBlock = 32;   // keys per softmax step: one bfloat16 P tile row
+constexpr int64_t kUnitTiles = 8;   // query tiles per work unit (128 queries)
+constexpr float kExpFloor = -87.f;  // exp(-87) = 1.6e-38, still a normal float
+constexpr float kMasked = -1e30f;   // a masked score, and the running max before the first key: finite, since the
+                                    // kernels are built with -ffast-math (no infinities assumed); exp() of it is 0
+
+struct Chunk {
+  int64_t q_row, n, ctx;
+  const int64_t* table;
+};
+
+// A work unit: query tiles [tile_begin, tile_end) of one chunk, for the query heads of one KV head.
+struct Unit {
+  int64_t chunk, kv_head, tile_begin, tile_end, cost;
+};
+
+#if defined(CONVEYOR_PREFILL_AMX)
+using namespace conveyor_vec;
+
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Tiles 0-3: output accumulators (four d tiles of 16); 4: Q or P; 5: a K^T or V tile; 6, 7: the two score tiles.
+void configure_tiles() {
+  TileConfig config{};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = kTile;
+  }
+  _tile_loadconfig(&config);
+}
+
+// Where key t of the sequence lives in a cache [num_blocks, block_size, kv_heads, head_dim].
+inline int64_t key_offset(const Chunk& c, int64_t t, int64_t block_size, int64_t kv_heads, int64_t kv_head,
+                          int64_t head_dim) {
+  const int64_t slot = c.table[t / block_size] * block_size + t % block_size;
+  return (slot * kv_heads + kv_head) * head_dim;
+}
+
+// Keys [0, keys) -> kt [keys / 16][head_dim / 32][16 d pairs][16 keys] (uint32 = two bfloat16 of one key);
+// values -> vp [keys / 32][head_dim / 16][16 key pairs][16 d][2]. `keys` is a multiple of 32; keys at or past
+// ctx are zeros.
+void pack_keys_values(const Chunk& c, int64_t keys, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache,
+                      int64_t block_size, int64_t kv_heads, int64_t kv_head, int64_t head_dim, uint32_t* kt,
+                      uint16_t* vp) {
+  const int64_t d_pairs = head_dim / 2, d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
+  const int64_t valid = std::min(keys, c.ctx);
+  for (int64_t t = 0; t < keys; ++t) {
+    uint32_t* kt_tile = kt + (t / kTile) * d_tiles32 * kTile * kTile;
+    const int64_t col = t % kTile;
+    if (t >= valid) {
+      for (int64_t p = 0; p < d_pairs; ++p) kt_tile[(p / kTile) * kTile * kTile + (p % kTile) * kTile + col] = 0;
+      continue;
+    }
+    const uint32_t* k_row =
+        reinterpret_cast<const uint32_t*>(k_cache + key_offset(c, t, block_size, kv_heads, kv_head, head_dim));
+    for (int64_t p = 0; p < d_pairs; ++p) kt_tile[(p / kTile) * kTile * kTile + (p % kTile) * kTile + col] = k_row[p];
+  }
+  // V: key pair j of a block (keys 2j, 2j + 1) -> row j of each d tile, d values interleaved with the pair's
+  const __m512i first_half = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
+                                              6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i second_half = _mm512_add_epi16(first_half, _mm512_set1_epi16(16));
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t t = 0; t < keys; t += 2) {
+    uint16_t* block = vp + (t / kKeyBlock) * d_tiles16 * kTile * kTile * 2;
+    const int64_t pair = (t % kKeyBlock) / 2;
+    const c10::BFloat16* even = t < valid ? v_cache + key_offset(c, t, block_size, kv_heads, kv_head, head_dim) : nullptr;
+    const c10::BFloat16* odd =
+        t + 1 < valid ? v_cache + key_offset(c, t + 1, block_size, kv_heads, kv_head, head_dim) : nullptr;
+    for (int64_t d = 0; d < head_dim; d += 32) {  // 32 d of both keys -> two d tiles' rows
+      const __m512i a = even ? _mm512_loadu_si512(even + d) : zero;
+      const __m512i b = odd ? _mm512_loadu_si512(odd + d) : zero;
+      _mm512_storeu_si512(block + ((d / 16) * kTile + pair) * kTile * 2, _mm512_permutex2var_epi16(a, first_half, b));
+      _mm512_storeu_si512(block + ((d / 16 + 1) * kTile + pair) * kTile * 2,
+                          _mm512_permutex2var_epi16(a, second_half, b));
+    }
+  }
+}
+
+// One query tile (16 rows of head `head`, queries q0 .. q0 + 15 of the chunk, the valid ones < n) over keys
+// 0 .. its last position, from the packed kt / vp -> out rows.
+void attend_tile(const Chunk& c, int64_t head, int64_t q0, const c10::BFloat16* q, int64_t q_row_stride,
+                 int64_t head_dim, float scale, const uint32_t* kt, const uint16_t* vp, c10::BFloat16* q_tiles,
+                 c10::BFloat16* p_tile, float* scores, float* acc, float* partial, c10::BFloat16* out,
+                 int64_t out_row_stride) {
+  const int64_t rows = std::min(kTile, c.n - q0), d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
+  const int64_t first_pos = c.ctx - c.n + q0;  // position of the tile's first query
+  const int64_t last_pos = first_pos + rows - 1;
+  // Q rows -> [head_dim / 32][16][32] bfloat16 (rows past the chunk zero)
+  for (int64_t r = 0; r < kTile; ++r) {
+    for (int64_t dt = 0; dt < d_tiles32; ++dt) {
+      c10::BFloat16* dst = q_tiles + (dt * kTile + r) * 32;
+      if (r < rows) {
+        std::memcpy(dst, q + (c.q_row + q0 + r) * q_row_stride + head * head_dim + dt * 32, 64);
+      } else {
+        std::memset(dst, 0, 64);
+      }
+    }
+  }
+  alignas(64) float row_max[kTile], row_sum[kTile];
+  for (int64_t r = 0; r < kTile; ++r) {
+    row_max[r] = kMasked;
+    row_sum[r] = 0.f;
+  }
+  std::fill(acc, acc + kTile * head_dim, 0.f);
+  const __m512 scale_v = _mm512_set1_ps(scale), masked_v = _mm512_set1_ps(kMasked);
+  const __m512 floor_v = _mm512_set1_ps(kExpFloor);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const int64_t blocks = last_pos / kKeyBlock + 1;
+  for (int64_t kb = 0; kb < blocks; ++kb) {
+    // S = Q . K^T for keys kb * 32 .. + 31
+    _tile_zero(6);
+    _tile_zero(7);
+    const uint32_t* k0 = kt + (2 * kb) * d_tiles32 * kTile * kTile;
+    const uint32_t* k1 = k0 + d_tiles32 * kTile * kTile;
+    for (int64_t dt = 0; dt < d_tiles32; ++dt) {
+      _tile_loadd(4, q_tiles + dt * kTile * 32, 64);
+      _tile_loadd(5, k0 + dt * kTile * kTile, 64);
+      _tile_dpbf16ps(6, 4, 5);
+      _tile_loadd(5, k1 + dt * kTile * kTile, 64);
+      _tile_dpbf16ps(7, 4, 5);
+    }
+    _tile_stored(6, scores, 128);
+    _tile_stored(7, scores + kTile, 128);
+    // online softmax, row by row; P rows rounded to bfloat16 into the A tile of the P.V product. exp() only ever
+    // sees arguments >= kExpFloor (libmvec's expf takes a slow scalar path per lane for arguments that underflow);
+    // masked keys get probability 0 through the mask instead.
+    const bool masked = kb * kKeyBlock + kKeyBlock - 1 > first_pos;  // some key past some row's position
+    alignas(64) float new_max[kTile], block_sum[kTile];
+    for (int64_t r = 0; r < kTile; ++r) {
+      __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(scores + r * 32), scale_v);
+      __m512 s1 = _mm512_mul_ps(_mm512_loadu_ps(scores + r * 32 + 16), scale_v);
+      __mmask16 valid0 = 0xFFFF, valid1 = 0xFFFF;
+      if (masked) {  // keys past this row's position (rows past the chunk attend like its last row)
+        const int64_t limit = std::min(first_pos + r, last_pos) - kb * kKeyBlock;  // last key index allowed
+        const __m512i limit_v = _mm512_set1_epi32(static_cast<int>(std::min<int64_t>(limit, 1 << 20)));
+        valid0 = _mm512_cmple_epi32_mask(lane, limit_v);
+        valid1 = _mm512_cmple_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), limit_v);
+      }
+      const float block_max = _mm512_reduce_max_ps(
+          _mm512_max_ps(_mm512_mask_mov_ps(masked_v, valid0, s0), _mm512_mask_mov_ps(masked_v, valid1, s1)));
+      new_max[r] = std::max(row_max[r], block_max);  // a real score: key 0 <= every position
+      const __m512 m = _mm512_set1_ps(new_max[r]);
+      const __m512 p0 = _mm512_maskz_mov_ps(valid0, _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(s0, m), floor_v)));
+      const __m512 p1 = _mm512_maskz_mov_ps(valid1, _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(s1, m), floor_v)));
+      block_sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+      _mm512_storeu_si512(p_tile + r * 32,
+                          _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(p0)), to_bf16(p1), 1));
+    }
+    // alpha = exp(old max - new max): 1 where the max held; on the first block old max is kMasked and the sums
+    // and outputs it scales are 0
+    const __m512 new_max_v = _mm512_load_ps(new_max);
+    alignas(64) float alpha[kTile];
+    _mm512_store_ps(alpha, _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(row_max), new_max_v), floor_v)));
+    _mm512_store_ps(row_sum, _mm512_fmadd_ps(_mm512_load_ps(row_sum), _mm512_load_ps(alpha), _mm512_load_ps(block_sum)));
+    _mm512_store_ps(row_max, new_max_v);
+    // O = O * alpha + P . V, four d tiles (64 values) at a time
+    const uint16_t* v_block = vp + kb * d_tiles16 * kTile * kTile * 2;
+    _tile_loadd(4, p_tile, 64);
+    for (int64_t d0 = 0; d0 < d_tiles16; d0 += 4) {
+      const int64_t group = std::min<int64_t>(4, d_tiles16 - d0);
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      _tile_loadd(5, v_block + (d0 + 0) * kTile * kTile * 2, 64);
+      _tile_dpbf16ps(0, 4, 5);
+      if (group > 1) {
+        _tile_loadd(5, v_block + (d0 + 1) * kTile * kTile * 2, 64);
+        _tile_dpbf16ps(1, 4, 5);
+      }
+      if (group > 2) {
+        _tile_loadd(5, v_block + (d0 + 2) * kTile * kTile * 2, 64);
+        _tile_dpbf16ps(2, 4, 5);
+      }
+      if (group > 3) {
+        _tile_loadd(5, v_block + (d0 + 3) * kTile * kTile * 2, 64);
+        _tile_dpbf16ps(3, 4, 5);
+      }
+      _tile_stored(0, partial, 256);
+      _tile_stored(1, partial + 16, 256);
+      _tile_stored(2, partial + 32, 256);
+      _tile_stored(3, partial + 48, 256);
+      for (int64_t r = 0; r < kTile; ++r) {
+        const __m512 a = _mm512_set1_ps(alpha[r]);
+        for (int64_t j = 0; j < group; ++j) {
+          float* o = acc + r * head_dim + (d0 + j) * kTile;
+          _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(o), a, _mm512_loadu_ps(partial + r * 64 + j * kTile)));
+        }
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 inv = _mm512_set1_ps(1.f / row_sum[r]);
+    c10::BFloat16* o = out + (c.q_row + q0 + r) * out_row_stride + head * head_dim;
+    for (int64_t d = 0; d < head_dim; d += 16)
+      store_bf16(o + d, _mm512_mul_ps(_mm512_loadu_ps(acc + r * head_dim + d), inv), 0xFFFF);
+  }
+}
+#endif
+
+}  // namespace
+
+bool prefill_attention_available() {
+#if defined(CONVEYOR_PREFILL_AMX)
+  return conveyor_amx::available();
+#else
+  return false;
+#endif
+}
+
+// q [tokens, heads, head_dim] bfloat16 (head_dim contiguous, heads adjacent); k_cache, v_cache [num_blocks,
+// block_size, kv_heads, head_dim] contiguous, holding every chunk's K/V already; block_tables [chunks,
+// max_blocks] int64; spans [chunks, 3] int64 (first query row in q, queries, context length); out [tokens,
+// heads, head_dim] contiguous: the chunks' rows are written, other rows are left as they are.
+void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                       const torch::Tensor& block_tables, const torch::Tensor& spans, double scale, torch::Tensor& out) {
+  TORCH_CHECK(prefill_attention_available(), "prefill_attention needs AMX-BF16 (see prefill_attention_available)");
+  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.stride(2) == 1 &&
+                  q.stride(1) == q.size(2),
+              "q must be a bfloat16 CPU tensor [tokens, heads, head_dim] with contiguous heads");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && k_cache.scalar_type() == at::kBFloat16 &&
+                  v_cache.scalar_type() == at::kBFloat16,
+              "caches must be contiguous bfloat16 [num_blocks, block_size, kv_heads, head_dim] of one shape");
+  const int64_t heads = q.size(1), head_dim = q.size(2), kv_heads = k_cache.size(2), block_size = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(3) == head_dim && head_dim % 32 == 0 && heads % kv_heads == 0,
+              "head_dim must match the cache's and be a multiple of 32; heads a multiple of kv_heads");
+  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous() && out.scalar_type() == at::kBFloat16,
+              "out must be contiguous bfloat16 with q's shape");
+  TORCH_CHECK(spans.dim() == 2 && spans.size(1) == 3 && spans.scalar_type() == torch::kInt64 && spans.is_contiguous() &&
+                  block_tables.dim() == 2 && block_tables.size(0) == spans.size(0) &&
+                  block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous(),
+              "spans [chunks, 3] and block_tables [chunks, max_blocks] must be contiguous int64");
+#if defined(CONVEYOR_PREFILL_AMX)
+  const int64_t num_chunks = spans.size(0), max_blocks = block_tables.size(1), group = heads / kv_heads;
+  const int64_t* span = spans.data_ptr<int64_t>();
+  std::vector<Chunk> chunks(num_chunks);
+  std::vector<Unit> units;
+  int64_t max_keys = 0;
+  for (int64_t i = 0; i < num_chunks; ++i) {
+    const int64_t q_row = span[3 * i], n = span[3 * i + 1], ctx = span[3 * i + 2];
+    TORCH_CHECK(n >= 1 && ctx >= n && q_row >= 0 && q_row + n <= q.size(0) &&
+                    (ctx + block_size - 1) / block_size <= max_blocks,
+                "chunk ", i, ": rows ", q_row, "+", n, " with context ", ctx, " do not fit q or its block table");
+    chunks[i] = Chunk{q_row, n, ctx, block_tables.data_ptr<int64_t>() + i * max_blocks};
+    max_keys = std::max(max_keys, (ctx + kKeyBlock - 1) / kKeyBlock * kKeyBlock);
+    const int64_t tiles = (n + kTile - 1) / kTile;
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      for (int64_t t0 = 0; t0 < tiles; t0 += kUnitTiles) {
+        const int64_t t1 = std::min(tiles, t0 + kUnitTiles);
+        const int64_t last_key = ctx - n + std::min(n, t1 * kTile);  // keys the unit's last tile reads
+        units.push_back(Unit{i, g, t0, t1, (t1 - t0) * last_key});
+      }
+    }
+  }
+  std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.cost > b.cost; });
+  const c10::BFloat16* q_ptr = q.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* k_ptr = k_cache.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* v_ptr = v_cache.data_ptr<c10::BFloat16>();
+  c10::BFloat16* out_ptr = out.data_ptr<c10::BFloat16>();
+  const int64_t q_row_stride = q.stride(0), out_row_stride = heads * head_dim;
+  const float scale_f = static_cast<float>(scale);
+  std::atomic<int64_t> next_unit{0};
+  const int64_t num_units = static_cast<int64_t>(units.size());
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_units), 1, [&](int64_t, int64_t) {
+    thread_local std::vector<uint32_t> kt;        // [keys / 16][head_dim / 32][16][16]
+    thread_local std::vector<uint16_t> vp;        // [keys / 32][head_dim / 16][16][16][2]
+    thread_local std::vector<c10::BFloat16> q_tiles, p_tile;
+    thread_local std::vector<float> scores, acc, partial;
+    kt.resize(max_keys * head_dim / 2);
+    vp.resize(max_keys * head_dim);
+    q_tiles.resize(kTile * head_dim);
+    p_tile.resize(kTile * kKeyBlock);
+    scores.resize(kTile * kKeyBlock);
+    acc.resize(kTile * head_dim);
+    partial.resize(kTile * 64);
+    configure_tiles();
+    for (int64_t u = next_unit++; u < num_units; u = next_unit++) {
+      const Unit& unit = units[u];
+      const Chunk& c = chunks[unit.chunk];
+      const int64_t last_query = std::min(c.n, unit.tile_end * kTile) - 1;
+      const int64_t keys = (c.ctx - c.n + last_query + 1 + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
+      pack_keys_values(c, keys, k_ptr, v_ptr, block_size, kv_heads, unit.kv_head, head_dim, kt.data(), vp.data());
+      for (int64_t h = unit.kv_head * group; h < (unit.kv_head + 1) * group; ++h)
+        for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t)
+          attend_tile(c, h, t * kTile, q_ptr, q_row_stride, head_dim, scale_f, kt.data(), vp.data(), q_tiles.data(),
+                      p_tile.data(), scores.data(), acc.data(), partial.data(), out_ptr, out_row_stride);
+    }
+    _tile_release();
+  });
+#endif
+}
