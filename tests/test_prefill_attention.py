@@ -38,15 +38,17 @@ def _random_step(heads: int, kv_heads: int, head_dim: int, block_size: int, seqs
         tables=tables, seqs=seqs, block_size=block_size)
 
 
-def _reference(step: dict[str, Any], row: int, cached: int, new: int, table: list[int],
-               dtype: torch.dtype) -> torch.Tensor:
-    """Causal attention of one chunk over its context in `dtype` (float64: exact; bfloat16: torch's SDPA)."""
+def _reference(step: dict[str, Any], row: int, cached: int, new: int, table: list[int], dtype: torch.dtype,
+               window: int = 0) -> torch.Tensor:
+    """Causal attention of one chunk over its context (within a sliding window if given) in `dtype` (float64: exact;
+    bfloat16: torch's SDPA)."""
     heads, kv_heads = step["q"].shape[1], step["k_cache"].shape[2]
     ctx = cached + new
     k = torch.cat([step["k_cache"][b] for b in table])[:ctx]  # [ctx, kv_heads, d]
     v = torch.cat([step["v_cache"][b] for b in table])[:ctx]
     q = step["q"][row:row + new]  # [new, heads, d]
-    valid = torch.arange(ctx)[None, :] <= torch.arange(cached, ctx)[:, None]  # [new, ctx]
+    k_pos, q_pos = torch.arange(ctx)[None, :], torch.arange(cached, ctx)[:, None]
+    valid = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window else True)  # [new, ctx]
     if dtype == torch.float64:
         k = k.double().repeat_interleave(heads // kv_heads, dim=1)
         v = v.double().repeat_interleave(heads // kv_heads, dim=1)
@@ -56,22 +58,25 @@ def _reference(step: dict[str, Any], row: int, cached: int, new: int, table: lis
     return o[0].transpose(0, 1)  # [new, heads, d]
 
 
-CASES = [  # heads, kv_heads, head_dim, block_size, (cached, new) per chunk
-    (9, 3, 64, 16, [(0, 150), (0, 32), (160, 100), (23, 17), (0, 2)]),
-    (32, 8, 64, 16, [(0, 128), (236, 64)]),
-    (4, 4, 128, 32, [(0, 70), (66, 33)]),
-    (8, 1, 64, 1, [(0, 40), (33, 17)]),
-    (6, 2, 64, 16, [(0, 700)]),
+CASES = [  # heads, kv_heads, head_dim, block_size, (cached, new) per chunk, sliding window (0: none)
+    (9, 3, 64, 16, [(0, 150), (0, 32), (160, 100), (23, 17), (0, 2)], 0),
+    (32, 8, 64, 16, [(0, 128), (236, 64)], 0),
+    (4, 4, 128, 32, [(0, 70), (66, 33)], 0),
+    (8, 1, 64, 1, [(0, 40), (33, 17)], 0),
+    (6, 2, 64, 16, [(0, 700)], 0),
+    (9, 3, 64, 16, [(0, 150), (160, 100), (23, 17)], 40),
+    (4, 2, 128, 1, [(110, 90), (0, 300)], 33),
+    (4, 2, 64, 16, [(0, 50)], 1),
 ]
 
 
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_native_prefill_is_as_exact_as_torchs_fused_kernel(kernels: Any, case: int) -> None:
     """Fresh prompts and chunks behind a cached prefix, lengths across tile (16) and key block (32) edges, GQA groups
-    1-8, head_dim 64 and 128, block sizes 1-32. Each chunk's worst error against float64 stays within that of
-    torch's bfloat16 SDPA on the same values (plus a quarter of a bfloat16 step), and rows no chunk owns are left
-    untouched."""
-    heads, kv_heads, head_dim, block_size, seqs = CASES[case]
+    1-8, head_dim 64 and 128, block sizes 1-32, sliding windows shorter and longer than a key block. Each chunk's
+    worst error against float64 stays within that of torch's bfloat16 SDPA on the same values (plus a quarter of a
+    bfloat16 step), and rows no chunk owns are left untouched."""
+    heads, kv_heads, head_dim, block_size, seqs, window = CASES[case]
     for sharpness in (1.0, 4.0):
         step = _random_step(heads, kv_heads, head_dim, block_size, seqs, seed=case, sharpness=sharpness)
         batch = build_attention_batch([c for c, _ in seqs], [n for _, n in seqs], step["tables"], block_size)
@@ -79,21 +84,22 @@ def test_native_prefill_is_as_exact_as_torchs_fused_kernel(kernels: Any, case: i
         spans = batch.prefill_spans.clone()
         spans[:, 0] += 2  # the chunks' rows start after the two unowned ones
         kernels.prefill_attention(step["q"], step["k_cache"], step["v_cache"], batch.prefill_tables, spans,
-                                  head_dim ** -0.5, out)
+                                  head_dim ** -0.5, window, out)
         assert torch.all(out[:2] == 5.0), "rows outside every chunk were written"
         row = 2
         for (cached, new), table in zip(seqs, step["tables"]):
-            exact = _reference(step, row, cached, new, table, torch.float64)
+            exact = _reference(step, row, cached, new, table, torch.float64, window)
             ours = (out[row:row + new].double() - exact).abs().max().item()
-            theirs = (_reference(step, row, cached, new, table, torch.bfloat16).double() - exact).abs().max().item()
+            theirs = (_reference(step, row, cached, new, table, torch.bfloat16, window).double()
+                      - exact).abs().max().item()
             scale = exact.abs().max().item()
             assert ours <= theirs + 2 ** -10 * scale, (sharpness, cached, new, ours, theirs)
             row += new
 
 
 def test_paged_attention_takes_the_native_prefill_for_every_chunk_in_one_call(kernels: Any) -> None:
-    """paged_attention hands all of a step's chunks (and only them) to the native op, once, when it applies; with
-    a sliding window or in float32 it keeps torch's path."""
+    """paged_attention hands all of a step's chunks (and only them) to the native op, once per layer, with the
+    layer's window when it applies; with a soft cap or in float32 it keeps torch's path."""
     heads, kv_heads, head_dim, block_size = 8, 2, 64, 16
     seqs = [(0, 37), (21, 18), (30, 1)]
     step = _random_step(heads, kv_heads, head_dim, block_size, seqs, seed=9, sharpness=2.0)
@@ -101,7 +107,7 @@ def test_paged_attention_takes_the_native_prefill_for_every_chunk_in_one_call(ke
     calls: list[tuple[int, ...]] = []
 
     def counting(q: torch.Tensor, *args: Any) -> None:
-        calls.append(tuple(args[3][:, 1].tolist()))
+        calls.append((*args[3][:, 1].tolist(), args[5]))
         kernels.prefill_attention(q, *args)
 
     q = step["q"][:56]
@@ -109,17 +115,23 @@ def test_paged_attention_takes_the_native_prefill_for_every_chunk_in_one_call(ke
     v_new = torch.randn(56, kv_heads, head_dim).bfloat16()
     native = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
                              kernels.decode_attention, prefill_op=counting)  # [56, heads * d]
-    assert calls == [(37, 18)]
+    assert calls == [(37, 18, 0)]
     torch_path = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
                                  kernels.decode_attention)
     torch.testing.assert_close(native.float(), torch_path.float(), atol=2e-2, rtol=2e-2)
     assert torch.equal(native[55], torch_path[55]), "the decode row must come from the decode kernel either way"
+    windowed = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
+                               kernels.decode_attention, window=8, prefill_op=counting)
+    assert calls[-1] == (37, 18, 8)
+    torch_windowed = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
+                                     kernels.decode_attention, window=8)
+    torch.testing.assert_close(windowed.float(), torch_windowed.float(), atol=2e-2, rtol=2e-2)
     paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
-                    kernels.decode_attention, window=8, prefill_op=counting)
+                    kernels.decode_attention, softcap=30.0, prefill_op=counting)
     fresh = build_attention_batch([c for c, _ in seqs], [n for _, n in seqs], step["tables"], block_size)
     paged_attention(q.float(), k_new.float(), v_new.float(), step["k_cache"].float(), step["v_cache"].float(), fresh,
                     head_dim ** -0.5, kernels.decode_attention, prefill_op=counting)
-    assert len(calls) == 1
+    assert len(calls) == 2
 
 
 def test_native_prefill_refuses_what_it_cannot_compute(kernels: Any) -> None:
@@ -128,12 +140,14 @@ def test_native_prefill_refuses_what_it_cannot_compute(kernels: Any) -> None:
     tables = torch.zeros(1, 1, dtype=torch.int64)
     spans = torch.tensor([[0, 8, 8]])
     with pytest.raises(RuntimeError, match="bfloat16"):
-        kernels.prefill_attention(q, cache, cache, tables, spans, 0.125, torch.empty_like(q))
+        kernels.prefill_attention(q, cache, cache, tables, spans, 0.125, 0, torch.empty_like(q))
     qb, cb = q.bfloat16(), cache.bfloat16()
     with pytest.raises(RuntimeError, match="do not fit"):
-        kernels.prefill_attention(qb, cb, cb, tables, torch.tensor([[4, 8, 8]]), 0.125, torch.empty_like(qb))
+        kernels.prefill_attention(qb, cb, cb, tables, torch.tensor([[4, 8, 8]]), 0.125, 0, torch.empty_like(qb))
     with pytest.raises(RuntimeError, match="do not fit"):
-        kernels.prefill_attention(qb, cb, cb, tables, torch.tensor([[0, 8, 20]]), 0.125, torch.empty_like(qb))
+        kernels.prefill_attention(qb, cb, cb, tables, torch.tensor([[0, 8, 20]]), 0.125, 0, torch.empty_like(qb))
     with pytest.raises(RuntimeError, match="multiple of 32"):
         kernels.prefill_attention(qb[..., :48].contiguous(), cb[..., :48].contiguous(), cb[..., :48].contiguous(),
-                                  tables, spans, 0.125, torch.empty(8, 4, 48, dtype=torch.bfloat16))
+                                  tables, spans, 0.125, 0, torch.empty(8, 4, 48, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="window must be >= 0"):
+        kernels.prefill_attention(qb, cb, cb, tables, spans, 0.125, -1, torch.empty_like(qb))

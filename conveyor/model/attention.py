@@ -13,8 +13,8 @@ Every layer first writes this step's K/V through the slot mapping, then attends:
     reference, any device) they go in groups of similar context length (less padding): a
     group's blocks are gathered into [group, max_context, kv_heads, head_dim] and masked by
     context length;
-  - prefill chunks: with the native CPU kernel (bfloat16 on AMX, full-attention layers) all chunks of the
-    step attend in one call, reading their K/V through their block tables. Otherwise they attend one by
+  - prefill chunks: with the native CPU kernel (bfloat16 on AMX; full or sliding-window attention, no soft cap)
+    all chunks of the step attend in one call, reading their K/V through their block tables. Otherwise they attend one by
     one: a chunk with no cached context uses its own K/V with a causal mask; a chunk behind cached tokens
     gathers its blocks and uses an offset-causal mask. Each request attends only over its own blocks.
 
@@ -174,7 +174,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first (unless the caller
     already has: kv_written). Decodes go to `decode_op` (the native kernel) when given, else
     through the torch gather + SDPA path; prefill chunks to `prefill_op` (the native kernel) where it applies
-    (bfloat16, head_dim a multiple of 32, no window or soft cap), else through SDPA chunk by chunk. `window`: this layer's sliding window, None for full attention.
+    (bfloat16, head_dim a multiple of 32, no soft cap), else through SDPA chunk by chunk. `window`: this layer's sliding window, None for full attention.
     `softcap`: scores become softcap * tanh(scores / softcap) (Gemma 2), computed without SDPA.
     """
     if (window is not None or softcap is not None) and decode_op is not None:
@@ -199,11 +199,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 
     if softcap is not None and batch.prefills:
         _log_once(_SOFTCAP_PREFILL)
-    if batch.prefills and prefill_op is not None and window is None and softcap is None \
-            and q.dtype == torch.bfloat16 and head_dim % 32 == 0:
+    if batch.prefills and prefill_op is not None and softcap is None and q.dtype == torch.bfloat16 \
+            and head_dim % 32 == 0:
         assert batch.prefill_tables is not None and batch.prefill_spans is not None
         q_rows = q if q.stride(2) == 1 and q.stride(1) == head_dim else q.contiguous()  # [num_tokens, heads, d]
-        prefill_op(q_rows, k_cache, v_cache, batch.prefill_tables, batch.prefill_spans, scale, out)
+        prefill_op(q_rows, k_cache, v_cache, batch.prefill_tables, batch.prefill_spans, scale, window or 0, out)
         return out.reshape(num_tokens, heads * head_dim)
     for chunk in batch.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)

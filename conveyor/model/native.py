@@ -54,11 +54,11 @@ DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
 """(q [seqs, heads, d], k_cache, v_cache [blocks, block_size, kv_heads, d], block_tables [seqs, max_blocks]
 int64, context_lens [seqs] int64, scale) -> [seqs, heads, d]."""
 
-PrefillAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, torch.Tensor],
-                            None]
+PrefillAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, int,
+                             torch.Tensor], None]
 """(q [tokens, heads, d] bfloat16, k_cache, v_cache [blocks, block_size, kv_heads, d] (every chunk's K/V already
 written), block_tables [chunks, max_blocks] int64, spans [chunks, 3] int64 (first row, rows, context length),
-scale, out [tokens, heads, d]) -> None: the chunks' rows of out written."""
+scale, sliding window (0 for none), out [tokens, heads, d]) -> None: the chunks' rows of out written."""
 
 
 class NativeKernels(Protocol):

@@ -5,7 +5,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
                                const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale);
 bool prefill_attention_available();
 void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                       const torch::Tensor& block_tables, const torch::Tensor& spans, double scale, torch::Tensor& out);
+                       const torch::Tensor& block_tables, const torch::Tensor& spans, double scale, int64_t window,
+                       torch::Tensor& out);
 torch::Tensor add_rms_norm(torch::Tensor& hidden, const c10::optional<torch::Tensor>& delta,
                            const torch::Tensor& weight, double eps);
 torch::Tensor silu_and_mul(const torch::Tensor& gate_up);

@@ -3,7 +3,8 @@
 //
 // A chunk is `n` query rows at positions ctx - n .. ctx - 1 of a sequence whose K/V (ctx tokens: the cached
 // prefix and the chunk itself, already written) live in cache blocks reached through its block table; the
-// query at position p attends to keys 0..p. Per (chunk, KV head) the keys and values are packed once into
+// query at position p attends to keys 0..p (with a sliding window W: keys p - W + 1..p, the blocks wholly
+// before every query's window not read at all). Per (chunk, KV head) the keys and values are packed once into
 // the pair-interleaved layouts TDPBF16PS reads:
 //
 //   scores  S [16 queries, 32 keys] float32 = Q [16 queries, head_dim] . K^T   (K^T tiles: [16 d pairs][16 keys])
@@ -84,16 +85,17 @@ inline int64_t key_offset(const Chunk& c, int64_t t, int64_t block_size, int64_t
   return (slot * kv_heads + kv_head) * head_dim;
 }
 
-// Keys [0, keys) -> kt [keys / 16][head_dim / 32][16 d pairs][16 keys] (uint32 = two bfloat16 of one key);
-// values -> vp [keys / 32][head_dim / 16][16 key pairs][16 d][2]. `keys` is a multiple of 32; keys at or past
+// Keys [first, keys) -> kt [(keys - first) / 16][head_dim / 32][16 d pairs][16 keys] (uint32 = two bfloat16 of one
+// key); values -> vp [(keys - first) / 32][head_dim / 16][16 key pairs][16 d][2]. `first` and `keys` are multiples of
+// 32; keys at or past
 // ctx are zeros.
-void pack_keys_values(const Chunk& c, int64_t keys, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache,
+void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache,
                       int64_t block_size, int64_t kv_heads, int64_t kv_head, int64_t head_dim, uint32_t* kt,
                       uint16_t* vp) {
   const int64_t d_pairs = head_dim / 2, d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
   const int64_t valid = std::min(keys, c.ctx);
-  for (int64_t t = 0; t < keys; ++t) {
-    uint32_t* kt_tile = kt + (t / kTile) * d_tiles32 * kTile * kTile;
+  for (int64_t t = first; t < keys; ++t) {
+    uint32_t* kt_tile = kt + ((t - first) / kTile) * d_tiles32 * kTile * kTile;
     const int64_t col = t % kTile;
     if (t >= valid) {
       for (int64_t p = 0; p < d_pairs; ++p) kt_tile[(p / kTile) * kTile * kTile + (p % kTile) * kTile + col] = 0;
@@ -108,8 +110,8 @@ void pack_keys_values(const Chunk& c, int64_t keys, const c10::BFloat16* k_cache
                                               6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i second_half = _mm512_add_epi16(first_half, _mm512_set1_epi16(16));
   const __m512i zero = _mm512_setzero_si512();
-  for (int64_t t = 0; t < keys; t += 2) {
-    uint16_t* block = vp + (t / kKeyBlock) * d_tiles16 * kTile * kTile * 2;
+  for (int64_t t = first; t < keys; t += 2) {
+    uint16_t* block = vp + ((t - first) / kKeyBlock) * d_tiles16 * kTile * kTile * 2;
     const int64_t pair = (t % kKeyBlock) / 2;
     const c10::BFloat16* even = t < valid ? v_cache + key_offset(c, t, block_size, kv_heads, kv_head, head_dim) : nullptr;
     const c10::BFloat16* odd =
@@ -124,11 +126,17 @@ void pack_keys_values(const Chunk& c, int64_t keys, const c10::BFloat16* k_cache
   }
 }
 
-// One query tile (16 rows of head `head`, queries q0 .. q0 + 15 of the chunk, the valid ones < n) over keys
-// 0 .. its last position, from the packed kt / vp -> out rows.
-void attend_tile(const Chunk& c, int64_t head, int64_t q0, const c10::BFloat16* q, int64_t q_row_stride,
-                 int64_t head_dim, float scale, const uint32_t* kt, const uint16_t* vp, c10::BFloat16* q_tiles,
-                 c10::BFloat16* p_tile, float* scores, float* acc, float* partial, c10::BFloat16* out,
+// The first key a query tile reads: 0, or with a window the start of its first query's window, rounded down to a
+// key block.
+inline int64_t first_key(int64_t first_pos, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, first_pos - window + 1) / kKeyBlock * kKeyBlock : 0;
+}
+
+// One query tile (16 rows of head `head`, queries q0 .. q0 + 15 of the chunk, the valid ones < n) over its keys
+// (0, or its window's first, .. its last position), from kt / vp packed from key `packed_first` on -> out rows.
+void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const c10::BFloat16* q,
+                 int64_t q_row_stride, int64_t head_dim, float scale, int64_t packed_first, const uint32_t* kt,
+                 const uint16_t* vp, c10::BFloat16* q_tiles, c10::BFloat16* p_tile, float* scores, float* acc, float* partial, c10::BFloat16* out,
                  int64_t out_row_stride) {
   const int64_t rows = std::min(kTile, c.n - q0), d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
   const int64_t first_pos = c.ctx - c.n + q0;  // position of the tile's first query
@@ -154,11 +162,12 @@ void attend_tile(const Chunk& c, int64_t head, int64_t q0, const c10::BFloat16* 
   const __m512 floor_v = _mm512_set1_ps(kExpFloor);
   const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   const int64_t blocks = last_pos / kKeyBlock + 1;
-  for (int64_t kb = 0; kb < blocks; ++kb) {
+  for (int64_t kb = first_key(first_pos, window) / kKeyBlock; kb < blocks; ++kb) {
+    const int64_t packed = kb - packed_first / kKeyBlock;  // the block's index in kt / vp
     // S = Q . K^T for keys kb * 32 .. + 31
     _tile_zero(6);
     _tile_zero(7);
-    const uint32_t* k0 = kt + (2 * kb) * d_tiles32 * kTile * kTile;
+    const uint32_t* k0 = kt + (2 * packed) * d_tiles32 * kTile * kTile;
     const uint32_t* k1 = k0 + d_tiles32 * kTile * kTile;
     for (int64_t dt = 0; dt < d_tiles32; ++dt) {
       _tile_loadd(4, q_tiles + dt * kTile * 32, 64);
@@ -172,21 +181,25 @@ void attend_tile(const Chunk& c, int64_t head, int64_t q0, const c10::BFloat16* 
     // online softmax, row by row; P rows rounded to bfloat16 into the A tile of the P.V product. exp() only ever
     // sees arguments >= kExpFloor (libmvec's expf takes a slow scalar path per lane for arguments that underflow);
     // masked keys get probability 0 through the mask instead.
-    const bool masked = kb * kKeyBlock + kKeyBlock - 1 > first_pos;  // some key past some row's position
+    const int64_t key0 = kb * kKeyBlock;
+    const bool masked = key0 + kKeyBlock - 1 > first_pos ||  // some key past some row's position,
+                        (window > 0 && key0 < last_pos - window + 1);  // or before some row's window
     alignas(64) float new_max[kTile], block_sum[kTile];
     for (int64_t r = 0; r < kTile; ++r) {
       __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(scores + r * 32), scale_v);
       __m512 s1 = _mm512_mul_ps(_mm512_loadu_ps(scores + r * 32 + 16), scale_v);
       __mmask16 valid0 = 0xFFFF, valid1 = 0xFFFF;
-      if (masked) {  // keys past this row's position (rows past the chunk attend like its last row)
-        const int64_t limit = std::min(first_pos + r, last_pos) - kb * kKeyBlock;  // last key index allowed
-        const __m512i limit_v = _mm512_set1_epi32(static_cast<int>(std::min<int64_t>(limit, 1 << 20)));
-        valid0 = _mm512_cmple_epi32_mask(lane, limit_v);
-        valid1 = _mm512_cmple_epi32_mask(_mm512_add_epi32(lane, _mm512_set1_epi32(16)), limit_v);
+      if (masked) {  // keys outside this row's range (rows past the chunk attend like its last row)
+        const int64_t pos = std::min(first_pos + r, last_pos);
+        const __m512i last_v = _mm512_set1_epi32(static_cast<int>(pos - key0));  // the last key allowed, in block
+        const __m512i first_v = _mm512_set1_epi32(static_cast<int>(window > 0 ? pos - window + 1 - key0 : -1));
+        const __m512i lane1 = _mm512_add_epi32(lane, _mm512_set1_epi32(16));
+        valid0 = _mm512_cmple_epi32_mask(lane, last_v) & _mm512_cmpge_epi32_mask(lane, first_v);
+        valid1 = _mm512_cmple_epi32_mask(lane1, last_v) & _mm512_cmpge_epi32_mask(lane1, first_v);
       }
       const float block_max = _mm512_reduce_max_ps(
           _mm512_max_ps(_mm512_mask_mov_ps(masked_v, valid0, s0), _mm512_mask_mov_ps(masked_v, valid1, s1)));
-      new_max[r] = std::max(row_max[r], block_max);  // a real score: key 0 <= every position
+      new_max[r] = std::max(row_max[r], block_max);  // kMasked while no key of the row's range came yet
       const __m512 m = _mm512_set1_ps(new_max[r]);
       const __m512 p0 = _mm512_maskz_mov_ps(valid0, _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(s0, m), floor_v)));
       const __m512 p1 = _mm512_maskz_mov_ps(valid1, _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(s1, m), floor_v)));
@@ -194,15 +207,15 @@ void attend_tile(const Chunk& c, int64_t head, int64_t q0, const c10::BFloat16* 
       _mm512_storeu_si512(p_tile + r * 32,
                           _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(p0)), to_bf16(p1), 1));
     }
-    // alpha = exp(old max - new max): 1 where the max held; on the first block old max is kMasked and the sums
-    // and outputs it scales are 0
+    // alpha = exp(old max - new max): 1 where the max held; while the old max is kMasked the sums and outputs it
+    // scales are 0
     const __m512 new_max_v = _mm512_load_ps(new_max);
     alignas(64) float alpha[kTile];
     _mm512_store_ps(alpha, _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(row_max), new_max_v), floor_v)));
     _mm512_store_ps(row_sum, _mm512_fmadd_ps(_mm512_load_ps(row_sum), _mm512_load_ps(alpha), _mm512_load_ps(block_sum)));
     _mm512_store_ps(row_max, new_max_v);
     // O = O * alpha + P . V, four d tiles (64 values) at a time
-    const uint16_t* v_block = vp + kb * d_tiles16 * kTile * kTile * 2;
+    const uint16_t* v_block = vp + packed * d_tiles16 * kTile * kTile * 2;
     _tile_loadd(4, p_tile, 64);
     for (int64_t d0 = 0; d0 < d_tiles16; d0 += 4) {
       const int64_t group = std::min<int64_t>(4, d_tiles16 - d0);
@@ -259,9 +272,11 @@ bool prefill_attention_available() {
 // q [tokens, heads, head_dim] bfloat16 (head_dim contiguous, heads adjacent); k_cache, v_cache [num_blocks,
 // block_size, kv_heads, head_dim] contiguous, holding every chunk's K/V already; block_tables [chunks,
 // max_blocks] int64; spans [chunks, 3] int64 (first query row in q, queries, context length); out [tokens,
-// heads, head_dim] contiguous: the chunks' rows are written, other rows are left as they are.
+// heads, head_dim] contiguous: the chunks' rows are written, other rows are left as they are. window: the layer's
+// sliding window (keys p - window + 1 .. p), 0 for none.
 void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                       const torch::Tensor& block_tables, const torch::Tensor& spans, double scale, torch::Tensor& out) {
+                       const torch::Tensor& block_tables, const torch::Tensor& spans, double scale, int64_t window,
+                       torch::Tensor& out) {
   TORCH_CHECK(prefill_attention_available(), "prefill_attention needs AMX-BF16 (see prefill_attention_available)");
   TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.stride(2) == 1 &&
                   q.stride(1) == q.size(2),
@@ -279,6 +294,7 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
                   block_tables.dim() == 2 && block_tables.size(0) == spans.size(0) &&
                   block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous(),
               "spans [chunks, 3] and block_tables [chunks, max_blocks] must be contiguous int64");
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0 for none), got ", window);
 #if defined(CONVEYOR_PREFILL_AMX)
   const int64_t num_chunks = spans.size(0), max_blocks = block_tables.size(1), group = heads / kv_heads;
   const int64_t* span = spans.data_ptr<int64_t>();
@@ -297,7 +313,7 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
       for (int64_t t0 = 0; t0 < tiles; t0 += kUnitTiles) {
         const int64_t t1 = std::min(tiles, t0 + kUnitTiles);
         const int64_t last_key = ctx - n + std::min(n, t1 * kTile);  // keys the unit's last tile reads
-        units.push_back(Unit{i, g, t0, t1, (t1 - t0) * last_key});
+        units.push_back(Unit{i, g, t0, t1, (t1 - t0) * (last_key - first_key(ctx - n + t0 * kTile, window))});
       }
     }
   }
@@ -328,11 +344,12 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
       const Chunk& c = chunks[unit.chunk];
       const int64_t last_query = std::min(c.n, unit.tile_end * kTile) - 1;
       const int64_t keys = (c.ctx - c.n + last_query + 1 + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
-      pack_keys_values(c, keys, k_ptr, v_ptr, block_size, kv_heads, unit.kv_head, head_dim, kt.data(), vp.data());
+      const int64_t first = first_key(c.ctx - c.n + unit.tile_begin * kTile, window);
+      pack_keys_values(c, first, keys, k_ptr, v_ptr, block_size, kv_heads, unit.kv_head, head_dim, kt.data(), vp.data());
       for (int64_t h = unit.kv_head * group; h < (unit.kv_head + 1) * group; ++h)
         for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t)
-          attend_tile(c, h, t * kTile, q_ptr, q_row_stride, head_dim, scale_f, kt.data(), vp.data(), q_tiles.data(),
-                      p_tile.data(), scores.data(), acc.data(), partial.data(), out_ptr, out_row_stride);
+          attend_tile(c, h, t * kTile, window, q_ptr, q_row_stride, head_dim, scale_f, first, kt.data(), vp.data(),
+                      q_tiles.data(), p_tile.data(), scores.data(), acc.data(), partial.data(), out_ptr, out_row_stride);
     }
     _tile_release();
   });
