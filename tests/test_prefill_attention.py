@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conveyor.model.attention import build_attention_batch, paged_attention
+from conveyor.model.attention import NATIVE_PREFILL_MAX_CONTEXT, build_attention_batch, paged_attention
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +79,13 @@ def test_native_prefill_is_as_exact_as_torchs_fused_kernel(kernels: Any, case: i
     heads, kv_heads, head_dim, block_size, seqs, window = CASES[case]
     for sharpness in (1.0, 4.0):
         step = _random_step(heads, kv_heads, head_dim, block_size, seqs, seed=case, sharpness=sharpness)
-        batch = build_attention_batch([c for c, _ in seqs], [n for _, n in seqs], step["tables"], block_size)
         out = torch.full(step["q"].shape, 5.0, dtype=torch.bfloat16)
-        spans = batch.prefill_spans.clone()
-        spans[:, 0] += 2  # the chunks' rows start after the two unowned ones
-        kernels.prefill_attention(step["q"], step["k_cache"], step["v_cache"], batch.prefill_tables, spans,
-                                  head_dim ** -0.5, window, out)
+        firsts = [2 + sum(n for _, n in seqs[:i]) for i in range(len(seqs))]  # after the two unowned rows
+        spans = torch.tensor([[first, n, c + n] for first, (c, n) in zip(firsts, seqs)])
+        width = max(len(t) for t in step["tables"])
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in step["tables"]])
+        kernels.prefill_attention(step["q"], step["k_cache"], step["v_cache"], tables, spans, head_dim ** -0.5,
+                                  window, out)
         assert torch.all(out[:2] == 5.0), "rows outside every chunk were written"
         row = 2
         for (cached, new), table in zip(seqs, step["tables"]):
@@ -151,3 +152,31 @@ def test_native_prefill_refuses_what_it_cannot_compute(kernels: Any) -> None:
                                   tables, spans, 0.125, 0, torch.empty(8, 4, 48, dtype=torch.bfloat16))
     with pytest.raises(RuntimeError, match="window must be >= 0"):
         kernels.prefill_attention(qb, cb, cb, tables, spans, 0.125, -1, torch.empty_like(qb))
+
+
+def test_chunks_with_long_contexts_keep_torchs_kernel_beside_native_ones(kernels: Any) -> None:
+    """Past NATIVE_PREFILL_MAX_CONTEXT tokens of context torch's fused kernel is the faster one: such a chunk takes it,
+    the short chunks of the same step still go to the native op in one call, and every row matches the torch path."""
+    heads, kv_heads, head_dim, block_size = 4, 2, 64, 16
+    long_new = NATIVE_PREFILL_MAX_CONTEXT + 40
+    seqs = [(0, 30), (0, long_new), (NATIVE_PREFILL_MAX_CONTEXT - 20, 30), (12, 20)]
+    step = _random_step(heads, kv_heads, head_dim, block_size, seqs, seed=4, sharpness=2.0)
+    tokens = sum(n for _, n in seqs)
+    q, k_new, v_new = step["q"][:tokens], torch.randn(tokens, kv_heads, head_dim).bfloat16(), \
+        torch.randn(tokens, kv_heads, head_dim).bfloat16()
+    calls: list[list[int]] = []
+
+    def counting(q: torch.Tensor, *args: Any) -> None:
+        calls.append(args[3][:, 1].tolist())
+        kernels.prefill_attention(q, *args)
+
+    def batch() -> Any:
+        return build_attention_batch([c for c, _ in seqs], [n for _, n in seqs], step["tables"], block_size)
+
+    native = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch(), head_dim ** -0.5,
+                             prefill_op=counting)  # [tokens, heads * d]
+    assert calls == [[30, 20]], "the long chunk and the one behind a long prefix must not reach the native op"
+    reference = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch(), head_dim ** -0.5)
+    torch.testing.assert_close(native.float(), reference.float(), atol=2e-2, rtol=2e-2)
+    assert torch.equal(native[30:30 + long_new + 30], reference[30:30 + long_new + 30]), \
+        "chunks past the native limit take exactly torch's path"

@@ -14,7 +14,8 @@ Every layer first writes this step's K/V through the slot mapping, then attends:
     group's blocks are gathered into [group, max_context, kv_heads, head_dim] and masked by
     context length;
   - prefill chunks: with the native CPU kernel (bfloat16 on AMX; full or sliding-window attention, no soft cap)
-    all chunks of the step attend in one call, reading their K/V through their block tables. Otherwise they attend one by
+    all chunks of the step with up to NATIVE_PREFILL_MAX_CONTEXT tokens of context attend in one call, reading
+    their K/V through their block tables. Longer ones, and all elsewhere, attend one by
     one: a chunk with no cached context uses its own K/V with a causal mask; a chunk behind cached tokens
     gathers its blocks and uses an offset-causal mask. Each request attends only over its own blocks.
 
@@ -54,6 +55,15 @@ class PrefillChunk:
     of torch's thread pool)."""
     window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
     """The same with a sliding window, by window size."""
+    native: bool = False
+    """Short enough for the native prefill kernel (context_len <= NATIVE_PREFILL_MAX_CONTEXT), where it applies."""
+
+
+NATIVE_PREFILL_MAX_CONTEXT = 512
+"""Context length up to which a prefill chunk takes the native kernel (csrc/prefill_attention.cpp) where it applies;
+longer ones take torch's fused kernel, which is faster there (benchmarks/prefill_attention_bench.py, one layer, one
+thread: 1.4-2.0x torch's per-chunk SDPA for W1's and the 1B model's prompts of 128-256 and for one of 512, 1.06x for
+one of 1024 with head_dim 128, 0.9x for one of 2048)."""
 
 
 @dataclass
@@ -81,9 +91,9 @@ class AttentionBatch:
     decode_groups: list[DecodeGroup]
     prefills: list[PrefillChunk]
     prefill_spans: torch.Tensor | None = None
-    """[chunks, 3] int64: each prefill chunk's first row, rows and context length (for the native kernel)."""
+    """[native chunks, 3] int64: each native prefill chunk's first row, rows and context length (None if none)."""
     prefill_tables: torch.Tensor | None = None
-    """[chunks, max_blocks] int64: each prefill chunk's block table (covering its context), zero-padded."""
+    """[native chunks, max_blocks] int64: each native prefill chunk's block table (covering its context), zero-padded."""
 
 
 def build_attention_batch(starts: list[int], lengths: list[int], tables: list[list[int]], block_size: int,
@@ -115,9 +125,11 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
             decode_tables.append(used)
             decode_lens.append(context)
         else:
-            prefill_tables.append(used)
+            native = context <= NATIVE_PREFILL_MAX_CONTEXT
+            if native:
+                prefill_tables.append(used)
             block_table = None if start == 0 else to_device(torch.tensor(used, dtype=torch.int64))
-            prefills.append(PrefillChunk(row, n, context, block_table))
+            prefills.append(PrefillChunk(row, n, context, block_table, native=native))
         row += n
     groups = []
     order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
@@ -133,9 +145,9 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
             context_lens=to_device(torch.tensor([decode_lens[i] for i in members], dtype=torch.int64)),
             in_order=rows == list(range(len(rows)))))
     spans = tables = None
-    if prefills:
+    if prefill_tables:
         width = max(len(t) for t in prefill_tables)
-        spans = to_device(torch.tensor([[c.token_start, c.num_tokens, c.context_len] for c in prefills],
+        spans = to_device(torch.tensor([[c.token_start, c.num_tokens, c.context_len] for c in prefills if c.native],
                                        dtype=torch.int64))
         tables = to_device(torch.tensor([t + [0] * (width - len(t)) for t in prefill_tables], dtype=torch.int64))
     return AttentionBatch(slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)), decode_groups=groups,
@@ -199,13 +211,14 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 
     if softcap is not None and batch.prefills:
         _log_once(_SOFTCAP_PREFILL)
-    if batch.prefills and prefill_op is not None and softcap is None and q.dtype == torch.bfloat16 \
-            and head_dim % 32 == 0:
-        assert batch.prefill_tables is not None and batch.prefill_spans is not None
+    native = prefill_op is not None and softcap is None and q.dtype == torch.bfloat16 and head_dim % 32 == 0
+    if native and batch.prefill_spans is not None:
+        assert prefill_op is not None and batch.prefill_tables is not None
         q_rows = q if q.stride(2) == 1 and q.stride(1) == head_dim else q.contiguous()  # [num_tokens, heads, d]
         prefill_op(q_rows, k_cache, v_cache, batch.prefill_tables, batch.prefill_spans, scale, window or 0, out)
-        return out.reshape(num_tokens, heads * head_dim)
     for chunk in batch.prefills:
+        if native and chunk.native:
+            continue
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         # A batch axis of 1 on every SDPA operand: torch's fused CPU kernel takes only 4-D inputs (see `attend`)
         q_c = q[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, chunk, head_dim]
