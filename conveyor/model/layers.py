@@ -21,7 +21,11 @@ class Projection:
       a second float32 copy of every weight);
     - float32 without them: oneDNN's skinny GEMM reads W [out, in] 1.5-2.5x slower than a plain
       matmul against W^T stored contiguous [in, out], so W is stored transposed;
-    - bfloat16 on a CPU with native bf16 (AVX-512 BF16 / AMX): F.linear re-packs W into
+    - bfloat16 on a CPU with AMX and the native kernels: W packed once at load in AMX's tile layout
+      (pack_bf16_tiles) and multiplied by our kernel (csrc/amx_product.cpp) at every row count,
+      the weights read in place with the next ones prefetched (see BF16_TILES_NOTE);
+    - bfloat16 on a CPU with native bf16 (AVX-512 BF16 / AMX) otherwise (no native kernels,
+      kernels='torch', a bias, or an input width not a multiple of 32): F.linear re-packs W into
       oneDNN's blocked layout on every call. Packing once at load (`_reorder_linear_weight`)
       gives bit-identical results and cuts the linear layers' time by ~30% (24.7 vs 35.0 ms
       per 64-token decode step, 17.8 vs 26.7 ms per single-token step).
@@ -33,18 +37,23 @@ class Projection:
                  kernels: NativeKernels | None = None) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.packed = _pack_for_onednn(weight)  # opaque oneDNN tensor, or None
-        self.kernels = kernels if self.packed is None and _native_f32(weight, kernels) else None
-        self.panels = pack_f32_panels(weight) if self.kernels is not None else None  # [ceil(out / 32), in, 32]
+        self.tiles = pack_bf16_tiles(weight) if _amx_bf16(weight, bias, kernels) else None  # [out/16, in/32, 16, 32]
+        self.packed = _pack_for_onednn(weight) if self.tiles is None else None  # opaque oneDNN tensor, or None
+        native_f32 = self.tiles is None and self.packed is None and _native_f32(weight, kernels)
+        self.kernels = kernels if self.tiles is not None or native_f32 else None
+        self.panels = pack_f32_panels(weight) if native_f32 else None  # [ceil(out / 32), in, 32]
         if self.panels is not None and bias is not None:
             self.bias = bias.contiguous()
-        self.transposed = self.packed is None and self.panels is None and weight.dtype == torch.float32 \
-            and weight.device.type == "cpu"
-        self.weight: torch.Tensor | None = None if self.packed is not None or self.panels is not None else (
+        packed_once = self.tiles is not None or self.packed is not None or self.panels is not None
+        self.transposed = not packed_once and weight.dtype == torch.float32 and weight.device.type == "cpu"
+        self.weight: torch.Tensor | None = None if packed_once else (
             weight.t().contiguous() if self.transposed else weight)  # [in, out] or [out, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in] -> [tokens, out]."""
+        if self.tiles is not None:
+            assert self.kernels is not None
+            return self.kernels.bf16_linear_amx(x, self.tiles, self.out_features)
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [None], "")
         if self.panels is not None:
@@ -64,6 +73,8 @@ class Projection:
     def unpacked(self) -> torch.Tensor:
         """-> W [out, in] with the values this projection multiplies by (a view or a copy); raises for the
         opaque oneDNN pack."""
+        if self.tiles is not None:
+            return unpack_bf16_tiles(self.tiles, self.out_features)
         if self.panels is not None:
             return self.panels.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]
         if self.weight is None:
@@ -94,6 +105,48 @@ def _native_f32(weight: torch.Tensor, kernels: NativeKernels | None) -> bool:
     """The native float32 kernel applies: given, built with AVX-512, and W float32 on the CPU."""
     return kernels is not None and weight.dtype == torch.float32 and weight.device.type == "cpu" \
         and weight.shape[1] > 0 and kernels.f32_linear_vectorized()
+
+
+BF16_TILES_NOTE = """Measured (benchmarks/ab_bf16_amx.py, all linears of a model in order, alternating with
+oneDNN's packed product in one process): see benchmarks/RESULTS.md, "bfloat16 on our AMX kernel"."""
+_TILE_ROWS, _TILE_K = 16, 32
+
+
+def pack_bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
+    """W [out, in] bfloat16 (in a multiple of 32) -> tiles [ceil(out / 32) * 2, in / 32, 16, 32], the B operand
+    of csrc/amx_product.cpp: tile t's piece kt holds rows 16 t..16 t + 15 x columns 32 kt..32 kt + 31 pair-
+    interleaved (value [p, 2 r + h] = W[16 t + r, 32 kt + 2 p + h]); rows past the last are zeros. Written
+    straight into the one new tensor (no padded copy of W on the way)."""
+    out_features, in_features = weight.shape
+    padded_rows = -(-out_features // (2 * _TILE_ROWS)) * 2 * _TILE_ROWS
+    tiles = weight.new_empty(padded_rows // _TILE_ROWS, in_features // _TILE_K, _TILE_ROWS, _TILE_K)
+    pairs = tiles.view(padded_rows // _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, _TILE_ROWS, 2)
+
+    def place(row_tiles: slice, rows: torch.Tensor) -> None:  # rows [16 n, in] -> tiles n
+        pairs[row_tiles].copy_(rows.view(-1, _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, 2)
+                               .permute(0, 2, 3, 1, 4))  # [n, in / 32, pair, row, 2]
+
+    whole = out_features // _TILE_ROWS  # full tiles
+    place(slice(0, whole), weight[:whole * _TILE_ROWS])
+    if padded_rows > whole * _TILE_ROWS:
+        rest = weight.new_zeros(padded_rows - whole * _TILE_ROWS, in_features)  # [< 32, in]
+        rest[:out_features - whole * _TILE_ROWS] = weight[whole * _TILE_ROWS:]
+        place(slice(whole, None), rest)
+    return tiles  # [out / 16, in / 32, 16, 32]
+
+
+def unpack_bf16_tiles(tiles: torch.Tensor, out_features: int) -> torch.Tensor:
+    """pack_bf16_tiles' inverse: -> W [out, in] (a copy)."""
+    row_tiles, k_tiles = tiles.shape[:2]
+    pairs = tiles.view(row_tiles, k_tiles, _TILE_K // 2, _TILE_ROWS, 2)  # [out / 16, in / 32, pair, row, 2]
+    return pairs.permute(0, 3, 1, 2, 4).reshape(row_tiles * _TILE_ROWS, k_tiles * _TILE_K)[:out_features]
+
+
+def _amx_bf16(weight: torch.Tensor, bias: torch.Tensor | None, kernels: NativeKernels | None) -> bool:
+    """Our AMX kernel applies: the native kernels given and built with AMX on a CPU that grants it, W bfloat16 on
+    the CPU with an input width a multiple of 32, and no bias (those keep oneDNN's pack, which adds it)."""
+    return kernels is not None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu" \
+        and bias is None and weight.shape[1] > 0 and weight.shape[1] % _TILE_K == 0 and kernels.bf16_amx_available()
 
 
 _PACK_BATCH_HINT = 64

@@ -15,6 +15,9 @@ cost more in dispatch than in arithmetic. csrc/ holds:
   - f32_linear.cpp: float32 products over weights packed in 32-column panels, prefetched a panel
     ahead (all decoder linears of the default model at 8 rows 1.5-2.3x, at 64 rows 1.2-1.5x faster
     than torch's GEMM);
+  - amx_product.cpp: the product on AMX tiles (Sapphire Rapids and later), for bfloat16 weights packed once
+    at load (bf16_linear.cpp: every row count, 1.2-1.45x oneDNN's packed product over all linears of the
+    default model at 1-64 rows) and for GGUF weights dequantized on the fly;
   - gguf_linear.cpp / gguf_vnni.cpp / gguf_amx.cpp / gguf_dequant.cpp: products with GGUF-quantized
     weights kept in their blocks (few rows: int8 dot products; many rows: AMX tiles where the CPU has them;
     ggml's scalar dequantizers as the reference and the float path);
@@ -124,6 +127,15 @@ class NativeKernels(Protocol):
         """logits [rows, vocab] float32 or bfloat16 -> [rows] int64: torch's max(dim=-1).indices (csrc/argmax_rows.cpp)."""
         ...
 
+    def bf16_amx_available(self) -> bool:
+        """Whether bf16_linear_amx can run here (built with AMX, the CPU has AMX-BF16, Linux granted tile data)."""
+        ...
+
+    def bf16_linear_amx(self, x: torch.Tensor, tiles: torch.Tensor, out_features: int) -> torch.Tensor:
+        """x [rows, in] bfloat16, tiles from layers.pack_bf16_tiles -> x W^T [rows, out] bfloat16 on AMX tiles (any
+        rows; raises where bf16_amx_available() is false)."""
+        ...
+
     def gguf_linear_vectorized(self) -> bool:
         """Whether the GGUF products were built with AVX-512 BF16 and VNNI (else gguf_quant dequantizes at load)."""
         ...
@@ -163,13 +175,14 @@ class NativeKernels(Protocol):
 
 
 _HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h",
-                                                                              "gguf_amx.h", "gguf_dequant.h")]
+                                                                              "gguf_amx.h", "gguf_dequant.h",
+                                                                              "amx_product.h")]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp",
                                                             "prefill_attention.cpp", "norm_act.cpp",
                                                             "rotary_cache.cpp", "quant_linear.cpp", "argmax_rows.cpp",
                                                             "f32_linear.cpp", "token_bitmask.cpp",
                                                             "gguf_linear.cpp", "gguf_vnni.cpp", "gguf_amx.cpp",
-                                                            "gguf_dequant.cpp")]
+                                                            "gguf_dequant.cpp", "amx_product.cpp", "bf16_linear.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
 """-ffp-contract=off: no fused multiply-adds the source does not write, so that float32 results round
 like torch's separate kernels (the attention kernel's explicit FMA intrinsics are unaffected)."""

@@ -30,7 +30,7 @@
 #include <cstring>
 #include <vector>
 
-#include "gguf_amx.h"
+#include "amx_product.h"
 #include "vec_bf16.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(CONVEYOR_VEC_BF16)

@@ -1,0 +1,374 @@
+// The many-rows product on AMX tiles (Intel Sapphire Rapids and later): bfloat16 checkpoints' linears
+// (bf16_linear.cpp, weights packed once at load) and prefill chunks / busy decode steps of kept-compact GGUF
+// weights (gguf_linear_amx in gguf_linear.cpp, weights dequantized on the fly by gguf_amx.cpp).
+//
+//   C [16 weight rows, 16 activation rows] float32 += A [16 weight rows, 32 k] bf16 . B [32 k, 16 activation rows]
+//
+// The weight rows are the A operand, 32 of them (kBlockN, two tiles) at a time, laid out tile by tile
+// ([2][in / 32][16 rows][32 k], 1 KiB per tile: rows 64 bytes apart, so a tile load never strides a row of `in`
+// values through one L1 set). GGUF weights are dequantized to this layout into a thread's scratch per block;
+// packed bfloat16 weights are already in it ([out / 16][in / 32][16][32]) and are read in place, the next
+// block's tiles prefetched while the current one multiplies (the product of a few rows is limited by the
+// stream of weights, not by the tiles). The activations are the B operand in the pair-interleaved layout
+// TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in L2
+// (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
+// accumulators; the results are stored, transposed, to y as bfloat16. Inputs wider than kPanelValues are taken
+// a panel of columns at a time (the accumulators kept in a float32 buffer between panels), so that a chunk
+// holds as many rows however wide the input.
+//
+// Work is split in units (one chunk of rows x a few weight blocks), taken in turn by whichever thread is free,
+// in one parallel region per call; each thread packs the chunk it works on into its own buffer. No barrier
+// inside a call: on a shared 2-core machine each parallel region cost a wait for the second thread's core
+// (a 2-thread call took ~4x a 1-thread one with a packing region and a product region per chunk). Every output
+// value is summed by one thread in one order (k ascending, panel by panel), however the work is split: the
+// same bits on one thread or many.
+//
+// Linux hands out the tile registers' state only on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA)), asked once per process; available() is false where the CPU (cpuid) or the kernel says no.
+#include "amx_product.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+namespace conveyor_amx {
+
+namespace {
+
+constexpr int64_t kTile = 16;      // rows of every tile
+constexpr int64_t kTileK = 32;     // bfloat16 values in a tile row (64 bytes)
+constexpr int64_t kTileValues = kTile * kTileK;  // = kTilePieceStride
+static_assert(kTileValues == kTilePieceStride && 2 * kTile == kPackedRowMultiple, "one tile layout");
+constexpr int64_t kBlockN = 32;    // weight rows multiplied together: two A tiles
+constexpr int64_t kPanelValues = 2048;     // columns of the weights taken at a time (a multiple of 256)
+constexpr int64_t kPackedBytes = 1 << 20;  // one panel of packed activations per chunk of rows (in L2 beside
+                                           // the weights)
+constexpr int64_t kUnitBlocks = 4;         // weight blocks a thread takes at a time (one panel)
+constexpr int64_t kSumsBytes = 256 << 10;  // more panels: a thread takes as many blocks as have their
+                                           // accumulators in this, kept between panels
+
+constexpr int kArchReqXcompPerm = 0x1023;
+constexpr int kXfeatureXtiledata = 18;
+
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+bool tile_data_granted() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
+  return amx_bf16 && amx_tile && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+// Tiles 0-3: accumulators C[weight tile i][activation tile j] at 2 j + i; 4, 5: weight tiles; 6, 7: activations.
+void configure_tiles() {
+  TileConfig config{};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = kTile;
+  }
+  _tile_loadconfig(&config);
+}
+
+// Activation rows [m0, m0 + count) of x [*, in] -> packed [ceil(count / 16)][in / 32][16 k pairs][16 rows][2].
+void pack_activations(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, uint32_t* packed) {
+  const int64_t row_tiles = (count + kTile - 1) / kTile, k_tiles = in_features / kTileK;
+  for (int64_t t = 0; t < row_tiles; ++t) {
+    uint32_t* dst = packed + t * k_tiles * (kTileValues / 2);
+    for (int64_t r = 0; r < kTile; ++r) {
+      const int64_t m = t * kTile + r;
+      if (m >= count) {
+        for (int64_t kt = 0; kt < k_tiles; ++kt)
+          for (int64_t p = 0; p < kTileK / 2; ++p) dst[kt * (kTileValues / 2) + p * kTile + r] = 0;
+        continue;
+      }
+      const uint32_t* pairs = reinterpret_cast<const uint32_t*>(x + (m0 + m) * in_features);  // [in / 2]
+      for (int64_t kt = 0; kt < k_tiles; ++kt)
+        for (int64_t p = 0; p < kTileK / 2; ++p) dst[kt * (kTileValues / 2) + p * kTile + r] = pairs[kt * 16 + p];
+    }
+  }
+}
+
+// Activation rows [m0, m0 + count) of x [*, in] -> tiles [ceil(count / 16)][in / 32][16 rows][32 k] (the A
+// operand against weights packed as B): rows of a tile 64 bytes apart, whatever `in` (a row stride of 4 KiB would
+// put a tile's 16 rows in one L1 set).
+void pack_rows(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, c10::BFloat16* packed) {
+  const int64_t row_tiles = (count + kTile - 1) / kTile, k_tiles = in_features / kTileK;
+  for (int64_t t = 0; t < row_tiles; ++t) {
+    c10::BFloat16* dst = packed + t * k_tiles * kTileValues;
+    for (int64_t r = 0; r < kTile; ++r) {
+      const int64_t m = t * kTile + r;
+      const c10::BFloat16* row = x + (m0 + m) * in_features;  // [in]
+      for (int64_t kt = 0; kt < k_tiles; ++kt) {
+        void* piece = dst + kt * kTileValues + r * kTileK;
+        if (m < count) {
+          _mm512_storeu_si512(piece, _mm512_loadu_si512(row + kt * kTileK));
+        } else {
+          _mm512_storeu_si512(piece, _mm512_setzero_si512());
+        }
+      }
+    }
+  }
+}
+
+// An accumulator tile C [16 activation rows][16 weight rows] -> y[j, i] for the valid i < n, j < m.
+void store_rows(const float* c, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features) {
+  const __mmask16 mask = n >= kTile ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+  for (int64_t j = 0; j < m; ++j)
+    _mm256_mask_storeu_epi16(reinterpret_cast<void*>(y + j * out_features), mask,
+                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(c + j * kTile))));
+}
+
+// An accumulator tile C [16 weight rows][16 activation rows] -> y[m0 + j, n0 + i] for the valid i < n, j < m.
+void store_transposed(const float* c, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features) {
+  const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                            _mm512_set1_epi32(kTile));
+  const __mmask16 mask = n >= kTile ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+  for (int64_t j = 0; j < m; ++j) {
+    const __m512 values = _mm512_i32gather_ps(column, c + j, 4);  // C[0..15][j]
+    _mm256_mask_storeu_epi16(reinterpret_cast<void*>(y + j * out_features), mask,
+                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(values)));
+  }
+}
+
+// One block of 32 weight rows over one panel of columns: two A operands, tile kt of each at + kt * kTileValues.
+struct BlockTiles {
+  const c10::BFloat16* first;   // rows 0..15 of the block
+  const c10::BFloat16* second;  // rows 16..31
+};
+
+// The tiles of `ahead` (a block read next, in place; first null for none) -> toward L2, one tile row per k tile of
+// the current block: by the time the current block is done, the next one is on its way.
+inline void prefetch_piece(const BlockTiles& ahead, int64_t kt) {
+  if (ahead.first == nullptr) return;
+  const char* first = reinterpret_cast<const char*>(ahead.first + kt * kTileValues);
+  const char* second = reinterpret_cast<const char*>(ahead.second + kt * kTileValues);
+  for (int64_t line = 0; line < kTileValues * 2; line += 64) {
+    _mm_prefetch(first + line, _MM_HINT_T1);
+    _mm_prefetch(second + line, _MM_HINT_T1);
+  }
+}
+
+// Four accumulators c [4][16][16] float32 (2 j + i: A tile i x B tile j) for A tiles a0, a1 ([k tiles][16][32]
+// each: 16 rows of 32 values per k tile) and B tiles b0, b1 (the same, pair-interleaved), summed onto what c holds
+// unless `first`; the second A or B tile only where kTwoA / kTwoB. The tiles of `ahead` prefetched on the way.
+template <bool kTwoA, bool kTwoB>
+void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloat16* b0, const c10::BFloat16* b1,
+              int64_t k_tiles, bool first, const BlockTiles& ahead, float* c) {
+  if (first) {
+    _tile_zero(0);
+    if (kTwoA) _tile_zero(1);
+    if (kTwoB) _tile_zero(2);
+    if (kTwoA && kTwoB) _tile_zero(3);
+  } else {
+    _tile_loadd(0, c, 64);
+    if (kTwoA) _tile_loadd(1, c + 256, 64);
+    if (kTwoB) _tile_loadd(2, c + 512, 64);
+    if (kTwoA && kTwoB) _tile_loadd(3, c + 768, 64);
+  }
+  for (int64_t kt = 0; kt < k_tiles; ++kt) {
+    prefetch_piece(ahead, kt);
+    _tile_loadd(4, a0 + kt * kTileValues, 64);
+    _tile_loadd(6, b0 + kt * kTileValues, 64);
+    if (kTwoA) _tile_loadd(5, a1 + kt * kTileValues, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (kTwoA) _tile_dpbf16ps(1, 5, 6);
+    if (kTwoB) {
+      _tile_loadd(7, b1 + kt * kTileValues, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      if (kTwoA) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, 64);
+  if (kTwoA) _tile_stored(1, c + 256, 64);
+  if (kTwoB) _tile_stored(2, c + 512, 64);
+  if (kTwoA && kTwoB) _tile_stored(3, c + 768, 64);
+}
+
+// GGUF weights: each block dequantized by `weight_row` into the thread's scratch [2][panel k tiles][16][32], the A
+// operand (the activations pair-interleaved as B, the accumulators [weight rows][activation rows]).
+struct DequantizedRows {
+  static constexpr bool kInPlace = false;
+  const WeightRow& weight_row;
+  int64_t out_features;
+
+  BlockTiles block(int64_t nb, int64_t k0, int64_t kc, c10::BFloat16* scratch) const {
+    const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0), panel_tiles = kc / kTileK;
+    for (int64_t i = 0; i < kBlockN; ++i) {
+      c10::BFloat16* dst = scratch + (i / kTile) * panel_tiles * kTileValues + (i % kTile) * kTileK;
+      if (i < n) {
+        weight_row(n0 + i, k0, kc, dst);
+      } else {  // rows past the last: zeros (their results are not stored)
+        for (int64_t kt = 0; kt < panel_tiles; ++kt) std::memset(dst + kt * kTileValues, 0, kTileK * 2);
+      }
+    }
+    return {scratch, scratch + panel_tiles * kTileValues};
+  }
+};
+
+// bfloat16 weights packed at load, pair-interleaved ([out / 16][in / 32][16 k pairs][16 rows][2]): read in place
+// as the B operand (the activations as A, the accumulators [activation rows][weight rows], stored straight).
+struct PackedTiles {
+  static constexpr bool kInPlace = true;
+  const c10::BFloat16* tiles;
+  int64_t k_tiles;
+
+  BlockTiles block(int64_t nb, int64_t k0, int64_t, c10::BFloat16*) const {
+    const c10::BFloat16* first = tiles + (2 * nb * k_tiles + k0 / kTileK) * kTileValues;
+    return {first, first + k_tiles * kTileValues};
+  }
+};
+
+// The accumulators of one pair of activation tiles (t, t + 1 where `two`) x one block of weights, the pair's
+// four tiles at c, -> y (rows m0 + 16 t.., columns n0..n0 + n - 1).
+template <bool kInPlace>
+void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, c10::BFloat16* y,
+                int64_t out_features) {
+  for (int64_t j = 0; j < (two ? 2 : 1); ++j) {  // activation tile
+    const int64_t m_tile = m_first + j * kTile, m = std::min(kTile, rows - m_tile);
+    for (int64_t i = 0; i < 2; ++i) {  // weight tile
+      const int64_t n_valid = std::min(kTile, n - i * kTile);
+      if (n_valid <= 0) continue;
+      c10::BFloat16* to = y + m_tile * out_features + n0 + i * kTile;
+      if (kInPlace) {
+        store_rows(c + (2 * i + j) * kTile * kTile, n_valid, m, to, out_features);
+      } else {
+        store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m, to, out_features);
+      }
+    }
+  }
+}
+
+template <typename Weights>
+void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+             const Weights& weight_source, c10::BFloat16* y) {
+  constexpr bool kInPlace = Weights::kInPlace;
+  const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
+  const int64_t panel_values = std::min(in_features, kPanelValues);
+  const int64_t chunk_rows = std::max<int64_t>(2 * kTile, kPackedBytes / (panel_values * 2) / (2 * kTile) * 2 * kTile);
+  const int64_t chunk_tiles = (std::min(chunk_rows, rows) + kTile - 1) / kTile, chunk_pairs = (chunk_tiles + 1) / 2;
+  const int64_t n_blocks = (out_features + kBlockN - 1) / kBlockN;
+  const int64_t pair_floats = 4 * kTile * kTile;  // the four accumulators of a pair of activation tiles
+  const int64_t unit_blocks =
+      panels > 1 ? std::max<int64_t>(1, kSumsBytes / (chunk_pairs * pair_floats * 4)) : kUnitBlocks;
+  const int64_t units_per_chunk = (n_blocks + unit_blocks - 1) / unit_blocks;
+  const int64_t units = (rows + chunk_rows - 1) / chunk_rows * units_per_chunk;
+  // Where unit `unit` starts: its first block over the first panel (in place: what to prefetch next).
+  const auto unit_start = [&](int64_t unit) -> BlockTiles {
+    if (!kInPlace || unit >= units) return {nullptr, nullptr};
+    return weight_source.block(unit % units_per_chunk * unit_blocks, 0, panel_values, nullptr);
+  };
+  // One parallel region per call, its units (a chunk of rows x unit_blocks weight blocks, chunk by chunk) taken
+  // in turn by whichever thread is free (each claims its next unit before it starts one, to prefetch it), each
+  // thread packing the chunk it works on itself: no barrier inside a call, so that on a shared machine a thread
+  // waiting for its core holds up no other.
+  std::atomic<int64_t> next_unit{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
+    thread_local std::vector<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
+    thread_local std::vector<c10::BFloat16> scratch;    // [2][panel k tiles][16][32] (dequantized weights)
+    thread_local std::vector<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
+    packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
+    if (!kInPlace) scratch.resize(2 * (panel_values / kTileK) * kTileValues);
+    sums.resize((panels > 1 ? unit_blocks : 1) * chunk_pairs * pair_floats);
+    const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
+    int64_t packed_m0 = -1;  // the chunk packed_storage holds
+    configure_tiles();
+    int64_t unit = next_unit++;
+    while (unit < units) {
+      const int64_t following = next_unit++;
+      const int64_t m0 = unit / units_per_chunk * chunk_rows, count = std::min(chunk_rows, rows - m0);
+      const int64_t row_tiles = (count + kTile - 1) / kTile, pairs = (row_tiles + 1) / 2;
+      if (m0 != packed_m0) {
+        if (kInPlace) {
+          pack_rows(x, m0, count, in_features, reinterpret_cast<c10::BFloat16*>(packed_storage.data()));
+        } else {
+          pack_activations(x, m0, count, in_features, packed_storage.data());
+        }
+        packed_m0 = m0;
+      }
+      const int64_t g0 = unit % units_per_chunk * unit_blocks, g_end = std::min(n_blocks, g0 + unit_blocks);
+      for (int64_t p = 0; p < panels; ++p) {
+        const int64_t k0 = p * kPanelValues, kc = std::min(kPanelValues, in_features - k0), kt0 = k0 / kTileK;
+        const int64_t panel_tiles = kc / kTileK;
+        for (int64_t nb = g0; nb < g_end; ++nb) {
+          const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0);
+          const BlockTiles w = weight_source.block(nb, k0, kc, scratch.data());
+          BlockTiles ahead{nullptr, nullptr};  // what this thread reads next, where it reads in place
+          if (kInPlace) {
+            if (nb + 1 < g_end) {
+              ahead = weight_source.block(nb + 1, k0, kc, nullptr);
+            } else if (p + 1 < panels) {
+              ahead = weight_source.block(g0, k0 + kPanelValues, kc, nullptr);
+            } else {
+              ahead = unit_start(following);
+            }
+          }
+          const bool first = p == 0, last = p == panels - 1;
+          for (int64_t t = 0; t < row_tiles; t += 2) {
+            const c10::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
+            const c10::BFloat16* x1 = x0 + k_tiles * kTileValues;
+            const bool two = t + 1 < row_tiles;
+            const BlockTiles& prefetch = t == 0 ? ahead : BlockTiles{nullptr, nullptr};
+            float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
+            if (kInPlace && two) {  // A: activation tiles, B: weight tiles
+              multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, prefetch, c);
+            } else if (kInPlace) {
+              multiply<false, true>(x0, nullptr, w.first, w.second, panel_tiles, first, prefetch, c);
+            } else if (two) {  // A: weight tiles, B: activation tiles
+              multiply<true, true>(w.first, w.second, x0, x1, panel_tiles, first, prefetch, c);
+            } else {
+              multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c);
+            }
+            if (last) store_pair<kInPlace>(c, two, m0 + t * kTile, rows, n0, n, y, out_features);
+          }
+        }
+      }
+      unit = following;
+    }
+    _tile_release();
+  });
+}
+
+}  // namespace
+
+bool available() {
+  static const bool granted = tile_data_granted();
+  return granted;
+}
+
+void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                  const WeightRow& weight_row, c10::BFloat16* y) {
+  product(x, rows, in_features, out_features, DequantizedRows{weight_row, out_features}, y);
+}
+
+void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                         const c10::BFloat16* tiles, c10::BFloat16* y) {
+  product(x, rows, in_features, out_features, PackedTiles{tiles, in_features / kTileK}, y);
+}
+
+}  // namespace conveyor_amx
+
+#else
+
+namespace conveyor_amx {
+bool available() { return false; }
+void product_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&, c10::BFloat16*) {}
+void product_packed_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*) {}
+}  // namespace conveyor_amx
+
+#endif

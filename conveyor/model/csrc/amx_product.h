@@ -1,0 +1,39 @@
+// The many-rows product on AMX tiles (amx_product.cpp): y = x W^T for bfloat16 activations, the weights either
+// dequantized 32 rows at a time by the caller (GGUF blocks, gguf_linear.cpp) or packed once at load in the
+// tile layout (bfloat16 checkpoints, bf16_linear.cpp).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace conveyor_amx {
+
+// Whether this build has the AMX path, the CPU has AMX-BF16 and Linux granted this process the tile data
+// (asked once, on the first call).
+bool available();
+
+// The bfloat16 values of a weight row are laid out by tiles: its 32-value piece kt at out + kt * kTilePieceStride.
+constexpr int64_t kTilePieceStride = 512;
+
+// Values first..first + count - 1 of weight row `row` (0..out_features - 1; first a multiple of 2048, count of the
+// row's block size) dequantized to bfloat16 into pieces at `out`.
+using WeightRow = std::function<void(int64_t row, int64_t first, int64_t count, c10::BFloat16* out)>;
+
+// y [rows, out] = x [rows, in] W^T for bfloat16 x and W given by `weight_row` (in a multiple of 32):
+// bfloat16 products summed in float32 (AMX TDPBF16PS), rounded once to bfloat16. Runs on torch's intra-op
+// threads; only where available().
+void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                  const WeightRow& weight_row, c10::BFloat16* y);
+
+// W packed in tiles for the B operand: tiles [ceil(out / 32) * 2][in / 32][16 k pairs][16 rows][2], tile t's
+// piece kt holding rows 16 t..16 t + 15 x columns 32 kt..32 kt + 31, pair-interleaved (rows past out_features
+// zero; in a multiple of 32): conveyor.model.layers.pack_bf16_tiles.
+constexpr int64_t kPackedRowMultiple = 32;
+
+// The same product for W packed by tiles (kPackedRowMultiple): read in place, the next weights prefetched.
+void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                         const c10::BFloat16* tiles, c10::BFloat16* y);
+
+}  // namespace conveyor_amx
