@@ -115,7 +115,8 @@ class NativeKernels(Protocol):
         ...
 
     def bf16_amx_available(self) -> bool:
-        """Whether bf16_linear_amx can run here (built with AMX, the CPU has AMX-BF16, Linux granted tile data)."""
+        """Whether bf16_linear_amx can run here (built with AMX, the CPU has AMX-BF16, Linux granted tile
+        data)."""
         ...
 
     def bf16_linear_amx(self, x: torch.Tensor, tiles: torch.Tensor, out_features: int) -> torch.Tensor:
