@@ -122,8 +122,8 @@ def pack_bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
     tiles = weight.new_empty(padded_rows // _TILE_ROWS, in_features // _TILE_K, _TILE_ROWS, _TILE_K)
     pairs = tiles.view(padded_rows // _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, _TILE_ROWS, 2)
 
-    def place(row_tiles: slice, rows: torch.Tensor) -> None:  # rows [16 n, in] -> tiles n
-        pairs[row_tiles].copy_(rows.view(-1, _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, 2)
+    def place(row_tiles: slice, rows: torch.Tensor) -> None:  # rows [16 n, in] (any strides) -> tiles n
+        pairs[row_tiles].copy_(rows.reshape(-1, _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, 2)
                                .permute(0, 2, 3, 1, 4))  # [n, in / 32, pair, row, 2]
 
     whole = out_features // _TILE_ROWS  # full tiles
