@@ -1,7 +1,8 @@
 """bfloat16 linears: our AMX kernel over weights packed in tiles (csrc/amx_product.cpp) against oneDNN's packed
 product (what Projection used before), alternating in one process, on a model's shapes.
 
-    flock -w 900 /work/bench.lock timeout 300 .venv/bin/python benchmarks/ab_bf16_amx.py --model 135m --rows 1,4,16,64,256,2048
+    flock -w 900 /work/bench.lock timeout 300 \
+        .venv/bin/python benchmarks/ab_bf16_amx.py --model 135m --rows 1,4,16,64,256,2048
 
 "step": every linear of the model in order (all layers, then the LM head), as a decode step reads them (the
 weights streamed from L3 / memory, each once); "alone": one matrix in a loop (its weights hot in cache). The

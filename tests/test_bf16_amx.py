@@ -87,6 +87,8 @@ def test_tiles_unpack_to_the_weights_and_pick_single_weights(out_features: int, 
     assert torch.equal(unpack_bf16_tiles(pack_bf16_tiles(weight), out_features), weight)
     one_hot = torch.eye(96).bfloat16()  # [in, in]
     assert torch.equal(projection(one_hot), weight.t())
+    strided = _weight(96, out_features, seed=2).t()  # [out, 96], not contiguous (a split or transposed view)
+    assert torch.equal(Projection(strided, None, amx).unpacked(), strided)
 
 
 def test_what_the_kernel_cannot_multiply_keeps_onednn_or_is_refused(amx: Any) -> None:

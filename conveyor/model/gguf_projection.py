@@ -3,10 +3,10 @@
 Few rows (single-request decoding) go to the kernel that multiplies each weight row by every activation row
 (int8 dot products, or the row dequantized once), all parts of a row stack in one call; more than ROWS_MAX
 rows (prefill chunks, busy decode steps) of bfloat16 activations to the AMX kernel where the CPU has AMX-BF16
-(each thread dequantizes 32 weight rows to bfloat16 and multiplies them on tiles, csrc/gguf_amx.cpp), again
-all parts of a row stack (a fused QKV of Q4_K and Q6_K) in one call, else (no AMX, or float32 activations) to
-the one that dequantizes a tile of weights at a time into a thread's scratch and runs torch's GEMM on it, part
-by part. Which one is logged once per process.
+(each thread dequantizes 32 weight rows to bfloat16, csrc/gguf_amx.cpp, and multiplies them on tiles,
+csrc/amx_product.cpp), again all parts of a row stack (a fused QKV of Q4_K and Q6_K) in one call, else (no
+AMX, or float32 activations) to the one that dequantizes a tile of weights at a time into a thread's scratch
+and runs torch's GEMM on it, part by part. Which one is logged once per process.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ class Projection:
       matmul against W^T stored contiguous [in, out], so W is stored transposed;
     - bfloat16 on a CPU with AMX and the native kernels: W packed once at load in AMX's tile layout
       (pack_bf16_tiles) and multiplied by our kernel (csrc/amx_product.cpp) at every row count,
-      the weights read in place with the next ones prefetched (see BF16_TILES_NOTE);
+      the weights read in place with the next ones prefetched. All linears of the default model in order
+      (benchmarks/ab_bf16_amx.py, busy machine): 1.2-1.9x oneDNN's packed product at 1-64 rows,
+      0.73-0.90x at 1024-2048 (benchmarks/RESULTS.md, "bfloat16 on our AMX kernel");
     - bfloat16 on a CPU with native bf16 (AVX-512 BF16 / AMX) otherwise (no native kernels,
       kernels='torch', a bias, or an input width not a multiple of 32): F.linear re-packs W into
       oneDNN's blocked layout on every call. Packing once at load (`_reorder_linear_weight`)
@@ -107,8 +109,6 @@ def _native_f32(weight: torch.Tensor, kernels: NativeKernels | None) -> bool:
         and weight.shape[1] > 0 and kernels.f32_linear_vectorized()
 
 
-BF16_TILES_NOTE = """Measured (benchmarks/ab_bf16_amx.py, all linears of a model in order, alternating with
-oneDNN's packed product in one process): see benchmarks/RESULTS.md, "bfloat16 on our AMX kernel"."""
 _TILE_ROWS, _TILE_K = 16, 32
 
 
@@ -122,8 +122,8 @@ def pack_bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
     tiles = weight.new_empty(padded_rows // _TILE_ROWS, in_features // _TILE_K, _TILE_ROWS, _TILE_K)
     pairs = tiles.view(padded_rows // _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, _TILE_ROWS, 2)
 
-    def place(row_tiles: slice, rows: torch.Tensor) -> None:  # rows [16 n, in] -> tiles n
-        pairs[row_tiles].copy_(rows.view(-1, _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, 2)
+    def place(row_tiles: slice, rows: torch.Tensor) -> None:  # rows [16 n, in] (any strides) -> tiles n
+        pairs[row_tiles].copy_(rows.reshape(-1, _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, 2)
                                .permute(0, 2, 3, 1, 4))  # [n, in / 32, pair, row, 2]
 
     whole = out_features // _TILE_ROWS  # full tiles

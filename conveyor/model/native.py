@@ -16,8 +16,9 @@ cost more in dispatch than in arithmetic. csrc/ holds:
     ahead (all decoder linears of the default model at 8 rows 1.5-2.3x, at 64 rows 1.2-1.5x faster
     than torch's GEMM);
   - amx_product.cpp: the product on AMX tiles (Sapphire Rapids and later), for bfloat16 weights packed once
-    at load (bf16_linear.cpp: every row count, 1.2-1.45x oneDNN's packed product over all linears of the
-    default model at 1-64 rows) and for GGUF weights dequantized on the fly;
+    at load (bf16_linear.cpp: every row count; 1.2-1.9x oneDNN's packed product over all linears of the
+    default model at 1-64 rows, slower on big prefill chunks: benchmarks/RESULTS.md) and for GGUF weights
+    dequantized on the fly;
   - gguf_linear.cpp / gguf_vnni.cpp / gguf_amx.cpp / gguf_dequant.cpp: products with GGUF-quantized
     weights kept in their blocks (few rows: int8 dot products; many rows: AMX tiles where the CPU has them;
     ggml's scalar dequantizers as the reference and the float path);
@@ -128,7 +129,8 @@ class NativeKernels(Protocol):
         ...
 
     def bf16_amx_available(self) -> bool:
-        """Whether bf16_linear_amx can run here (built with AMX, the CPU has AMX-BF16, Linux granted tile data)."""
+        """Whether bf16_linear_amx can run here (built with AMX, the CPU has AMX-BF16, Linux granted tile
+        data)."""
         ...
 
     def bf16_linear_amx(self, x: torch.Tensor, tiles: torch.Tensor, out_features: int) -> torch.Tensor:
