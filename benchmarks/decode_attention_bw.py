@@ -4,6 +4,10 @@ the same number of bytes (torch sum over a contiguous bfloat16 tensor) and the b
 64 x 49,152 logits as the sampler takes it.
 
     .venv/bin/python benchmarks/decode_attention_bw.py [--seqs 64] [--context 210]
+        [--heads 9 --kv-heads 3 --dim 64] [--block 16] [--threads N]
+
+Other shapes: the 1B model's --heads 32 --kv-heads 8; one long context --seqs 1 --context 4000; --threads 1
+for a measure that the other processes of a shared machine disturb less (a 2-thread call waits for both cores).
 
 Run under the bench lock; it prints medians of alternating calls.
 """
@@ -36,16 +40,23 @@ def main() -> None:
     parser.add_argument("--seqs", type=int, default=64)
     parser.add_argument("--context", type=int, default=210)
     parser.add_argument("--layers", type=int, default=30, help="caches to rotate through (defeats the L2/L3)")
+    parser.add_argument("--heads", type=int, default=9, help="query heads")
+    parser.add_argument("--kv-heads", type=int, default=3)
+    parser.add_argument("--dim", type=int, default=64, help="head_dim")
+    parser.add_argument("--block", type=int, default=16, help="block_size of the cache")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     kernels = load_kernels()
     torch.manual_seed(0)
-    block, kv_heads, heads, dim = 16, 3, 9, 64
+    block, kv_heads, heads, dim = args.block, args.kv_heads, args.heads, args.dim
     blocks_per_seq = -(-args.context // block)
     num_blocks = args.seqs * blocks_per_seq + 8
     caches = [(torch.randn(num_blocks, block, kv_heads, dim).to(torch.bfloat16),
                torch.randn(num_blocks, block, kv_heads, dim).to(torch.bfloat16)) for _ in range(args.layers)]
     tables = torch.randperm(num_blocks)[:args.seqs * blocks_per_seq].view(args.seqs, blocks_per_seq).contiguous()
-    lens = torch.full((args.seqs,), args.context, dtype=torch.int64)
+    lens = torch.full((args.seqs,), args.context, dtype=torch.int64)  # [seqs]
     q = torch.randn(args.seqs, heads, dim).to(torch.bfloat16)
     read = 2 * args.seqs * args.context * kv_heads * dim * 2  # K and V bytes of one layer
 

@@ -74,6 +74,18 @@ def test_kernel_rejects_bad_inputs_with_reasons(native_kernels: native.NativeKer
         kernel(torch.zeros(1, 2, 8), cache, cache, tables.int(), lens, 1.0)
     with pytest.raises(RuntimeError, match="multiple of kv_heads"):
         kernel(torch.zeros(1, 3, 8), cache, cache, tables, lens, 1.0)
+    # a context past its table or a block id outside the cache would read memory outside the cache
+    with pytest.raises(RuntimeError, match=r"context_lens\[0\] is 5; each must be in 1..4"):
+        kernel(torch.zeros(1, 2, 8), cache, cache, tables, torch.tensor([5]), 1.0)
+    with pytest.raises(RuntimeError, match=r"context_lens\[0\] is 0"):
+        kernel(torch.zeros(1, 2, 8), cache, cache, tables, torch.tensor([0]), 1.0)
+    with pytest.raises(RuntimeError, match=r"block_tables\[1\]\[1\] is 4; .* in 0..3"):
+        kernel(torch.zeros(2, 2, 8), cache, cache, torch.tensor([[0, 1], [2, 4]]), torch.tensor([8, 5]), 1.0)
+    with pytest.raises(RuntimeError, match=r"block_tables\[0\]\[0\] is -1"):
+        kernel(torch.zeros(1, 2, 8), cache, cache, torch.tensor([[-1]]), lens, 1.0)
+    # entries past a context's blocks are padding and not read: any value passes
+    out = kernel(torch.zeros(1, 2, 8), cache, cache, torch.tensor([[3, -7]]), torch.tensor([4]), 1.0)
+    assert out.shape == (1, 2, 8)
 
 
 def test_loading_the_kernels_leaves_denormals_alone(native_kernels: native.NativeKernels) -> None:
