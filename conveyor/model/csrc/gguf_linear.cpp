@@ -8,7 +8,7 @@
 //   gguf_linear_tiles: many rows (prefill chunks, busy decode steps): each thread dequantizes a tile of
 //                      weight rows x all K (about kTileBytes, so that it stays in L2) to the activations'
 //                      dtype in its own scratch and runs torch's GEMM (oneDNN: AVX-512 BF16 / AMX) on it;
-//   gguf_linear_amx:   many rows of bfloat16 activations on AMX tiles (gguf_amx.cpp), each thread dequantizing
+//   gguf_linear_amx:   many rows of bfloat16 activations on AMX tiles (amx_product.cpp), each thread dequantizing
 //                      its weight rows to bfloat16 itself, once per call (no GEMM library call per tile);
 //                      gguf_linear_amx_parts: the same for a row stack of mixed types, in one call;
 //   gguf_dequantize:   whole rows to float32 (embedding lookups, reference checks).

@@ -18,7 +18,7 @@
 // call or on how the work is split between threads.
 //
 // Work units (chunk, KV head, a range of query tiles) are taken from an atomic counter, heaviest first, in one
-// parallel region per call (no barrier: see gguf_amx.cpp on shared machines). bfloat16 only, head_dim a
+// parallel region per call (no barrier: see amx_product.cpp on shared machines). bfloat16 only, head_dim a
 // multiple of 32, where AMX is available (conveyor_amx::available()); callers take torch's kernel otherwise.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
