@@ -59,6 +59,14 @@ constexpr int64_t kSumsBytes = 256 << 10;  // more panels: a thread takes as man
 constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
 
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
 bool tile_data_granted() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
@@ -66,8 +74,14 @@ bool tile_data_granted() {
   return amx_bf16 && amx_tile && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
-// Tiles 0-3: accumulators C[weight tile i][activation tile j] at 2 j + i; 4, 5: weight tiles; 6, 7: activations
-// (configure_tiles(), below).
+// Tiles 0-3: accumulators C[weight tile i][activation tile j] at 2 j + i; 4, 5: weight tiles; 6, 7: activations.
+void configure_tiles() {
+  TileConfig config{};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = kTile;
+  }
   _tile_loadconfig(&config);
 }
 
@@ -337,22 +351,6 @@ bool available() {
   return granted;
 }
 
-void configure_tiles() {
-  struct alignas(64) {  // the tile configuration's memory layout (palette 1)
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-  } config{};
-  config.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
-}
-
 void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
                   const WeightRow& weight_row, c10::BFloat16* y) {
   product(x, rows, in_features, out_features, DequantizedRows{weight_row, out_features}, y);
@@ -369,7 +367,6 @@ void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_featur
 
 namespace conveyor_amx {
 bool available() { return false; }
-void configure_tiles() {}
 void product_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&, c10::BFloat16*) {}
 void product_packed_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*) {}
 }  // namespace conveyor_amx

@@ -14,10 +14,6 @@ namespace conveyor_amx {
 // (asked once, on the first call).
 bool available();
 
-// Configures this thread's tiles 0-7 as 16 rows of 64 bytes each (every AMX kernel here uses that shape); call it
-// on each thread before its first tile instruction, and _tile_release() after its last. Only where available().
-void configure_tiles();
-
 // The bfloat16 values of a weight row are laid out by tiles: its 32-value piece kt at out + kt * kTilePieceStride.
 constexpr int64_t kTilePieceStride = 512;
 
