@@ -110,7 +110,8 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
     decode_tables: list[list[int]] = []
     decode_lens: list[int] = []
     prefills: list[PrefillChunk] = []
-    prefill_tables: list[list[int]] = []
+    native_spans: list[list[int]] = []  # the native kernel's chunks: [first row, rows, context length]
+    native_tables: list[list[int]] = []
     row = 0
     for start, n, table in zip(starts, lengths, tables):
         if table and table[0] == FREED_BLOCK:  # blocks a sliding window passed: any block will do, masked out
@@ -127,7 +128,8 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
         else:
             native = context <= NATIVE_PREFILL_MAX_CONTEXT
             if native:
-                prefill_tables.append(used)
+                native_spans.append([row, n, context])
+                native_tables.append(used)
             block_table = None if start == 0 else to_device(torch.tensor(used, dtype=torch.int64))
             prefills.append(PrefillChunk(row, n, context, block_table, native=native))
         row += n
@@ -145,11 +147,10 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
             context_lens=to_device(torch.tensor([decode_lens[i] for i in members], dtype=torch.int64)),
             in_order=rows == list(range(len(rows)))))
     spans = tables = None
-    if prefill_tables:
-        width = max(len(t) for t in prefill_tables)
-        spans = to_device(torch.tensor([[c.token_start, c.num_tokens, c.context_len] for c in prefills if c.native],
-                                       dtype=torch.int64))
-        tables = to_device(torch.tensor([t + [0] * (width - len(t)) for t in prefill_tables], dtype=torch.int64))
+    if native_spans:
+        width = max(len(t) for t in native_tables)
+        spans = to_device(torch.tensor(native_spans, dtype=torch.int64))
+        tables = to_device(torch.tensor([t + [0] * (width - len(t)) for t in native_tables], dtype=torch.int64))
     return AttentionBatch(slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)), decode_groups=groups,
                           prefills=prefills, prefill_spans=spans, prefill_tables=tables)
 
