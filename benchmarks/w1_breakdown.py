@@ -28,10 +28,15 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also profile one decode and one prefill step by op")
     parser.add_argument("--async-batching", default="auto")
     parser.add_argument("--model", default=None)
+    parser.add_argument("--input-len", default="32:256", help="prompt lengths, LO:HI (the 1B W1: 32:128)")
+    parser.add_argument("--output-len", type=int, default=128, help="tokens per request (the 1B W1: 32)")
+    parser.add_argument("--max-model-len", type=int, default=None)
     args = parser.parse_args()
     mode = {"true": True, "false": False}.get(args.async_batching, args.async_batching)
-    engine = Engine(EngineConfig(model=args.model, async_batching=mode))
-    workload = random_workload(64, (32, 256), (128, 128), engine.spec.vocab_size, seed=0)
+    extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+    engine = Engine(EngineConfig(model=args.model, async_batching=mode, **extra))
+    low, high = (int(v) for v in args.input_len.split(":"))
+    workload = random_workload(64, (low, high), (args.output_len, args.output_len), engine.spec.vocab_size, seed=0)
     engine.add_request(workload.prompts[0][:8], workload.params[0].clone(max_tokens=2))
     while engine.has_work():
         engine.step()
@@ -62,7 +67,7 @@ def main() -> None:
     for n, d, s in records:
         kinds["decode-only" if n == d else "with prefill"].append((n, d, s))
     total = sum(s for _, _, s in records)
-    print(f"W1 wall {wall:.2f} s, {8192 / wall:.0f} output tok/s; forwards {len(records)}, {total:.2f} s "
+    print(f"W1 wall {wall:.2f} s, {64 * args.output_len / wall:.0f} output tok/s; forwards {len(records)}, {total:.2f} s "
           f"({total / wall:.0%} of wall)")
     for kind, rows in kinds.items():
         secs = [s for _, _, s in rows]

@@ -11,6 +11,7 @@ import torch
 
 from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
+from conveyor.host_memory import keep_freed_host_memory
 from conveyor.core.kv_cache import CachePlan
 from conveyor.core.persistent_batch import PersistentBatch
 from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
@@ -126,6 +127,8 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=self.model.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.model.dtype, device=self.device))
                           for _ in range(self.spec.num_layers)]  # each [num_blocks, block_size, kv_heads, head_dim]
+        if not info.is_cuda:
+            keep_freed_host_memory()  # activations live in host memory: reuse freed blocks (conveyor/host_memory.py)
         self.copy_stream = torch.cuda.Stream(self.device) if info.is_cuda else None
         self.compute_stream = torch.cuda.Stream(self.device) if info.is_cuda else None
         if info.is_cuda:

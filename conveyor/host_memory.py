@@ -1,0 +1,80 @@
+"""Freed host memory kept for the next step: glibc's malloc told to reuse large blocks instead of returning them.
+
+Why: glibc serves every block above its mmap threshold (dynamic, at most 32 MiB) with a fresh mapping and unmaps
+it on free, and hands the top of its heap back to the OS past a trim threshold. A forward on the CPU allocates its
+activations anew at every layer, so each prompt-carrying step touched new pages, and the kernel zeroed each one on
+its first write. The 1B-class model's step of 2048 prompt tokens allocates ~100 MB per layer (the gate/up product
+alone is 2048 x 16384 bfloat16, 67 MB), ~1.6 GB of fresh pages per step: silu_and_mul over those 2048 rows took
+15.7 ms with fresh pages and 11.0 ms reusing them. Measured on W1 (64 requests, synchronous engine, one run each,
+benchmarks/w1_breakdown.py): the 1B's prompt steps 7.45 -> 6.37 s, the default model's 2.38 -> 2.20 s
+(benchmarks/RESULTS.md, "Host memory reuse").
+
+What: once the model's weights and the KV cache are allocated (so that they keep mappings of their own and a
+load's transient copies go back to the OS), `keep_freed_host_memory` sets M_MMAP_MAX = 0 (every block from the
+heap, reused once freed) and M_TRIM_THRESHOLD = KEEP_FREE_BYTES (up to that much free memory stays at the heap's
+top). The price: the process keeps its high-water mark of activations resident (a few hundred MB for a 1B model's
+2048-token steps) instead of returning it after each step. Threads other than the main one allocate from arenas of
+64 MiB heaps; blocks larger than that still get a mapping of their own there.
+
+Left alone when the C library is not glibc, when the environment already tunes glibc's malloc (MALLOC_MMAP_MAX_,
+MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_, or GLIBC_TUNABLES naming glibc.malloc), or when
+LD_PRELOAD puts another allocator in front (jemalloc, tcmalloc, mimalloc). To keep glibc's defaults, start the
+process with MALLOC_MMAP_MAX_=65536 (glibc's default) in the environment.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import platform
+
+logger = logging.getLogger(__name__)
+
+KEEP_FREE_BYTES = 1 << 30
+"""M_TRIM_THRESHOLD: free memory at the heap's top up to this stays with the process."""
+
+_M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
+_M_MMAP_MAX = -4
+_MALLOC_ENVIRONMENT = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_")
+_OTHER_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc")
+
+_state = {"decided": False, "applied": False}
+
+
+def why_left_alone() -> str | None:
+    """Why this process keeps its allocator's settings (None: keep_freed_host_memory will set them)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return "the C library is not glibc"
+    named = [name for name in _MALLOC_ENVIRONMENT if name in os.environ]
+    if named or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", ""):
+        return f"the environment tunes glibc's malloc ({', '.join(named) or 'GLIBC_TUNABLES'})"
+    preload = os.environ.get("LD_PRELOAD", "")
+    other = [name for name in _OTHER_ALLOCATORS if name in preload]
+    if other:
+        return f"LD_PRELOAD puts {other[0]} in front of glibc's malloc"
+    return None
+
+
+def keep_freed_host_memory() -> bool:
+    """Once per process, after the weights and KV cache exist: glibc's malloc reuses freed blocks (module docstring).
+    True where the settings are in force."""
+    if _state["decided"]:
+        return _state["applied"]
+    _state["decided"] = True
+    reason = why_left_alone()
+    if reason is not None:
+        logger.info("host memory: glibc malloc left as configured: %s", reason)
+        return False
+    libc = ctypes.CDLL(None)
+    mallopt = libc.mallopt
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, KEEP_FREE_BYTES)):
+        logger.warning("host memory: glibc's mallopt refused M_MMAP_MAX / M_TRIM_THRESHOLD; each step's "
+                       "activations may page-fault anew")
+        return False
+    _state["applied"] = True
+    logger.info("host memory: freed blocks are kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=%d MiB)",
+                KEEP_FREE_BYTES >> 20)
+    return True

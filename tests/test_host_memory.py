@@ -1,0 +1,67 @@
+"""After an engine on the CPU is built, a freed activation-sized block is reused without new page faults (glibc's
+default unmapped every block over 32 MiB on free, so each step's large activations faulted in fresh zeroed pages);
+a malloc setting in the environment is left as given. Each case runs in a fresh interpreter: the setting is
+process-wide."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import build_tiny_model
+
+ROOT = str(Path(__file__).resolve().parents[1])
+
+pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                                reason="the setting is glibc's malloc's")
+
+_CODE = """
+import json, resource, sys
+import conveyor, torch
+from conveyor.host_memory import why_left_alone
+llm = conveyor.LLM(model=sys.argv[1], dtype="float32", max_model_len=64, kv_cache_memory="1MiB")
+def faults_of_a_fresh_block() -> int:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB, every page written
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    del block
+    return after - before
+first = faults_of_a_fresh_block()
+print(json.dumps({"first": first, "second": faults_of_a_fresh_block(), "left_alone": why_left_alone()}))
+"""
+
+
+def _faults(model: str, **env: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    environ.update(env, PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-c", _CODE, model], capture_output=True, text=True, timeout=300,
+                          env=environ)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("tiny-llama"))
+    build_tiny_model("llama", path)
+    return path
+
+
+def test_a_freed_block_is_reused_without_page_faults(tiny_model: str) -> None:
+    faults = _faults(tiny_model)
+    assert faults["left_alone"] is None
+    # 16384 pages of 4 KiB written for the first time (fewer where transparent huge pages back the heap), then the
+    # same pages again (glibc's default unmapped the block on free and faulted in fresh ones)
+    assert faults["first"] >= 16 and faults["second"] <= faults["first"] // 10, faults
+
+
+def test_a_malloc_setting_in_the_environment_is_kept(tiny_model: str) -> None:
+    faults = _faults(tiny_model, MALLOC_MMAP_MAX_="65536")
+    assert faults["left_alone"] == "the environment tunes glibc's malloc (MALLOC_MMAP_MAX_)"
+    assert faults["first"] >= 16 and faults["second"] >= faults["first"] // 2, faults  # a fresh mapping per block
