@@ -264,8 +264,11 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   const int64_t chunk_tiles = (std::min(chunk_rows, rows) + kTile - 1) / kTile, chunk_pairs = (chunk_tiles + 1) / 2;
   const int64_t n_blocks = (out_features + kBlockN - 1) / kBlockN;
   const int64_t pair_floats = 4 * kTile * kTile;  // the four accumulators of a pair of activation tiles
+  // Several panels: as many blocks per unit as have their accumulators in kSumsBytes, but no more than a
+  // quarter of each thread's share of the chunk's blocks, so that a few rows still spread over every thread.
+  const int64_t share = std::max<int64_t>(1, n_blocks / (4 * at::get_num_threads()));
   const int64_t unit_blocks =
-      panels > 1 ? std::max<int64_t>(1, kSumsBytes / (chunk_pairs * pair_floats * 4)) : kUnitBlocks;
+      panels > 1 ? std::clamp<int64_t>(kSumsBytes / (chunk_pairs * pair_floats * 4), 1, share) : kUnitBlocks;
   const int64_t units_per_chunk = (n_blocks + unit_blocks - 1) / unit_blocks;
   const int64_t units = (rows + chunk_rows - 1) / chunk_rows * units_per_chunk;
   // Where unit `unit` starts: its first block over the first panel (in place: what to prefetch next).
