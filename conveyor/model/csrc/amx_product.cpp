@@ -74,17 +74,6 @@ bool tile_data_granted() {
   return amx_bf16 && amx_tile && syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
 
-// Tiles 0-3: accumulators C[weight tile i][activation tile j] at 2 j + i; 4, 5: weight tiles; 6, 7: activations.
-void configure_tiles() {
-  TileConfig config{};
-  config.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = kTile;
-  }
-  _tile_loadconfig(&config);
-}
-
 // Activation rows [m0, m0 + count) of x [*, in] -> packed [ceil(count / 16)][in / 32][16 k pairs][16 rows][2].
 void pack_activations(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, uint32_t* packed) {
   const int64_t row_tiles = (count + kTile - 1) / kTile, k_tiles = in_features / kTileK;
@@ -349,6 +338,21 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
 
 }  // namespace
 
+// The product's tiles: 0-3 accumulators C[weight tile i][activation tile j] at 2 j + i; 4, 5 weights; 6, 7
+// activations (the prefill attention's: prefill_attention.cpp).
+void configure_tiles() {
+  TileConfig config{};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = kTile;
+  }
+  // GCC does not know that ldtilecfg reads these 64 bytes: without the barrier it may move the stores above past
+  // it, and ldtilecfg faults on whatever the stack held (how sharing this function across files crashed once).
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
 bool available() {
   static const bool granted = tile_data_granted();
   return granted;
@@ -370,6 +374,7 @@ void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_featur
 
 namespace conveyor_amx {
 bool available() { return false; }
+void configure_tiles() {}
 void product_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&, c10::BFloat16*) {}
 void product_packed_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*) {}
 }  // namespace conveyor_amx

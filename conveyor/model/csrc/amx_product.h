@@ -14,6 +14,10 @@ namespace conveyor_amx {
 // (asked once, on the first call).
 bool available();
 
+// This thread's tiles: all eight 16 rows x 64 bytes (palette 1), as every AMX kernel here uses them; call before
+// the first tile instruction of a parallel region's thread (_tile_release at its end).
+void configure_tiles();
+
 // The bfloat16 values of a weight row are laid out by tiles: its 32-value piece kt at out + kt * kTilePieceStride.
 constexpr int64_t kTilePieceStride = 512;
 

@@ -25,7 +25,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -59,24 +58,8 @@ struct Unit {
 #if defined(CONVEYOR_PREFILL_AMX)
 using namespace conveyor_vec;
 
-struct alignas(64) TileConfig {
-  uint8_t palette;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// Tiles 0-3: output accumulators (four d tiles of 16); 4: Q or P; 5: a K^T or V tile; 6, 7: the two score tiles.
-void configure_tiles() {
-  TileConfig config{};
-  config.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = kTile;
-  }
-  _tile_loadconfig(&config);
-}
+// Tiles (configured by conveyor_amx::configure_tiles: all 16 rows x 64 bytes): 0-3 output accumulators (four d
+// tiles of 16); 4: Q or P; 5: a K^T or V tile; 6, 7: the two score tiles.
 
 // Where key t of the sequence lives in a cache [num_blocks, block_size, kv_heads, head_dim].
 inline int64_t key_offset(const Chunk& c, int64_t t, int64_t block_size, int64_t kv_heads, int64_t kv_head,
@@ -338,7 +321,7 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
     scores.resize(kTile * kKeyBlock);
     acc.resize(kTile * head_dim);
     partial.resize(kTile * 64);
-    configure_tiles();
+    conveyor_amx::configure_tiles();
     for (int64_t u = next_unit++; u < num_units; u = next_unit++) {
       const Unit& unit = units[u];
       const Chunk& c = chunks[unit.chunk];
