@@ -12,7 +12,7 @@ from collections import defaultdict
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "conveyor"
 
 LAYERS: dict[str, float] = {
-    "conveyor.errors": 0, "conveyor.openmp": 0,
+    "conveyor.errors": 0, "conveyor.openmp": 0, "conveyor.host_memory": 0,
     "conveyor.structured": 1, "conveyor.tools": 1,
     "conveyor.params": 2, "conveyor.config": 2, "conveyor.device": 2,
     "conveyor.core": 3,
