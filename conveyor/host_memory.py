@@ -5,9 +5,10 @@ it on free, and hands the top of its heap back to the OS past a trim threshold. 
 activations anew at every layer, so each prompt-carrying step touched new pages, and the kernel zeroed each one on
 its first write. The 1B-class model's step of 2048 prompt tokens allocates ~100 MB per layer (the gate/up product
 alone is 2048 x 16384 bfloat16, 67 MB), ~1.6 GB of fresh pages per step: silu_and_mul over those 2048 rows took
-15.7 ms with fresh pages and 11.0 ms reusing them. Measured on W1 (64 requests, synchronous engine, one run each,
-benchmarks/w1_breakdown.py): the 1B's prompt steps 7.45 -> 6.37 s, the default model's 2.38 -> 2.20 s
-(benchmarks/RESULTS.md, "Host memory reuse").
+15.7 ms with fresh pages and 11.0 ms reusing them. Measured with `conveyor bench throughput`, W1 (64 requests),
+alternating with CONVEYOR_KEEP_FREED_MEMORY=0 (benchmarks/RESULTS.md, "End of session s12"): the 1B-class model
+167-177 -> 189-197 output tok/s; the default model, whose activations stay under glibc's 32 MiB limit, unchanged
+(983-1019 against 986-1015).
 
 What: once the model's weights and the KV cache are allocated (so that they keep mappings of their own and a
 load's transient copies go back to the OS), `keep_freed_host_memory` sets M_MMAP_MAX = 0 (every block from the
@@ -17,9 +18,11 @@ top). The price: the process keeps its high-water mark of activations resident (
 64 MiB heaps; blocks larger than that still get a mapping of their own there.
 
 Left alone when the C library is not glibc, when the environment already tunes glibc's malloc (MALLOC_MMAP_MAX_,
-MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_, or GLIBC_TUNABLES naming glibc.malloc), or when
-LD_PRELOAD puts another allocator in front (jemalloc, tcmalloc, mimalloc). To keep glibc's defaults, start the
-process with MALLOC_MMAP_MAX_=65536 (glibc's default) in the environment.
+MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_, or GLIBC_TUNABLES naming glibc.malloc), when
+LD_PRELOAD puts another allocator in front (jemalloc, tcmalloc, mimalloc), or when CONVEYOR_KEEP_FREED_MEMORY=0
+(glibc's defaults as they are). Setting any MALLOC_* value is not the same as glibc's defaults: it also fixes the
+mmap threshold at 128 KiB, which glibc otherwise raises as large blocks are freed (W1 on the default model ran at
+0.8x with MALLOC_MMAP_MAX_=65536).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import platform
 
 logger = logging.getLogger(__name__)
 
+OPT_OUT = "CONVEYOR_KEEP_FREED_MEMORY"
+"""Environment variable: '0' leaves glibc's malloc as it is."""
 KEEP_FREE_BYTES = 1 << 30
 """M_TRIM_THRESHOLD: free memory at the heap's top up to this stays with the process."""
 
@@ -44,6 +49,8 @@ _state = {"decided": False, "applied": False}
 
 def why_left_alone() -> str | None:
     """Why this process keeps its allocator's settings (None: keep_freed_host_memory will set them)."""
+    if os.environ.get(OPT_OUT) == "0":
+        return f"{OPT_OUT}=0"
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return "the C library is not glibc"
     named = [name for name in _MALLOC_ENVIRONMENT if name in os.environ]

@@ -38,7 +38,8 @@ print(json.dumps({"first": first, "second": faults_of_a_fresh_block(), "left_alo
 
 
 def _faults(model: str, **env: str) -> dict:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "LD_PRELOAD"}
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "CONVEYOR_KEEP_FREED_MEMORY")}
     environ.update(env, PYTHONPATH=ROOT)
     done = subprocess.run([sys.executable, "-c", _CODE, model], capture_output=True, text=True, timeout=300,
                           env=environ)
@@ -59,6 +60,12 @@ def test_a_freed_block_is_reused_without_page_faults(tiny_model: str) -> None:
     # 16384 pages of 4 KiB written for the first time (fewer where transparent huge pages back the heap), then the
     # same pages again (glibc's default unmapped the block on free and faulted in fresh ones)
     assert faults["first"] >= 16 and faults["second"] <= faults["first"] // 10, faults
+
+
+def test_conveyor_keep_freed_memory_0_leaves_glibc_as_it_is(tiny_model: str) -> None:
+    faults = _faults(tiny_model, CONVEYOR_KEEP_FREED_MEMORY="0")
+    assert faults["left_alone"] == "CONVEYOR_KEEP_FREED_MEMORY=0"
+    assert faults["first"] >= 16 and faults["second"] >= faults["first"] // 2, faults  # a fresh mapping per block
 
 
 def test_a_malloc_setting_in_the_environment_is_kept(tiny_model: str) -> None:
