@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
-from typing import Callable
 
 import conveyor  # noqa: F401  (sets the OpenMP spin count before torch loads)
 import torch
@@ -22,16 +20,7 @@ import torch.nn.functional as F
 
 from conveyor.model.attention import build_attention_batch
 from conveyor.model.native import load_kernels
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+from decode_attention_bw import median_ms  # the sibling script's timer (benchmarks/ is on sys.path when run)
 
 
 def main() -> None:
@@ -65,6 +54,11 @@ def main() -> None:
             k_cache.view(-1, kv_heads, dim)[batch.slot_mapping] = k
             v_cache.view(-1, kv_heads, dim)[batch.slot_mapping] = v
             out = torch.empty(tokens, heads, dim, dtype=torch.bfloat16)
+            # every chunk to the kernel, whatever its length (the engine sends only those up to
+            # NATIVE_PREFILL_MAX_CONTEXT: this measures where that limit should be)
+            spans = torch.tensor([[c.token_start, c.num_tokens, c.context_len] for c in batch.prefills])  # [chunks, 3]
+            width = max(len(t) for t in tables)
+            block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables])  # [chunks, width]
 
             def sdpa() -> None:
                 for chunk in batch.prefills:
@@ -75,8 +69,7 @@ def main() -> None:
                     out[rows] = o[0].transpose(0, 1)
 
             def native() -> None:
-                kernels.prefill_attention(q, k_cache, v_cache, batch.prefill_tables, batch.prefill_spans, dim ** -0.5,
-                                          0, out)
+                kernels.prefill_attention(q, k_cache, v_cache, block_tables, spans, dim ** -0.5, 0, out)
 
             pairs = [(median_ms(sdpa, 5), median_ms(native, 5)) for _ in range(args.rounds)]
             torch_ms = statistics.median(p[0] for p in pairs)

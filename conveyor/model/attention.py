@@ -187,7 +187,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first (unless the caller
     already has: kv_written). Decodes go to `decode_op` (the native kernel) when given, else
     through the torch gather + SDPA path; prefill chunks to `prefill_op` (the native kernel) where it applies
-    (bfloat16, head_dim a multiple of 32, no soft cap), else through SDPA chunk by chunk. `window`: this layer's sliding window, None for full attention.
+    (bfloat16, head_dim a multiple of 32, no soft cap, context up to NATIVE_PREFILL_MAX_CONTEXT), else through
+    SDPA chunk by chunk. `window`: this layer's sliding window, None for full attention.
     `softcap`: scores become softcap * tanh(scores / softcap) (Gemma 2), computed without SDPA.
     """
     if (window is not None or softcap is not None) and decode_op is not None:

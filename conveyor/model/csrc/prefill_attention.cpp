@@ -70,11 +70,10 @@ inline int64_t key_offset(const Chunk& c, int64_t t, int64_t block_size, int64_t
 
 // Keys [first, keys) -> kt [(keys - first) / 16][head_dim / 32][16 d pairs][16 keys] (uint32 = two bfloat16 of one
 // key); values -> vp [(keys - first) / 32][head_dim / 16][16 key pairs][16 d][2]. `first` and `keys` are multiples of
-// 32; keys at or past
-// ctx are zeros.
-void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache,
-                      int64_t block_size, int64_t kv_heads, int64_t kv_head, int64_t head_dim, uint32_t* kt,
-                      uint16_t* vp) {
+// 32; keys at or past ctx are zeros.
+void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const c10::BFloat16* k_cache,
+                      const c10::BFloat16* v_cache, int64_t block_size, int64_t kv_heads, int64_t kv_head,
+                      int64_t head_dim, uint32_t* kt, uint16_t* vp) {
   const int64_t d_pairs = head_dim / 2, d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
   const int64_t valid = std::min(keys, c.ctx);
   for (int64_t t = first; t < keys; ++t) {
@@ -119,8 +118,8 @@ inline int64_t first_key(int64_t first_pos, int64_t window) {
 // (0, or its window's first, .. its last position), from kt / vp packed from key `packed_first` on -> out rows.
 void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const c10::BFloat16* q,
                  int64_t q_row_stride, int64_t head_dim, float scale, int64_t packed_first, const uint32_t* kt,
-                 const uint16_t* vp, c10::BFloat16* q_tiles, c10::BFloat16* p_tile, float* scores, float* acc, float* partial, c10::BFloat16* out,
-                 int64_t out_row_stride) {
+                 const uint16_t* vp, c10::BFloat16* q_tiles, c10::BFloat16* p_tile, float* scores, float* acc,
+                 float* partial, c10::BFloat16* out, int64_t out_row_stride) {
   const int64_t rows = std::min(kTile, c.n - q0), d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
   const int64_t first_pos = c.ctx - c.n + q0;  // position of the tile's first query
   const int64_t last_pos = first_pos + rows - 1;
@@ -328,11 +327,13 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
       const int64_t last_query = std::min(c.n, unit.tile_end * kTile) - 1;
       const int64_t keys = (c.ctx - c.n + last_query + 1 + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
       const int64_t first = first_key(c.ctx - c.n + unit.tile_begin * kTile, window);
-      pack_keys_values(c, first, keys, k_ptr, v_ptr, block_size, kv_heads, unit.kv_head, head_dim, kt.data(), vp.data());
+      pack_keys_values(c, first, keys, k_ptr, v_ptr, block_size, kv_heads, unit.kv_head, head_dim, kt.data(),
+                       vp.data());
       for (int64_t h = unit.kv_head * group; h < (unit.kv_head + 1) * group; ++h)
         for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t)
           attend_tile(c, h, t * kTile, window, q_ptr, q_row_stride, head_dim, scale_f, first, kt.data(), vp.data(),
-                      q_tiles.data(), p_tile.data(), scores.data(), acc.data(), partial.data(), out_ptr, out_row_stride);
+                      q_tiles.data(), p_tile.data(), scores.data(), acc.data(), partial.data(), out_ptr,
+                      out_row_stride);
     }
     _tile_release();
   });
