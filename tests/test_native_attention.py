@@ -36,10 +36,12 @@ def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ta
     return torch.stack(out)  # [seqs, heads, d]
 
 
-# head_dim 64 and 128 with groups 1..8 take the AVX-512 path (where the CPU has it); 8 and
-# group 9 take the portable one; float16 always the portable one.
+# head_dim 64 and 128 with groups 1..8 take the AVX-512 path (where the CPU has it), bfloat16 at head_dim 64 with
+# groups 1..4 its leaner variant (groups 3, 1, 4, 2 here); head_dim 8 and group 9 take the portable one; float16
+# always the portable one.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 1, 128), (6, 2, 8), (9, 1, 64)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 2, 64), (4, 2, 64), (8, 1, 128),
+                                                     (6, 2, 8), (9, 1, 64)])
 @pytest.mark.parametrize("block_size", [1, 4, 5, 16])
 def test_kernel_matches_float64_reference(native_kernels: native.NativeKernels, dtype: torch.dtype, heads: int,
                                           kv_heads: int, head_dim: int, block_size: int) -> None:

@@ -6,8 +6,9 @@
 // float32), then softmax weights times V, accumulated in float32.
 //
 // With AVX-512 (F/BW/VL) and a common shape (head_dim 64 or 128, group 1..8, float32 or bfloat16) an
-// unrolled path keeps the scaled query rows and the output accumulators in registers; any
-// other shape or CPU runs the portable loops. Built at run time for the CPU it runs on (see
+// unrolled path keeps the scaled query rows and the output accumulators in registers; bfloat16 at head_dim 64
+// with a group of up to 4 (with AVX512_BF16) takes a leaner one (attend_item_bf16_64); any other shape or CPU
+// runs the portable loops. Built at run time for the CPU it runs on (see
 // conveyor/model/native.py), with -ffast-math only for the compile step (vectorized expf).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -188,6 +189,152 @@ void attend_item_avx512(const Item& it, const T* q, const T* k_cache, const T* v
   }
 }
 
+#if defined(CONVEYOR_VEC_BF16)
+// bfloat16, head_dim 64, a group of up to 4 query heads: the W1 shapes (the default model's 9 / 3 heads, the 1B's
+// 32 / 8). Leaner than the path above, for a kernel whose compute and memory stalls add up rather than overlap
+// (measured: a bare read of the same rows takes ~60% of the two-pass kernel's time):
+//  - a row's 32-bit words hold pairs of values: the even values are the words shifted left by 16, the odd ones
+//    the words with their low half cleared, one instruction per 16 values (widening 16 at a time takes two);
+//    the query rows and the accumulators are kept in that order (even dims of 0..31, odd of 0..31, even of
+//    32..63, odd of 32..63) and put back in order once per item;
+//  - the scores of four tokens are folded into one 128-bit lane by a transposing add tree, not reduced one by one;
+//  - the softmax's 1 / sum scales the accumulators once, not every weight;
+//  - while pass 2 multiplies weights by V rows that pass 1 already brought to L2, it requests the next item's K
+//    rows, so that memory works while the core computes.
+inline void split_row(const c10::BFloat16* row, __m512 (&parts)[4]) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m512i low_words = _mm512_loadu_si512(row), high_words = _mm512_loadu_si512(row + 32);
+  parts[0] = _mm512_castsi512_ps(_mm512_slli_epi32(low_words, 16));
+  parts[1] = _mm512_castsi512_ps(_mm512_and_si512(low_words, high));
+  parts[2] = _mm512_castsi512_ps(_mm512_slli_epi32(high_words, 16));
+  parts[3] = _mm512_castsi512_ps(_mm512_and_si512(high_words, high));
+}
+
+// a, b, c, d -> [sum of a, sum of b, sum of c, sum of d]
+inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));  // [4][a b c d]
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+template <int G>
+inline __m512 dot_parts(const __m512 (&qv)[G][4], const __m512 (&kv)[4], int g) {
+  __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
+  acc = _mm512_fmadd_ps(qv[g][1], kv[1], acc);
+  acc = _mm512_fmadd_ps(qv[g][2], kv[2], acc);
+  return _mm512_fmadd_ps(qv[g][3], kv[3], acc);
+}
+
+template <int G>
+void attend_item_bf16_64(const Item& it, const Item* next, const c10::BFloat16* q, const c10::BFloat16* k_cache,
+                         const c10::BFloat16* v_cache, float* scores, c10::BFloat16* out) {
+  using T = c10::BFloat16;
+  constexpr int D = 64;
+  const int64_t ctx = it.ctx, stride = it.kv_heads * D;
+  const T* k_base = k_cache + it.kv_head * D;
+  const T* v_base = v_cache + it.kv_head * D;
+  __m512 qv[G][4];  // scaled query rows, split like the keys
+  for (int g = 0; g < G; ++g) {
+    split_row(q + g * it.q_head_stride, qv[g]);
+    for (int j = 0; j < 4; ++j) qv[g][j] = _mm512_mul_ps(qv[g][j], _mm512_set1_ps(it.scale));
+  }
+  SlotCursor here(it.table, it.block_size, 0), ahead(it.table, it.block_size, std::min(PREFETCH_AHEAD, ctx));
+  const auto key_row = [&](int64_t t) -> const T* {  // token t's key row (t ascending), prefetching ahead
+    if (t + PREFETCH_AHEAD < ctx) {
+      const int64_t ahead_row = ahead.slot() * stride;
+      prefetch_row<T, D>(k_base + ahead_row, 0);
+      prefetch_row<T, D>(v_base + ahead_row, 1);
+      ahead.next();
+    }
+    const T* k = k_base + here.slot() * stride;
+    here.next();
+    return k;
+  };
+  int64_t t = 0;
+  for (; t + 4 <= ctx; t += 4) {  // pass 1: scores, four tokens at a time
+    __m512 part[4][G];
+    for (int u = 0; u < 4; ++u) {
+      __m512 kv[4];
+      split_row(key_row(t + u), kv);
+      for (int g = 0; g < G; ++g) part[u][g] = dot_parts<G>(qv, kv, g);
+    }
+    for (int g = 0; g < G; ++g)
+      _mm_storeu_ps(scores + g * ctx + t, sum4(part[0][g], part[1][g], part[2][g], part[3][g]));
+  }
+  for (; t < ctx; ++t) {
+    __m512 kv[4];
+    split_row(key_row(t), kv);
+    for (int g = 0; g < G; ++g) scores[g * ctx + t] = _mm512_reduce_add_ps(dot_parts<G>(qv, kv, g));
+  }
+  float inv_sum[G];
+  for (int g = 0; g < G; ++g) {  // softmax numerators in place; 1 / sum scales the output
+    float* s = scores + g * ctx;
+    float peak = s[0];
+#pragma omp simd reduction(max : peak)
+    for (int64_t i = 0; i < ctx; ++i) peak = s[i] > peak ? s[i] : peak;
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t i = 0; i < ctx; ++i) {
+      s[i] = std::exp(s[i] - peak);
+      total += s[i];
+    }
+    inv_sum[g] = 1.f / total;
+  }
+  __m512 acc[G][4];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_setzero_ps();
+  // The next item's key rows, requested (to L2) at the pace that spreads them over this pass.
+  const int64_t next_ctx = next == nullptr ? 0 : next->ctx, next_per_token = (next_ctx + ctx - 1) / ctx;
+  const T* next_k = next == nullptr ? nullptr : k_cache + next->kv_head * D;
+  SlotCursor next_ahead(next == nullptr ? it.table : next->table, it.block_size, 0);
+  int64_t next_requested = 0;
+  SlotCursor v_here(it.table, it.block_size, 0), v_ahead(it.table, it.block_size, std::min(PREFETCH_AHEAD, ctx));
+  for (int64_t u = 0; u < ctx; ++u, v_here.next()) {  // pass 2: weights times V
+    if (u + PREFETCH_AHEAD < ctx) {
+      prefetch_row<T, D>(v_base + v_ahead.slot() * stride, 0);
+      v_ahead.next();
+    }
+    for (int64_t r = 0; r < next_per_token && next_requested < next_ctx; ++r, ++next_requested, next_ahead.next())
+      prefetch_row<T, D>(next_k + next_ahead.slot() * stride, 1);
+    __m512 vv[4];
+    split_row(v_base + v_here.slot() * stride, vv);
+    for (int g = 0; g < G; ++g) {
+      const __m512 p = _mm512_set1_ps(scores[g * ctx + u]);
+      for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_fmadd_ps(p, vv[j], acc[g][j]);
+    }
+  }
+  // 16-bit lanes of (even, odd) -> values 2i, 2i + 1: index i of the first operand, 32 + i of the second
+  const __m512i interleave = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  for (int g = 0; g < G; ++g) {
+    const __m512 inv = _mm512_set1_ps(inv_sum[g]);
+    for (int h = 0; h < 2; ++h) {  // values 32 h .. 32 h + 31
+      const __m512i even = _mm512_castsi256_si512(conveyor_vec::to_bf16(_mm512_mul_ps(acc[g][2 * h], inv)));
+      const __m512i odd = _mm512_castsi256_si512(conveyor_vec::to_bf16(_mm512_mul_ps(acc[g][2 * h + 1], inv)));
+      _mm512_storeu_si512(out + g * D + 32 * h, _mm512_permutex2var_epi16(even, interleave, odd));
+    }
+  }
+}
+
+template <typename T>
+bool attend_bf16_64(const Item& it, const Item* next, const T* q, const T* k, const T* v, float* scores, T* out) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (it.head_dim != 64) return false;
+    switch (it.group) {
+      case 1: attend_item_bf16_64<1>(it, next, q, k, v, scores, out); return true;
+      case 2: attend_item_bf16_64<2>(it, next, q, k, v, scores, out); return true;
+      case 3: attend_item_bf16_64<3>(it, next, q, k, v, scores, out); return true;
+      case 4: attend_item_bf16_64<4>(it, next, q, k, v, scores, out); return true;
+      default: return false;
+    }
+  }
+  return false;
+}
+#endif
+
 template <typename T, int V>
 bool attend_avx512_group(const Item& it, const T* q, const T* k, const T* v, float* scores, T* out) {
   switch (it.group) {
@@ -230,15 +377,24 @@ void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cach
   const int64_t* len_ptr = context_lens.data_ptr<int64_t>();
   T* out_ptr = out.data_ptr<T>();
 
+  const auto item = [&](int64_t index) -> Item {  // index = seq * kv_heads + kv_head
+    const int64_t seq = index / kv_heads;
+    return Item{len_ptr[seq], block_size, kv_heads, index % kv_heads, head_dim, group, q_head_stride,
+                table_ptr + seq * max_blocks, static_cast<float>(scale)};
+  };
   at::parallel_for(0, num_seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t index = begin; index < end; ++index) {
       const int64_t seq = index / kv_heads, kv_head = index % kv_heads;
-      const Item it{len_ptr[seq], block_size, kv_heads, kv_head, head_dim, group, q_head_stride,
-                    table_ptr + seq * max_blocks, static_cast<float>(scale)};
+      const Item it = item(index);
       scores.resize(group * it.ctx);
       const T* q_item = q_ptr + seq * q_seq_stride + kv_head * group * q_head_stride;
       T* out_item = out_ptr + (seq * heads + kv_head * group) * head_dim;
+#if defined(CONVEYOR_VEC_BF16)
+      const Item following = index + 1 < end ? item(index + 1) : Item{};
+      if (attend_bf16_64(it, index + 1 < end ? &following : nullptr, q_item, k_ptr, v_ptr, scores.data(), out_item))
+        continue;
+#endif
       if (!attend_avx512(it, q_item, k_ptr, v_ptr, scores.data(), out_item))
         attend_item(it, q_item, k_ptr, v_ptr, scores.data(), out_item);
     }
