@@ -72,3 +72,43 @@ def test_a_malloc_setting_in_the_environment_is_kept(tiny_model: str) -> None:
     faults = _faults(tiny_model, MALLOC_MMAP_MAX_="65536")
     assert faults["left_alone"] == "the environment tunes glibc's malloc (MALLOC_MMAP_MAX_)"
     assert faults["first"] >= 16 and faults["second"] >= faults["first"] // 2, faults  # a fresh mapping per block
+
+
+def _huge_pages_setting() -> str | None:
+    """The bracketed choice in /sys/kernel/mm/transparent_hugepage/enabled (None where the file is absent)."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else None
+
+
+_HUGE_CODE = """
+import json, sys
+import conveyor
+llm = conveyor.LLM(model=sys.argv[1], dtype="float32", max_model_len=64, kv_cache_memory="64MiB")
+cache = llm.engine.runner.kv_caches[0][0]
+start, end = cache.data_ptr(), cache.data_ptr() + cache.numel() * cache.element_size()
+huge = 0
+region = None
+for line in open("/proc/self/smaps"):
+    head = line.split()
+    if "-" in head[0] and len(head) >= 5:
+        low, high = (int(v, 16) for v in head[0].split("-"))
+        region = low < end and start < high  # madvise splits the mapping: every part that overlaps
+    elif region and head[0] == "AnonHugePages:":
+        huge += int(head[1])
+print(json.dumps({"huge_kib": huge, "cache_kib": (end - start) >> 10}))
+"""
+
+
+@pytest.mark.skipif(_huge_pages_setting() not in ("always", "madvise"),
+                    reason="transparent huge pages are off on this machine")
+def test_the_kv_cache_sits_on_huge_pages(tiny_model: str) -> None:
+    """The KV cache is advised onto transparent huge pages before it is zeroed: its mapping holds some (with
+    "madvise", only advised memory gets them; the kernel may still fall short where memory is fragmented)."""
+    done = subprocess.run([sys.executable, "-c", _HUGE_CODE, tiny_model], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["cache_kib"] >= 4096 and found["huge_kib"] >= 2048, found

@@ -11,7 +11,7 @@ import torch
 
 from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
-from conveyor.host_memory import keep_freed_host_memory
+from conveyor.host_memory import advise_huge_pages, keep_freed_host_memory
 from conveyor.core.kv_cache import CachePlan
 from conveyor.core.persistent_batch import PersistentBatch
 from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
@@ -123,9 +123,7 @@ class ModelRunner:
         element = torch.empty((), dtype=self.model.dtype).element_size()
         self.cache_plan = plan_kv_cache(config, info, self.spec.kv_bytes_per_token(element), max_model_len)
         shape = (self.cache_plan.num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
-        # Zero-filled so that masked-out slots never hold NaN/inf garbage.
-        self.kv_caches = [(torch.zeros(shape, dtype=self.model.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.model.dtype, device=self.device))
+        self.kv_caches = [(self._new_cache(shape), self._new_cache(shape))
                           for _ in range(self.spec.num_layers)]  # each [num_blocks, block_size, kv_heads, head_dim]
         if not info.is_cuda:
             keep_freed_host_memory()  # activations live in host memory: reuse freed blocks (conveyor/host_memory.py)
@@ -142,6 +140,14 @@ class ModelRunner:
         """Input tokens filled on the device from the previous step's samples (async batching at work)."""
         logger.info("KV cache: %d blocks x %d tokens (%.1f MiB)", self.cache_plan.num_blocks, self.block_size,
                     self.cache_plan.num_blocks * self.cache_plan.bytes_per_block / 2**20)
+
+    def _new_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """One layer's K or V cache, zero-filled so that masked-out slots never hold NaN/inf garbage; in host
+        memory, on huge pages where Linux grants them (conveyor/host_memory.py)."""
+        cache = torch.empty(shape, dtype=self.model.dtype, device=self.device)
+        if not self.info.is_cuda:
+            advise_huge_pages(cache.data_ptr(), cache.numel() * cache.element_size())
+        return cache.zero_()
 
     # ---- host side --------------------------------------------------------------------
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
