@@ -59,20 +59,25 @@ class SlotCursor {
   int64_t block_size_, block_, offset_;
 };
 
+// s [ctx] -> exp(s - max s) in place; returns their sum.
+inline float softmax_numerators(float* s, int64_t ctx) {
+  float peak = s[0];
+#pragma omp simd reduction(max : peak)
+  for (int64_t t = 0; t < ctx; ++t) peak = s[t] > peak ? s[t] : peak;
+  float total = 0.f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t t = 0; t < ctx; ++t) {
+    s[t] = std::exp(s[t] - peak);
+    total += s[t];
+  }
+  return total;
+}
+
 // scores: [rows, ctx] -> softmax along ctx, in place.
 void softmax_rows(float* scores, int64_t rows, int64_t ctx) {
   for (int64_t g = 0; g < rows; ++g) {
     float* s = scores + g * ctx;
-    float peak = s[0];
-#pragma omp simd reduction(max : peak)
-    for (int64_t t = 0; t < ctx; ++t) peak = s[t] > peak ? s[t] : peak;
-    float total = 0.f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t t = 0; t < ctx; ++t) {
-      s[t] = std::exp(s[t] - peak);
-      total += s[t];
-    }
-    const float inv = 1.f / total;
+    const float inv = 1.f / softmax_numerators(s, ctx);
 #pragma omp simd
     for (int64_t t = 0; t < ctx; ++t) s[t] *= inv;
   }
@@ -270,19 +275,7 @@ void attend_item_bf16_64(const Item& it, const Item* next, const c10::BFloat16* 
     for (int g = 0; g < G; ++g) scores[g * ctx + t] = _mm512_reduce_add_ps(dot_parts<G>(qv, kv, g));
   }
   float inv_sum[G];
-  for (int g = 0; g < G; ++g) {  // softmax numerators in place; 1 / sum scales the output
-    float* s = scores + g * ctx;
-    float peak = s[0];
-#pragma omp simd reduction(max : peak)
-    for (int64_t i = 0; i < ctx; ++i) peak = s[i] > peak ? s[i] : peak;
-    float total = 0.f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t i = 0; i < ctx; ++i) {
-      s[i] = std::exp(s[i] - peak);
-      total += s[i];
-    }
-    inv_sum[g] = 1.f / total;
-  }
+  for (int g = 0; g < G; ++g) inv_sum[g] = 1.f / softmax_numerators(scores + g * ctx, ctx);  // 1 / sum: at the end
   __m512 acc[G][4];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_setzero_ps();
