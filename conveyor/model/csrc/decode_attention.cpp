@@ -141,26 +141,50 @@ inline void prefetch_row(const T* row, int hint) {
   }
 }
 
+// The rows of tokens 0, 1, 2, ... of one KV head (through the block table), in turn: each call requests the row
+// PREFETCH_AHEAD tokens on (to L1) and, where a companion cache is given, that token's row of it (to L2): pass 1
+// walks K and brings V on for pass 2.
+template <typename T, int D>
+class RowStream {
+ public:
+  RowStream(const Item& it, const T* base, const T* companion)
+      : base_(base), companion_(companion), ctx_(it.ctx), stride_(it.kv_heads * D),
+        here_(it.table, it.block_size, 0), ahead_(it.table, it.block_size, std::min(PREFETCH_AHEAD, it.ctx)) {}
+
+  const T* next() {
+    if (t_ + PREFETCH_AHEAD < ctx_) {
+      const int64_t ahead_row = ahead_.slot() * stride_;
+      prefetch_row<T, D>(base_ + ahead_row, 0);
+      if (companion_ != nullptr) prefetch_row<T, D>(companion_ + ahead_row, 1);
+      ahead_.next();
+    }
+    const T* row = base_ + here_.slot() * stride_;
+    here_.next();
+    ++t_;
+    return row;
+  }
+
+ private:
+  const T* base_;
+  const T* companion_;
+  int64_t ctx_, stride_, t_ = 0;
+  SlotCursor here_, ahead_;
+};
+
 // AVX-512 path for G query heads of dimension 16 * V: query rows and accumulators in registers.
 template <typename T, int G, int V>
 void attend_item_avx512(const Item& it, const T* q, const T* k_cache, const T* v_cache, float* scores, T* out) {
   constexpr int D = 16 * V;
-  const int64_t ctx = it.ctx, stride = it.kv_heads * D;
+  const int64_t ctx = it.ctx;
   const T* k_base = k_cache + it.kv_head * D;
   const T* v_base = v_cache + it.kv_head * D;
   __m512 qv[G][V];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < V; ++j)
       qv[g][j] = _mm512_mul_ps(load16(q + g * it.q_head_stride + 16 * j), _mm512_set1_ps(it.scale));
-  SlotCursor here(it.table, it.block_size, 0), ahead(it.table, it.block_size, std::min(PREFETCH_AHEAD, ctx));
-  for (int64_t t = 0; t < ctx; ++t, here.next()) {  // pass 1: scores
-    if (t + PREFETCH_AHEAD < ctx) {
-      const int64_t ahead_row = ahead.slot() * stride;
-      prefetch_row<T, D>(k_base + ahead_row, 0);
-      prefetch_row<T, D>(v_base + ahead_row, 1);
-      ahead.next();
-    }
-    const T* k = k_base + here.slot() * stride;
+  RowStream<T, D> keys(it, k_base, v_base);
+  for (int64_t t = 0; t < ctx; ++t) {  // pass 1: scores
+    const T* k = keys.next();
     __m512 kv[V];
     for (int j = 0; j < V; ++j) kv[j] = load16(k + 16 * j);
     for (int g = 0; g < G; ++g) {
@@ -173,13 +197,9 @@ void attend_item_avx512(const Item& it, const T* q, const T* k_cache, const T* v
   __m512 acc[G][V];
   for (int g = 0; g < G; ++g)
     for (int j = 0; j < V; ++j) acc[g][j] = _mm512_setzero_ps();
-  SlotCursor v_here(it.table, it.block_size, 0), v_ahead(it.table, it.block_size, std::min(PREFETCH_AHEAD, ctx));
-  for (int64_t t = 0; t < ctx; ++t, v_here.next()) {  // pass 2: weights times V
-    if (t + PREFETCH_AHEAD < ctx) {
-      prefetch_row<T, D>(v_base + v_ahead.slot() * stride, 0);
-      v_ahead.next();
-    }
-    const T* v = v_base + v_here.slot() * stride;
+  RowStream<T, D> values(it, v_base, nullptr);
+  for (int64_t t = 0; t < ctx; ++t) {  // pass 2: weights times V
+    const T* v = values.next();
     __m512 vv[V];
     for (int j = 0; j < V; ++j) vv[j] = load16(v + 16 * j);
     for (int g = 0; g < G; ++g) {
@@ -246,24 +266,13 @@ void attend_item_bf16_64(const Item& it, const Item* next, const c10::BFloat16* 
     split_row(q + g * it.q_head_stride, qv[g]);
     for (int j = 0; j < 4; ++j) qv[g][j] = _mm512_mul_ps(qv[g][j], _mm512_set1_ps(it.scale));
   }
-  SlotCursor here(it.table, it.block_size, 0), ahead(it.table, it.block_size, std::min(PREFETCH_AHEAD, ctx));
-  const auto key_row = [&](int64_t t) -> const T* {  // token t's key row (t ascending), prefetching ahead
-    if (t + PREFETCH_AHEAD < ctx) {
-      const int64_t ahead_row = ahead.slot() * stride;
-      prefetch_row<T, D>(k_base + ahead_row, 0);
-      prefetch_row<T, D>(v_base + ahead_row, 1);
-      ahead.next();
-    }
-    const T* k = k_base + here.slot() * stride;
-    here.next();
-    return k;
-  };
+  RowStream<T, D> keys(it, k_base, v_base);
   int64_t t = 0;
   for (; t + 4 <= ctx; t += 4) {  // pass 1: scores, four tokens at a time
     __m512 part[4][G];
     for (int u = 0; u < 4; ++u) {
       __m512 kv[4];
-      split_row(key_row(t + u), kv);
+      split_row(keys.next(), kv);
       for (int g = 0; g < G; ++g) part[u][g] = dot_parts<G>(qv, kv, g);
     }
     for (int g = 0; g < G; ++g)
@@ -271,7 +280,7 @@ void attend_item_bf16_64(const Item& it, const Item* next, const c10::BFloat16* 
   }
   for (; t < ctx; ++t) {
     __m512 kv[4];
-    split_row(key_row(t), kv);
+    split_row(keys.next(), kv);
     for (int g = 0; g < G; ++g) scores[g * ctx + t] = _mm512_reduce_add_ps(dot_parts<G>(qv, kv, g));
   }
   float inv_sum[G];
@@ -284,16 +293,12 @@ void attend_item_bf16_64(const Item& it, const Item* next, const c10::BFloat16* 
   const T* next_k = next == nullptr ? nullptr : k_cache + next->kv_head * D;
   SlotCursor next_ahead(next == nullptr ? it.table : next->table, it.block_size, 0);
   int64_t next_requested = 0;
-  SlotCursor v_here(it.table, it.block_size, 0), v_ahead(it.table, it.block_size, std::min(PREFETCH_AHEAD, ctx));
-  for (int64_t u = 0; u < ctx; ++u, v_here.next()) {  // pass 2: weights times V
-    if (u + PREFETCH_AHEAD < ctx) {
-      prefetch_row<T, D>(v_base + v_ahead.slot() * stride, 0);
-      v_ahead.next();
-    }
+  RowStream<T, D> values(it, v_base, nullptr);
+  for (int64_t u = 0; u < ctx; ++u) {  // pass 2: weights times V
     for (int64_t r = 0; r < next_per_token && next_requested < next_ctx; ++r, ++next_requested, next_ahead.next())
       prefetch_row<T, D>(next_k + next_ahead.slot() * stride, 1);
     __m512 vv[4];
-    split_row(v_base + v_here.slot() * stride, vv);
+    split_row(values.next(), vv);
     for (int g = 0; g < G; ++g) {
       const __m512 p = _mm512_set1_ps(scores[g * ctx + u]);
       for (int j = 0; j < 4; ++j) acc[g][j] = _mm512_fmadd_ps(p, vv[j], acc[g][j]);
