@@ -37,14 +37,18 @@ print(json.dumps({"first": first, "second": faults_of_a_fresh_block(), "left_alo
 """
 
 
+def _run_fresh(code: str, model: str, environ: dict[str, str]) -> dict:
+    """`code` run with the model's path in a fresh interpreter; the JSON object its last line prints."""
+    done = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, timeout=300,
+                          env={**environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def _faults(model: str, **env: str) -> dict:
     environ = {k: v for k, v in os.environ.items()
                if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "CONVEYOR_KEEP_FREED_MEMORY")}
-    environ.update(env, PYTHONPATH=ROOT)
-    done = subprocess.run([sys.executable, "-c", _CODE, model], capture_output=True, text=True, timeout=300,
-                          env=environ)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _run_fresh(_CODE, model, {**environ, **env})
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +111,5 @@ print(json.dumps({"huge_kib": huge, "cache_kib": (end - start) >> 10}))
 def test_the_kv_cache_sits_on_huge_pages(tiny_model: str) -> None:
     """The KV cache is advised onto transparent huge pages before it is zeroed: its mapping holds some (with
     "madvise", only advised memory gets them; the kernel may still fall short where memory is fragmented)."""
-    done = subprocess.run([sys.executable, "-c", _HUGE_CODE, tiny_model], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": ROOT})
-    assert done.returncode == 0, done.stderr[-2000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = _run_fresh(_HUGE_CODE, tiny_model, dict(os.environ))
     assert found["cache_kib"] >= 4096 and found["huge_kib"] >= 2048, found
