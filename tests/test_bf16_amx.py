@@ -40,12 +40,13 @@ def _within_float64(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
     return bool(((got.double() - rounded).abs() <= rounded.abs() * 2 ** -8 + magnitude * 2 ** -16).all())
 
 
-@pytest.mark.parametrize("rows", [1, 3, 16, 17, 64, 100])
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 64, 100, 260])
 @pytest.mark.parametrize("out_features,in_features", [(37, 64), (50, 32), (96, 2048 + 96)])
 def test_product_matches_float64_over_the_bfloat16_weights(rows: int, out_features: int, in_features: int,
                                                            amx: Any) -> None:
-    """Row counts around the 16-row tiles and 32-row pairs; output widths that fill no 16- or 32-row block (37,
-    50) or do (96); one 32-column tile; two 2048-column panels, the last short."""
+    """Row counts around the 16-row tiles and 32-row pairs, and past the 256 from which y is written with
+    non-temporal stores; output widths that fill no 16- or 32-row block (37, 50) or do (96); one 32-column tile;
+    two 2048-column panels, the last short."""
     weight = _weight(out_features, in_features, seed=rows + out_features)
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]
     got = amx.bf16_linear_amx(x, pack_bf16_tiles(weight), out_features)  # [rows, out]

@@ -55,6 +55,14 @@ constexpr int64_t kPackedBytes = 1 << 20;  // one panel of packed activations pe
 constexpr int64_t kUnitBlocks = 4;         // weight blocks a thread takes at a time (one panel)
 constexpr int64_t kSumsBytes = 256 << 10;  // more panels: a thread takes as many blocks as have their
                                            // accumulators in this, kept between panels
+// Chunks of at least this many row tiles request the next weight block while multiplying the current one: with
+// many pairs of row tiles per block that hides its loads (2048 rows: 5% faster), with a decode step's few it only
+// adds loads (64 rows: the default model's linears 2% slower, its 49152-row head 15%).
+constexpr int64_t kPrefetchRowTiles = 8;
+// Products of at least this many rows store y with non-temporal stores, full 64-byte lines that skip the caches:
+// y is then larger than L2 (2048 rows x 3072: 12 MB) and reading each line before writing it took a quarter of
+// the product's time; a decode step's y (64 rows) is read back at once from the cache by the next op.
+constexpr int64_t kStreamRows = 256;
 
 constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
@@ -115,12 +123,21 @@ void pack_rows(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_fea
   }
 }
 
-// An accumulator tile C [16 activation rows][16 weight rows] -> y[j, i] for the valid i < n, j < m.
-void store_rows(const float* c, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features) {
-  const __mmask16 mask = n >= kTile ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
-  for (int64_t j = 0; j < m; ++j)
-    _mm256_mask_storeu_epi16(reinterpret_cast<void*>(y + j * out_features), mask,
-                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(c + j * kTile))));
+// Two accumulator tiles C [16 activation rows][16 weight rows], weight rows 0..15 (c0) and 16..31 (c1) of a block,
+// -> y[j, i] for the valid i < n (up to 32), j < m: one 64-byte store per row, non-temporal where `stream` (then
+// y + j * out_features must start a line and n be 32).
+void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features,
+                bool stream) {
+  const __mmask32 mask = n >= 2 * kTile ? ~__mmask32{0} : static_cast<__mmask32>((1u << n) - 1);
+  for (int64_t j = 0; j < m; ++j) {
+    const __m512i both = reinterpret_cast<__m512i>(
+        _mm512_cvtne2ps_pbh(_mm512_load_ps(c1 + j * kTile), _mm512_load_ps(c0 + j * kTile)));  // [32] bf16
+    if (stream) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(y + j * out_features), both);
+    } else {
+      _mm512_mask_storeu_epi16(y + j * out_features, mask, both);
+    }
+  }
 }
 
 // An accumulator tile C [16 weight rows][16 activation rows] -> y[m0 + j, n0 + i] for the valid i < n, j < m.
@@ -224,21 +241,24 @@ struct PackedTiles {
 };
 
 // The accumulators of one pair of activation tiles (t, t + 1 where `two`) x one block of weights, the pair's
-// four tiles at c, -> y (rows m0 + 16 t.., columns n0..n0 + n - 1).
+// four tiles at c, -> y (rows m0 + 16 t.., columns n0..n0 + n - 1); non-temporal stores where `stream` and the
+// block's 32 columns fill a line.
 template <bool kInPlace>
 void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, c10::BFloat16* y,
-                int64_t out_features) {
+                int64_t out_features, bool stream) {
   for (int64_t j = 0; j < (two ? 2 : 1); ++j) {  // activation tile
     const int64_t m_tile = m_first + j * kTile, m = std::min(kTile, rows - m_tile);
+    if (kInPlace) {
+      c10::BFloat16* to = y + m_tile * out_features + n0;
+      const bool whole_lines = n == kBlockN && reinterpret_cast<uintptr_t>(to) % 64 == 0 && out_features % 32 == 0;
+      store_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, to, out_features, stream && whole_lines);
+      continue;
+    }
     for (int64_t i = 0; i < 2; ++i) {  // weight tile
       const int64_t n_valid = std::min(kTile, n - i * kTile);
       if (n_valid <= 0) continue;
-      c10::BFloat16* to = y + m_tile * out_features + n0 + i * kTile;
-      if (kInPlace) {
-        store_rows(c + (2 * i + j) * kTile * kTile, n_valid, m, to, out_features);
-      } else {
-        store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m, to, out_features);
-      }
+      store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m, y + m_tile * out_features + n0 + i * kTile,
+                       out_features);
     }
   }
 }
@@ -269,11 +289,12 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // in turn by whichever thread is free (each claims its next unit before it starts one, to prefetch it), each
   // thread packing the chunk it works on itself: no barrier inside a call, so that on a shared machine a thread
   // waiting for its core holds up no other.
+  const bool stream = rows >= kStreamRows;
   std::atomic<int64_t> next_unit{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
-    thread_local std::vector<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
-    thread_local std::vector<c10::BFloat16> scratch;    // [2][panel k tiles][16][32] (dequantized weights)
-    thread_local std::vector<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
+    thread_local TileBuffer<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
+    thread_local TileBuffer<c10::BFloat16> scratch;    // [2][panel k tiles][16][32] (dequantized weights)
+    thread_local TileBuffer<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
     packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
     if (!kInPlace) scratch.resize(2 * (panel_values / kTileK) * kTileValues);
     sums.resize((panels > 1 ? unit_blocks : 1) * chunk_pairs * pair_floats);
@@ -315,7 +336,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             const c10::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
             const c10::BFloat16* x1 = x0 + k_tiles * kTileValues;
             const bool two = t + 1 < row_tiles;
-            const BlockTiles& prefetch = t == 0 ? ahead : BlockTiles{nullptr, nullptr};
+            const BlockTiles& prefetch = t == 0 && row_tiles >= kPrefetchRowTiles ? ahead : BlockTiles{nullptr, nullptr};
             float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
             if (kInPlace && two) {  // A: activation tiles, B: weight tiles
               multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, prefetch, c);
@@ -326,13 +347,14 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             } else {
               multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c);
             }
-            if (last) store_pair<kInPlace>(c, two, m0 + t * kTile, rows, n0, n, y, out_features);
+            if (last) store_pair<kInPlace>(c, two, m0 + t * kTile, rows, n0, n, y, out_features, stream);
           }
         }
       }
       unit = following;
     }
     _tile_release();
+    if (stream) _mm_sfence();  // the non-temporal stores reach memory before the region's end is seen
   });
 }
 

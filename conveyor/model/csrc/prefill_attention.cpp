@@ -309,10 +309,10 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
   std::atomic<int64_t> next_unit{0};
   const int64_t num_units = static_cast<int64_t>(units.size());
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_units), 1, [&](int64_t, int64_t) {
-    thread_local std::vector<uint32_t> kt;        // [keys / 16][head_dim / 32][16][16]
-    thread_local std::vector<uint16_t> vp;        // [keys / 32][head_dim / 16][16][16][2]
-    thread_local std::vector<c10::BFloat16> q_tiles, p_tile;
-    thread_local std::vector<float> scores, acc, partial;
+    thread_local conveyor_amx::TileBuffer<uint32_t> kt;  // [keys / 16][head_dim / 32][16][16]
+    thread_local conveyor_amx::TileBuffer<uint16_t> vp;  // [keys / 32][head_dim / 16][16][16][2]
+    thread_local conveyor_amx::TileBuffer<c10::BFloat16> q_tiles, p_tile;
+    thread_local conveyor_amx::TileBuffer<float> scores, acc, partial;
     kt.resize(max_keys * head_dim / 2);
     vp.resize(max_keys * head_dim);
     q_tiles.resize(kTile * head_dim);
