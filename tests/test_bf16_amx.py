@@ -14,7 +14,7 @@ from conftest import build_tiny_model
 from parity import Reference, compare
 
 from conveyor import LLM, SamplingParams
-from conveyor.model.layers import Projection, pack_bf16_tiles, unpack_bf16_tiles
+from conveyor.model.layers import Projection, SiluGateProjection, interleave_gate_up, pack_bf16_tiles, unpack_bf16_tiles
 
 BF16_TIE_GAP = 0.5  # as in test_parity_bf16: bfloat16 activations against a float32 reference
 NEW_TOKENS = 24
@@ -92,6 +92,38 @@ def test_tiles_unpack_to_the_weights_and_pick_single_weights(out_features: int, 
     assert torch.equal(Projection(strided, None, amx).unpacked(), strided)
 
 
+@pytest.mark.parametrize("rows", [1, 17, 64, 260])
+@pytest.mark.parametrize("inner,in_features", [(16, 64), (48, 96), (64, 2048 + 96)])
+def test_silu_gate_product_is_the_product_then_silu_and_mul_bit_for_bit(rows: int, inner: int, in_features: int,
+                                                                        amx: Any) -> None:
+    """The gated MLP's product with the activation applied to its accumulators gives the bits of the plain
+    product followed by the silu_and_mul op: one, two and three gate/up tile pairs (inner 16, 48, 64), one and two
+    2048-column panels, rows around the tiles and past the plain product's non-temporal threshold."""
+    weight = _weight(2 * inner, in_features, seed=rows + inner)  # [gate; up]
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]
+    separate = amx.silu_and_mul(amx.bf16_linear_amx(x, pack_bf16_tiles(weight), 2 * inner))  # [rows, inner]
+    fused = SiluGateProjection(weight, amx)
+    got = fused(x)  # [rows, inner]
+    assert got.shape == (rows, inner) and got.dtype == torch.bfloat16
+    assert torch.equal(got, separate)
+    assert torch.equal(fused.unpacked(), weight)
+    reference = torch.nn.functional.silu(x.double() @ weight[:inner].double().t()) * (x.double() @ weight[inner:].double().t())
+    assert torch.allclose(got.double(), reference, rtol=0.05, atol=0.05)  # and both compute the gated MLP
+
+
+def test_the_silu_gate_product_applies_only_where_its_tiles_pair_up(amx: Any) -> None:
+    """Halves that are no whole 16-row tiles keep the plain product and the separate op; tiles that are not an
+    interleaved pair are refused by name."""
+    assert SiluGateProjection.applies(_weight(64, 64, seed=1), amx)
+    assert not SiluGateProjection.applies(_weight(2 * 24, 64, seed=1), amx)  # inner 24
+    assert not SiluGateProjection.applies(_weight(64, 48, seed=1), amx)  # input width not a multiple of 32
+    assert not SiluGateProjection.applies(_weight(64, 64, seed=1).float(), amx)
+    weight = _weight(64, 64, seed=2)
+    assert torch.equal(interleave_gate_up(weight)[16:32], weight[32:48])  # the first up rows follow 16 gate rows
+    with pytest.raises(RuntimeError, match="not the interleaved gate and up rows of an inner width 48"):
+        amx.bf16_silu_gate_amx(torch.randn(3, 64).bfloat16(), pack_bf16_tiles(weight), 48)
+
+
 def test_what_the_kernel_cannot_multiply_keeps_onednn_or_is_refused(amx: Any) -> None:
     """A bias, or an input width not a multiple of 32: oneDNN's pack, as before (the same products). The kernel
     itself refuses float32 activations and tiles that do not fit, by name."""
@@ -132,6 +164,7 @@ def test_tiny_bf16_model_matches_float32_and_onednn_token_for_token(tmp_path: An
     ours = LLM(dtype="bfloat16", kernels="native", **common)
     model = ours.engine.runner.model
     assert model.layers[0].qkv.tiles is not None and model.lm_head.tiles is not None
+    assert model.layers[0].silu_gate is not None and model.layers[0].gate_up is None  # activation in the product
     assert model.lm_head.weight is None and model.lm_head.packed is None
     got = [_greedy(ours, [p])[0].token_ids for p in prompts[:2]] + [o.token_ids for o in _greedy(ours, prompts)[2:]]
     ties = compare(refs, got, allow_ties=True, tie_gap=BF16_TIE_GAP)

@@ -84,6 +84,42 @@ class Projection:
         return self.weight.t() if self.transposed else self.weight
 
 
+class SiluGateProjection:
+    """silu(x Wg^T) * (x Wu^T) for the gated MLP's stacked [Wg; Wu] [2 inner, hidden], in one AMX product whose
+    blocks of 32 weight rows each hold 16 gate rows and their 16 up rows (interleave_gate_up), so that the
+    activation is applied to the accumulators before anything is stored: no [tokens, 2 inner] output written and
+    read back. The same bits as Projection followed by the silu_and_mul op (tests/test_bf16_amx.py). Measured on
+    the default model (benchmarks/RESULTS.md, session s14): see there."""
+
+    def __init__(self, weight: torch.Tensor, kernels: NativeKernels) -> None:
+        self.inner = weight.shape[0] // 2
+        self.in_features = weight.shape[1]
+        self.tiles = pack_bf16_tiles(interleave_gate_up(weight))  # [2 inner / 16, in / 32, 16, 32]
+        self.kernels = kernels
+
+    @staticmethod
+    def applies(weight: torch.Tensor, kernels: NativeKernels | None) -> bool:
+        """Our AMX kernel multiplies W (as Projection would pick it) and its halves split into 16-row tiles."""
+        return _amx_bf16(weight, None, kernels) and weight.shape[0] % (2 * _TILE_ROWS) == 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, hidden] -> [tokens, inner]."""
+        return self.kernels.bf16_silu_gate_amx(x, self.tiles, self.inner)
+
+    def unpacked(self) -> torch.Tensor:
+        """-> [Wg; Wu] [2 inner, hidden] as given (a copy)."""
+        interleaved = unpack_bf16_tiles(self.tiles, 2 * self.inner)  # [2 inner, hidden]
+        halves = interleaved.view(-1, 2, _TILE_ROWS, self.in_features)  # [inner / 16, gate | up, 16, hidden]
+        return halves.transpose(0, 1).reshape(2 * self.inner, self.in_features)
+
+
+def interleave_gate_up(weight: torch.Tensor) -> torch.Tensor:
+    """[Wg; Wu] [2 inner, in] (inner a multiple of 16) -> rows Wg[0:16], Wu[0:16], Wg[16:32], Wu[16:32], ..."""
+    inner, in_features = weight.shape[0] // 2, weight.shape[1]
+    halves = weight.reshape(2, inner // _TILE_ROWS, _TILE_ROWS, in_features)  # [gate | up, inner / 16, 16, in]
+    return halves.transpose(0, 1).reshape(2 * inner, in_features)
+
+
 F32_NATIVE_MAX_ROWS = 384
 """Rows up to which float32 products use the native kernel. All decoder linears of the default model,
 alternating in one process (benchmarks/ab_f32_linear.py --linears): 1.13-1.35x torch's GEMM at 128-256

@@ -8,7 +8,7 @@ import torch
 
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.native import NativeKernels
-from conveyor.model.layers import apply_rotary, gelu_tanh_and_mul, rms_norm
+from conveyor.model.layers import SiluGateProjection, apply_rotary, gelu_tanh_and_mul, rms_norm
 from conveyor.model.rope import RotaryEmbedding
 from conveyor.model.ops import layer_ops
 from conveyor.model.gguf_quant import embedding_rows, place_weights
@@ -44,7 +44,8 @@ class LlamaModel:
         self.final_norm = w["final_norm"]
         self.lm_head = make_lm_head(w.get("lm_head", w["embed"]), quantization,
                                     kernels)  # tied to the embedding when absent
-        self.layers = [_Layer(w, f"layers.{i}.", quantization, kernels) for i in range(spec.num_layers)]
+        self.layers = [_Layer(w, f"layers.{i}.", quantization, kernels, spec.activation)
+                       for i in range(spec.num_layers)]
         self.windows = [spec.window_of(i) for i in range(spec.num_layers)]
         """Per layer: its sliding window, or None for full attention."""
         self.parallel: TensorParallelGroup | None = None
@@ -84,8 +85,11 @@ class LlamaModel:
             if layer.attn_out_norm is not None:  # Gemma 2's sandwich norms
                 attn = rms_norm(attn, layer.attn_out_norm, eps)
             h, x = ops.add_norm(h, attn, layer.post_norm, eps)
-            gate_up = layer.gate_up(x)  # [num_tokens, 2 * intermediate]
-            act = ops.silu_and_mul(gate_up) if spec.activation == "silu" else gelu_tanh_and_mul(gate_up)
+            if layer.silu_gate is not None:  # the activation applied inside the product
+                act = layer.silu_gate(x)  # [num_tokens, intermediate]
+            else:
+                gate_up = layer.gate_up(x)  # [num_tokens, 2 * intermediate]
+                act = ops.silu_and_mul(gate_up) if spec.activation == "silu" else gelu_tanh_and_mul(gate_up)
             delta = layer.down(act)  # [num_tokens, hidden]
             if parallel is not None:
                 delta = parallel.all_reduce(delta)
@@ -108,12 +112,17 @@ class _Layer:
     """One decoder layer's weights."""
 
     def __init__(self, w: dict[str, torch.Tensor], prefix: str, quantization: str | None,
-                 kernels: NativeKernels | None) -> None:
+                 kernels: NativeKernels | None, activation: str) -> None:
         self.input_norm = w[prefix + "input_norm"]
         self.post_norm = w[prefix + "post_norm"]
         self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization, kernels)
         self.o_proj = make_projection(w[prefix + "o_proj"], w.get(prefix + "o_proj_bias"), quantization, kernels)
-        self.gate_up = make_projection(w[prefix + "gate_up"], None, quantization, kernels)
+        gate_up = w[prefix + "gate_up"]
+        self.silu_gate = SiluGateProjection(gate_up, kernels) if activation == "silu" and quantization is None \
+            and isinstance(gate_up, torch.Tensor) and kernels is not None and SiluGateProjection.applies(gate_up, kernels) \
+            else None
+        """SiLU MLPs with bfloat16 weights on our AMX kernel: gate/up product and activation in one."""
+        self.gate_up = make_projection(gate_up, None, quantization, kernels) if self.silu_gate is None else None
         self.down = make_projection(w[prefix + "down"], None, quantization, kernels)
         self.attn_out_norm = w.get(prefix + "attn_out_norm")
         self.mlp_out_norm = w.get(prefix + "mlp_out_norm")

@@ -138,6 +138,11 @@ class NativeKernels(Protocol):
         rows; raises where bf16_amx_available() is false)."""
         ...
 
+    def bf16_silu_gate_amx(self, x: torch.Tensor, tiles: torch.Tensor, inner: int) -> torch.Tensor:
+        """x [rows, in] bfloat16, tiles of [Wg; Wu] [2 inner, in] from layers.pack_bf16_tiles(interleave_gate_up(W))
+        -> silu(x Wg^T) * (x Wu^T) [rows, inner] bfloat16, rounded as bf16_linear_amx then silu_and_mul would."""
+        ...
+
     def gguf_linear_vectorized(self) -> bool:
         """Whether the GGUF products were built with AVX-512 BF16 and VNNI (else gguf_quant dequantizes at load)."""
         ...

@@ -26,6 +26,7 @@
 // Linux hands out the tile registers' state only on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
 // XFEATURE_XTILEDATA)), asked once per process; available() is false where the CPU (cpuid) or the kernel says no.
 #include "amx_product.h"
+#include "vec_bf16.h"
 
 #include <ATen/Parallel.h>
 
@@ -57,8 +58,12 @@ constexpr int64_t kSumsBytes = 256 << 10;  // more panels: a thread takes as man
                                            // accumulators in this, kept between panels
 // Chunks of at least this many row tiles request the next weight block while multiplying the current one: with
 // many pairs of row tiles per block that hides its loads (2048 rows: 5% faster), with a decode step's few it only
-// adds loads (64 rows: the default model's linears 2% slower, its 49152-row head 15%).
+// adds loads (64 rows: the default model's linears 2% slower, its 49152-row head 15%). Chunks of 2 to 7 row tiles
+// request the pieces kStreamAheadPieces ahead in the block's own two streams instead (the next block follows in
+// memory), during the first pair of row tiles: the 30 layers' linears at 32-96 rows from DRAM 5-8% faster. One
+// row tile requests nothing (either way slower).
 constexpr int64_t kPrefetchRowTiles = 8;
+constexpr int64_t kStreamAheadPieces = 8;
 // Products of at least this many rows store y with non-temporal stores, full 64-byte lines that skip the caches:
 // y is then larger than L2 (2048 rows x 3072: 12 MB) and reading each line before writing it took a quarter of
 // the product's time; a decode step's y (64 rows) is read back at once from the cache by the next op.
@@ -158,8 +163,8 @@ struct BlockTiles {
   const c10::BFloat16* second;  // rows 16..31
 };
 
-// The tiles of `ahead` (a block read next, in place; first null for none) -> toward L2, one tile row per k tile of
-// the current block: by the time the current block is done, the next one is on its way.
+// The tiles of `ahead` (a block read next, in place, or the current block's own tiles a few pieces on; first null
+// for none) -> toward L2, one tile's lines per k tile of the current block.
 inline void prefetch_piece(const BlockTiles& ahead, int64_t kt) {
   if (ahead.first == nullptr) return;
   const char* first = reinterpret_cast<const char*>(ahead.first + kt * kTileValues);
@@ -240,32 +245,51 @@ struct PackedTiles {
   }
 };
 
+// Two accumulator tiles C [16 activation rows][16 weight rows], a block's gate rows (c0) and the matching up rows
+// (c1), -> y[j, 0..15] = silu(gate) * up for j < m, each sum rounded to bfloat16 first as a [gate | up] output
+// would be, then as silu_and_mul rounds (the same function).
+void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, c10::BFloat16* y, int64_t y_width) {
+  for (int64_t j = 0; j < m; ++j) {
+    const __m512 gate = conveyor_vec::round_bf16(_mm512_load_ps(c0 + j * kTile));
+    const __m512 up = conveyor_vec::round_bf16(_mm512_load_ps(c1 + j * kTile));
+    conveyor_vec::store_bf16(y + j * y_width, conveyor_vec::silu_times_bf16(gate, up), 0xFFFF);
+  }
+}
+
+// What a product writes: y = x W^T, or (weights packed in place, rows interleaved by interleave_gate_up) the gated
+// activation silu(x Wg^T) * (x Wu^T), half as wide.
+enum class Output { kProduct, kSiluGate };
+
 // The accumulators of one pair of activation tiles (t, t + 1 where `two`) x one block of weights, the pair's
-// four tiles at c, -> y (rows m0 + 16 t.., columns n0..n0 + n - 1); non-temporal stores where `stream` and the
-// block's 32 columns fill a line.
+// four tiles at c, -> y [rows, y_width] (rows m0 + 16 t.., the block's columns n0..n0 + n - 1, or n0 / 2..
+// n0 / 2 + 15 for kSiluGate); non-temporal stores where `stream` and the block's 32 columns fill a line.
 template <bool kInPlace>
 void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, c10::BFloat16* y,
-                int64_t out_features, bool stream) {
+                int64_t y_width, bool stream, Output output) {
   for (int64_t j = 0; j < (two ? 2 : 1); ++j) {  // activation tile
     const int64_t m_tile = m_first + j * kTile, m = std::min(kTile, rows - m_tile);
+    if (kInPlace && output == Output::kSiluGate) {
+      store_silu_gate_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, m, y + m_tile * y_width + n0 / 2,
+                           y_width);
+      continue;
+    }
     if (kInPlace) {
-      c10::BFloat16* to = y + m_tile * out_features + n0;
-      const bool whole_lines = n == kBlockN && reinterpret_cast<uintptr_t>(to) % 64 == 0 && out_features % 32 == 0;
-      store_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, to, out_features, stream && whole_lines);
+      c10::BFloat16* to = y + m_tile * y_width + n0;
+      const bool whole_lines = n == kBlockN && reinterpret_cast<uintptr_t>(to) % 64 == 0 && y_width % 32 == 0;
+      store_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, to, y_width, stream && whole_lines);
       continue;
     }
     for (int64_t i = 0; i < 2; ++i) {  // weight tile
       const int64_t n_valid = std::min(kTile, n - i * kTile);
       if (n_valid <= 0) continue;
-      store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m, y + m_tile * out_features + n0 + i * kTile,
-                       out_features);
+      store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m, y + m_tile * y_width + n0 + i * kTile, y_width);
     }
   }
 }
 
 template <typename Weights>
 void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-             const Weights& weight_source, c10::BFloat16* y) {
+             const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct) {
   constexpr bool kInPlace = Weights::kInPlace;
   const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
   const int64_t panel_values = std::min(in_features, kPanelValues);
@@ -289,7 +313,8 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // in turn by whichever thread is free (each claims its next unit before it starts one, to prefetch it), each
   // thread packing the chunk it works on itself: no barrier inside a call, so that on a shared machine a thread
   // waiting for its core holds up no other.
-  const bool stream = rows >= kStreamRows;
+  const bool stream = rows >= kStreamRows && output == Output::kProduct;
+  const int64_t y_width = output == Output::kSiluGate ? out_features / 2 : out_features;
   std::atomic<int64_t> next_unit{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
     thread_local TileBuffer<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
@@ -336,7 +361,12 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             const c10::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
             const c10::BFloat16* x1 = x0 + k_tiles * kTileValues;
             const bool two = t + 1 < row_tiles;
-            const BlockTiles& prefetch = t == 0 && row_tiles >= kPrefetchRowTiles ? ahead : BlockTiles{nullptr, nullptr};
+            BlockTiles prefetch{nullptr, nullptr};
+            if (t == 0 && row_tiles >= kPrefetchRowTiles) {
+              prefetch = ahead;
+            } else if (t == 0 && kInPlace && two) {
+              prefetch = {w.first + kStreamAheadPieces * kTileValues, w.second + kStreamAheadPieces * kTileValues};
+            }
             float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
             if (kInPlace && two) {  // A: activation tiles, B: weight tiles
               multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, prefetch, c);
@@ -347,7 +377,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             } else {
               multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c);
             }
-            if (last) store_pair<kInPlace>(c, two, m0 + t * kTile, rows, n0, n, y, out_features, stream);
+            if (last) store_pair<kInPlace>(c, two, m0 + t * kTile, rows, n0, n, y, y_width, stream, output);
           }
         }
       }
@@ -390,6 +420,11 @@ void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_featur
   product(x, rows, in_features, out_features, PackedTiles{tiles, in_features / kTileK}, y);
 }
 
+void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                   const c10::BFloat16* tiles, c10::BFloat16* y) {
+  product(x, rows, in_features, 2 * inner, PackedTiles{tiles, in_features / kTileK}, y, Output::kSiluGate);
+}
+
 }  // namespace conveyor_amx
 
 #else
@@ -399,6 +434,8 @@ bool available() { return false; }
 void configure_tiles() {}
 void product_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&, c10::BFloat16*) {}
 void product_packed_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*) {}
+void product_packed_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*,
+                                   c10::BFloat16*) {}
 }  // namespace conveyor_amx
 
 #endif

@@ -65,4 +65,11 @@ constexpr int64_t kPackedRowMultiple = 32;
 void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
                          const c10::BFloat16* tiles, c10::BFloat16* y);
 
+// y [rows, inner] = silu(x Wg^T) * (x Wu^T) for W = [Wg; Wu] [2 inner, in] packed by tiles with its rows
+// interleaved 16 and 16 (conveyor.model.layers.interleave_gate_up; inner a multiple of 16): each block of 32 rows
+// holds 16 gate rows and their 16 up rows, so its accumulators give 16 finished outputs. The sums round to
+// bfloat16 as product_packed_bf16's would, then silu and the product round as the separate op does.
+void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                   const c10::BFloat16* tiles, c10::BFloat16* y);
+
 }  // namespace conveyor_amx

@@ -24,6 +24,7 @@ torch::Tensor argmax_allowed(const torch::Tensor& logits, const torch::Tensor& r
 torch::Tensor argmax_rows(const torch::Tensor& logits);
 bool bf16_amx_available();
 torch::Tensor bf16_linear_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t out_features);
+torch::Tensor bf16_silu_gate_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t inner);
 bool gguf_linear_vectorized();
 torch::Tensor gguf_dequantize(const torch::Tensor& blocks, int64_t kind, int64_t in_features);
 torch::Tensor gguf_linear_rows(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind, int64_t in_features);
@@ -61,6 +62,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Each row's first largest logit (the first NaN where there is one), as torch's max(dim=-1).indices (CPU)");
   m.def("bf16_amx_available", &bf16_amx_available, "Whether bf16_linear_amx can run here (AMX-BF16 granted)");
   m.def("bf16_linear_amx", &bf16_linear_amx, no_gil, "x @ W^T, W bfloat16 packed in AMX tiles at load (CPU)");
+  m.def("bf16_silu_gate_amx", &bf16_silu_gate_amx, no_gil,
+        "silu(x @ Wg^T) * (x @ Wu^T), [Wg; Wu] bfloat16 packed in AMX tiles with rows interleaved (CPU)");
   m.def("gguf_linear_vectorized", &gguf_linear_vectorized, "Whether gguf_linear_* were built with AVX-512 BF16/VNNI");
   m.def("gguf_dequantize", &gguf_dequantize, no_gil, "GGUF-quantized rows -> float32 (CPU)");
   m.def("gguf_linear_rows", &gguf_linear_rows, no_gil, "x @ W^T, W in GGUF blocks, few rows of x (CPU)");

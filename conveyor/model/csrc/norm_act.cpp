@@ -50,13 +50,9 @@ void add_rms_norm_row_bf16(c10::BFloat16* h, const c10::BFloat16* delta, const c
 }
 
 void silu_and_mul_row_bf16(const c10::BFloat16* gate, const c10::BFloat16* up, c10::BFloat16* out, int64_t inner) {
-  const __m512 one = _mm512_set1_ps(1.f), cap = _mm512_set1_ps(80.f);
   for (int64_t i = 0; i < inner; i += 16) {
     const __mmask16 m = tail_mask(inner - i);
-    const __m512 g = load_bf16(gate + i, m);
-    const __m512 e = _ZGVeN16v_expf(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), cap));
-    const __m512 act = round_bf16(_mm512_div_ps(g, _mm512_add_ps(one, e)));
-    store_bf16(out + i, _mm512_mul_ps(act, load_bf16(up + i, m)), m);
+    store_bf16(out + i, silu_times_bf16(load_bf16(gate + i, m), load_bf16(up + i, m)), m);
   }
 }
 #endif

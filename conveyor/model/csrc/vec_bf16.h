@@ -58,6 +58,37 @@ inline void store_bf16(c10::BFloat16* p, __m512 v, __mmask16 mask) {
   _mm256_mask_storeu_epi16(reinterpret_cast<void*>(p), mask, to_bf16(v));
 }
 
+// e^x for 16 float32 in registers, inline (libmvec's expf is a call per 16 values, and takes a scalar path per
+// lane for arguments that underflow): x = n ln2 + r with |r| <= ln2 / 2, e^r by a degree-7 polynomial (the
+// Cephes coefficients of expf), 2^n applied by vscalefps, which also gives 0 and inf past float32's range.
+// Arguments are clamped to [-104, 89] first (e^x is 0 or inf there in float32), so r stays small. Relative
+// error ~2 ulp of float32, far below the bfloat16 rounding every caller applies.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.f)), _mm512_set1_ps(89.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // x - n ln2, ln2 in two parts
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));  // 1 + r + r^2 p(r)
+  return _mm512_scalef_ps(p, n);
+}
+
+// silu(gate) * up for 16 values that bfloat16 tensors hold, with transformers' roundings: silu(gate) rounded to
+// bfloat16 before it multiplies up (the product is rounded by whoever stores it). exp's argument is capped so
+// that it stays finite: -ffast-math divides by a reciprocal estimate, which turns an infinite denominator into
+// NaN (silu(-100) is -0 either way). One definition for the activation op and the product that fuses it.
+inline __m512 silu_times_bf16(__m512 gate, __m512 up) {
+  const __m512 e = exp_ps(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gate), _mm512_set1_ps(80.f)));
+  const __m512 act = round_bf16(_mm512_div_ps(gate, _mm512_add_ps(_mm512_set1_ps(1.f), e)));
+  return _mm512_mul_ps(act, up);
+}
+
 }  // namespace conveyor_vec
 #endif
 #endif
