@@ -247,12 +247,24 @@ struct PackedTiles {
 
 // Two accumulator tiles C [16 activation rows][16 weight rows], a block's gate rows (c0) and the matching up rows
 // (c1), -> y[j, 0..15] = silu(gate) * up for j < m, each sum rounded to bfloat16 first as a [gate | up] output
-// would be, then as silu_and_mul rounds (the same function).
-void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, c10::BFloat16* y, int64_t y_width) {
+// would be, then as silu_and_mul rounds (the same function). Where `staged` is given the block's 16 columns pair
+// with the next block's into whole 64-byte lines, written with non-temporal stores: an even block's rows go to
+// `staged` ([16][16] per activation tile), the odd block after it stores both halves (its y is 16 columns on).
+void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, c10::BFloat16* y, int64_t y_width,
+                          bool odd_block, c10::BFloat16* staged) {
   for (int64_t j = 0; j < m; ++j) {
     const __m512 gate = conveyor_vec::round_bf16(_mm512_load_ps(c0 + j * kTile));
     const __m512 up = conveyor_vec::round_bf16(_mm512_load_ps(c1 + j * kTile));
-    conveyor_vec::store_bf16(y + j * y_width, conveyor_vec::silu_times_bf16(gate, up), 0xFFFF);
+    const __m256i act = conveyor_vec::to_bf16(conveyor_vec::silu_times_bf16(gate, up));  // [16] bf16
+    if (staged == nullptr) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j * y_width), act);
+    } else if (!odd_block) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(staged + j * kTile), act);
+    } else {
+      const __m256i before = _mm256_load_si256(reinterpret_cast<const __m256i*>(staged + j * kTile));
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(y - kTile + j * y_width),
+                          _mm512_inserti64x4(_mm512_castsi256_si512(before), act, 1));
+    }
   }
 }
 
@@ -263,14 +275,16 @@ enum class Output { kProduct, kSiluGate };
 // The accumulators of one pair of activation tiles (t, t + 1 where `two`) x one block of weights, the pair's
 // four tiles at c, -> y [rows, y_width] (rows m0 + 16 t.., the block's columns n0..n0 + n - 1, or n0 / 2..
 // n0 / 2 + 15 for kSiluGate); non-temporal stores where `stream` and the block's 32 columns fill a line.
+// kSiluGate with `stream`: the pair's outputs staged at `staged` ([2][16][16]) for an even block, stored with the
+// next, odd block's.
 template <bool kInPlace>
 void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, c10::BFloat16* y,
-                int64_t y_width, bool stream, Output output) {
+                int64_t y_width, bool stream, Output output, c10::BFloat16* staged) {
   for (int64_t j = 0; j < (two ? 2 : 1); ++j) {  // activation tile
     const int64_t m_tile = m_first + j * kTile, m = std::min(kTile, rows - m_tile);
     if (kInPlace && output == Output::kSiluGate) {
       store_silu_gate_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, m, y + m_tile * y_width + n0 / 2,
-                           y_width);
+                           y_width, n0 / kBlockN % 2 == 1, stream ? staged + j * kTile * kTile : nullptr);
       continue;
     }
     if (kInPlace) {
@@ -300,8 +314,11 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // Several panels: as many blocks per unit as have their accumulators in kSumsBytes, but no more than a
   // quarter of each thread's share of the chunk's blocks, so that a few rows still spread over every thread.
   const int64_t share = std::max<int64_t>(1, n_blocks / (4 * at::get_num_threads()));
-  const int64_t unit_blocks =
-      panels > 1 ? std::clamp<int64_t>(kSumsBytes / (chunk_pairs * pair_floats * 4), 1, share) : kUnitBlocks;
+  // kSiluGate pairs its blocks (even, odd) within a unit, so that one thread writes whole lines of y.
+  const int64_t unit_blocks = std::max<int64_t>(
+      output == Output::kSiluGate ? 2 : 1,
+      (panels > 1 ? std::clamp<int64_t>(kSumsBytes / (chunk_pairs * pair_floats * 4), 1, share) : kUnitBlocks) &
+          (output == Output::kSiluGate ? ~int64_t{1} : ~int64_t{0}));
   const int64_t units_per_chunk = (n_blocks + unit_blocks - 1) / unit_blocks;
   const int64_t units = (rows + chunk_rows - 1) / chunk_rows * units_per_chunk;
   // Where unit `unit` starts: its first block over the first panel (in place: what to prefetch next).
@@ -313,16 +330,19 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // in turn by whichever thread is free (each claims its next unit before it starts one, to prefetch it), each
   // thread packing the chunk it works on itself: no barrier inside a call, so that on a shared machine a thread
   // waiting for its core holds up no other.
-  const bool stream = rows >= kStreamRows && output == Output::kProduct;
   const int64_t y_width = output == Output::kSiluGate ? out_features / 2 : out_features;
+  const bool stream = rows >= kStreamRows && (output == Output::kProduct ||
+                                              (y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
   std::atomic<int64_t> next_unit{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
     thread_local TileBuffer<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
     thread_local TileBuffer<c10::BFloat16> scratch;    // [2][panel k tiles][16][32] (dequantized weights)
     thread_local TileBuffer<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
+    thread_local TileBuffer<c10::BFloat16> staged;     // kSiluGate, streamed: [chunk pairs][2][16][16]
     packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
     if (!kInPlace) scratch.resize(2 * (panel_values / kTileK) * kTileValues);
     sums.resize((panels > 1 ? unit_blocks : 1) * chunk_pairs * pair_floats);
+    staged.resize(output == Output::kSiluGate && stream ? chunk_pairs * 2 * kTile * kTile : 0);
     const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
     int64_t packed_m0 = -1;  // the chunk packed_storage holds
     configure_tiles();
@@ -377,7 +397,10 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             } else {
               multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c);
             }
-            if (last) store_pair<kInPlace>(c, two, m0 + t * kTile, rows, n0, n, y, y_width, stream, output);
+            if (last) {
+              c10::BFloat16* pair_staged = staged.empty() ? nullptr : staged.data() + t / 2 * 2 * kTile * kTile;
+              store_pair<kInPlace>(c, two, m0 + t * kTile, rows, n0, n, y, y_width, stream, output, pair_staged);
+            }
           }
         }
       }
