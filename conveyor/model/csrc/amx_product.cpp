@@ -177,10 +177,12 @@ inline void prefetch_piece(const BlockTiles& ahead, int64_t kt) {
 
 // Four accumulators c [4][16][16] float32 (2 j + i: A tile i x B tile j) for A tiles a0, a1 ([k tiles][16][32]
 // each: 16 rows of 32 values per k tile) and B tiles b0, b1 (the same, pair-interleaved), summed onto what c holds
-// unless `first`; the second A or B tile only where kTwoA / kTwoB. The tiles of `ahead` prefetched on the way.
-template <bool kTwoA, bool kTwoB>
+// unless `first`; the second A or B tile only where kTwoA / kTwoB. The tiles of `ahead` prefetched on the way;
+// `meanwhile` called once the products are issued, before their results are stored: the tile unit works through
+// them while the core runs it (the previous pair's stores to y).
+template <bool kTwoA, bool kTwoB, typename Meanwhile>
 void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloat16* b0, const c10::BFloat16* b1,
-              int64_t k_tiles, bool first, const BlockTiles& ahead, float* c) {
+              int64_t k_tiles, bool first, const BlockTiles& ahead, float* c, const Meanwhile& meanwhile) {
   if (first) {
     _tile_zero(0);
     if (kTwoA) _tile_zero(1);
@@ -205,6 +207,7 @@ void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloa
       if (kTwoA) _tile_dpbf16ps(3, 5, 7);
     }
   }
+  meanwhile();  // vector work while the tile unit finishes the products above
   _tile_stored(0, c, 64);
   if (kTwoA) _tile_stored(1, c + 256, 64);
   if (kTwoB) _tile_stored(2, c + 512, 64);
@@ -377,6 +380,16 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             }
           }
           const bool first = p == 0, last = p == panels - 1;
+          // The last panel's results go to y one pair late, while the tile unit multiplies the next pair.
+          int64_t stored_t = 0;  // the first pair not yet stored
+          const auto store_done = [&](int64_t up_to) {
+            for (; stored_t < up_to; stored_t += 2) {
+              const float* done = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + stored_t / 2) * pair_floats;
+              c10::BFloat16* pair_staged = staged.empty() ? nullptr : staged.data() + stored_t / 2 * 2 * kTile * kTile;
+              store_pair<kInPlace>(done, stored_t + 1 < row_tiles, m0 + stored_t * kTile, rows, n0, n, y, y_width,
+                                   stream, output, pair_staged);
+            }
+          };
           for (int64_t t = 0; t < row_tiles; t += 2) {
             const c10::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
             const c10::BFloat16* x1 = x0 + k_tiles * kTileValues;
@@ -388,20 +401,20 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
               prefetch = {w.first + kStreamAheadPieces * kTileValues, w.second + kStreamAheadPieces * kTileValues};
             }
             float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
+            const auto previous = [&] {
+              if (last) store_done(t);
+            };
             if (kInPlace && two) {  // A: activation tiles, B: weight tiles
-              multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, prefetch, c);
+              multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, prefetch, c, previous);
             } else if (kInPlace) {
-              multiply<false, true>(x0, nullptr, w.first, w.second, panel_tiles, first, prefetch, c);
+              multiply<false, true>(x0, nullptr, w.first, w.second, panel_tiles, first, prefetch, c, previous);
             } else if (two) {  // A: weight tiles, B: activation tiles
-              multiply<true, true>(w.first, w.second, x0, x1, panel_tiles, first, prefetch, c);
+              multiply<true, true>(w.first, w.second, x0, x1, panel_tiles, first, prefetch, c, previous);
             } else {
-              multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c);
-            }
-            if (last) {
-              c10::BFloat16* pair_staged = staged.empty() ? nullptr : staged.data() + t / 2 * 2 * kTile * kTile;
-              store_pair<kInPlace>(c, two, m0 + t * kTile, rows, n0, n, y, y_width, stream, output, pair_staged);
+              multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c, previous);
             }
           }
+          if (last) store_done(row_tiles);
         }
       }
       unit = following;
