@@ -66,6 +66,32 @@ def test_kernel_matches_float64_reference(native_kernels: native.NativeKernels, 
     assert err <= max(2 * sdpa_err, 1e-6), (err, sdpa_err)
 
 
+@pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 1)])
+def test_kernel_gives_the_same_bits_however_many_threads_split_the_sequences(native_kernels: native.NativeKernels,
+                                                                              heads: int, kv_heads: int) -> None:
+    """The items (sequence x KV head) are split into ranges of about equal length, so the split moves with the
+    thread count and the contexts (here 1 to 300 tokens); each item's result must not."""
+    gen = torch.Generator().manual_seed(heads)
+    block_size, num_blocks = 16, 400
+    lens = torch.tensor([300, 1, 17, 250, 2, 64, 129, 5, 31, 200, 16, 90])  # [seqs]
+    max_blocks = int(-(-lens.max() // block_size))
+    tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:max_blocks] for _ in range(len(lens))])
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, 64, generator=gen).bfloat16()
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, 64, generator=gen).bfloat16()
+    q = torch.randn(len(lens), heads, 64, generator=gen).bfloat16()  # [seqs, heads, head_dim]
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            results.append(native_kernels.decode_attention(q, k_cache, v_cache, tables, lens, 0.125))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+    exact = _reference(q, k_cache, v_cache, tables, lens, 0.125, torch.float64)
+    assert (results[0].double() - exact).abs().max().item() < 0.05
+
+
 def test_kernel_rejects_bad_inputs_with_reasons(native_kernels: native.NativeKernels) -> None:
     kernel = native_kernels.decode_attention
     cache = torch.zeros(4, 4, 2, 8)
