@@ -118,9 +118,7 @@ class _Layer:
         self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization, kernels)
         self.o_proj = make_projection(w[prefix + "o_proj"], w.get(prefix + "o_proj_bias"), quantization, kernels)
         gate_up = w[prefix + "gate_up"]
-        self.silu_gate = SiluGateProjection(gate_up, kernels) if activation == "silu" and quantization is None \
-            and isinstance(gate_up, torch.Tensor) and kernels is not None and SiluGateProjection.applies(gate_up, kernels) \
-            else None
+        self.silu_gate = _silu_gate(gate_up, activation, quantization, kernels)
         """SiLU MLPs with bfloat16 weights on our AMX kernel: gate/up product and activation in one."""
         self.gate_up = make_projection(gate_up, None, quantization, kernels) if self.silu_gate is None else None
         self.down = make_projection(w[prefix + "down"], None, quantization, kernels)
@@ -128,3 +126,12 @@ class _Layer:
         self.mlp_out_norm = w.get(prefix + "mlp_out_norm")
         self.q_norm = w.get(prefix + "q_norm")
         self.k_norm = w.get(prefix + "k_norm")
+
+
+def _silu_gate(gate_up: object, activation: str, quantization: str | None,
+               kernels: NativeKernels | None) -> SiluGateProjection | None:
+    """The fused gate/up product where it applies: a SiLU MLP, dense weights kept as they are (no quantization
+    asked), and our AMX kernel for them; else None (the plain projection and the separate activation op)."""
+    if activation != "silu" or quantization is not None or not isinstance(gate_up, torch.Tensor) or kernels is None:
+        return None
+    return SiluGateProjection(gate_up, kernels) if SiluGateProjection.applies(gate_up, kernels) else None

@@ -7,14 +7,16 @@
 // The weight rows are the A operand, 32 of them (kBlockN, two tiles) at a time, laid out tile by tile
 // ([2][in / 32][16 rows][32 k], 1 KiB per tile: rows 64 bytes apart, so a tile load never strides a row of `in`
 // values through one L1 set). GGUF weights are dequantized to this layout into a thread's scratch per block;
-// packed bfloat16 weights are already in it ([out / 16][in / 32][16][32]) and are read in place, the next
-// block's tiles prefetched while the current one multiplies (the product of a few rows is limited by the
-// stream of weights, not by the tiles). The activations are the B operand in the pair-interleaved layout
-// TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in L2
-// (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
-// accumulators; the results are stored, transposed, to y as bfloat16. Inputs wider than kPanelValues are taken
+// packed bfloat16 weights are already in it ([out / 16][in / 32][16][32]) and are read in place, prefetched as
+// the row count makes worth it (kPrefetchRowTiles). The activations are the B operand in the pair-interleaved
+// layout TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in
+// L2 (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
+// accumulators; the results are stored, transposed, to y as bfloat16, a pair's while the tile unit multiplies the
+// next pair, as whole 64-byte lines (non-temporal for many rows: kStreamRows). Or, for a SiLU MLP's interleaved
+// gate/up weights (Output::kSiluGate), silu(gate) * up is stored instead. Inputs wider than kPanelValues are taken
 // a panel of columns at a time (the accumulators kept in a float32 buffer between panels), so that a chunk
-// holds as many rows however wide the input.
+// holds as many rows however wide the input. Every buffer tiles are loaded from or stored to starts on a cache
+// line (TileBuffer).
 //
 // Work is split in units (one chunk of rows x a few weight blocks), taken in turn by whichever thread is free,
 // in one parallel region per call; each thread packs the chunk it works on into its own buffer. No barrier
