@@ -23,8 +23,8 @@ class Projection:
       matmul against W^T stored contiguous [in, out], so W is stored transposed;
     - bfloat16 on a CPU with AMX and the native kernels: W packed once at load in AMX's tile layout
       (pack_bf16_tiles) and multiplied by our kernel (csrc/amx_product.cpp) at every row count,
-      the weights read in place with the next ones prefetched. All linears of the default model in order
-      (benchmarks/ab_bf16_amx.py, busy machine): 1.2-1.9x oneDNN's packed product at 1-64 rows,
+      the weights read in place and prefetched where the row count makes it pay. All linears of the default
+      model in order (benchmarks/ab_bf16_amx.py, busy machine): 1.2-1.9x oneDNN's packed product at 1-64 rows,
       0.73-0.90x at 1024-2048 (benchmarks/RESULTS.md, "bfloat16 on our AMX kernel");
     - bfloat16 on a CPU with native bf16 (AVX-512 BF16 / AMX) otherwise (no native kernels,
       kernels='torch', a bias, or an input width not a multiple of 32): F.linear re-packs W into
