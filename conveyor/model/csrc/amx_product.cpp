@@ -319,11 +319,11 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // Several panels: as many blocks per unit as have their accumulators in kSumsBytes, but no more than a
   // quarter of each thread's share of the chunk's blocks, so that a few rows still spread over every thread.
   const int64_t share = std::max<int64_t>(1, n_blocks / (4 * at::get_num_threads()));
+  const int64_t blocks_per_unit =
+      panels > 1 ? std::clamp<int64_t>(kSumsBytes / (chunk_pairs * pair_floats * 4), 1, share) : kUnitBlocks;
   // kSiluGate pairs its blocks (even, odd) within a unit, so that one thread writes whole lines of y.
-  const int64_t unit_blocks = std::max<int64_t>(
-      output == Output::kSiluGate ? 2 : 1,
-      (panels > 1 ? std::clamp<int64_t>(kSumsBytes / (chunk_pairs * pair_floats * 4), 1, share) : kUnitBlocks) &
-          (output == Output::kSiluGate ? ~int64_t{1} : ~int64_t{0}));
+  const int64_t unit_blocks =
+      output == Output::kSiluGate ? std::max<int64_t>(2, blocks_per_unit / 2 * 2) : blocks_per_unit;
   const int64_t units_per_chunk = (n_blocks + unit_blocks - 1) / unit_blocks;
   const int64_t units = (rows + chunk_rows - 1) / chunk_rows * units_per_chunk;
   // Where unit `unit` starts: its first block over the first panel (in place: what to prefetch next).
@@ -382,14 +382,17 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             }
           }
           const bool first = p == 0, last = p == panels - 1;
+          // The accumulators of the pair of row tiles t, t + 1 over this block.
+          const auto pair_sums = [&](int64_t t) {
+            return sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
+          };
           // The last panel's results go to y one pair late, while the tile unit multiplies the next pair.
           int64_t stored_t = 0;  // the first pair not yet stored
           const auto store_done = [&](int64_t up_to) {
             for (; stored_t < up_to; stored_t += 2) {
-              const float* done = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + stored_t / 2) * pair_floats;
               c10::BFloat16* pair_staged = staged.empty() ? nullptr : staged.data() + stored_t / 2 * 2 * kTile * kTile;
-              store_pair<kInPlace>(done, stored_t + 1 < row_tiles, m0 + stored_t * kTile, rows, n0, n, y, y_width,
-                                   stream, output, pair_staged);
+              store_pair<kInPlace>(pair_sums(stored_t), stored_t + 1 < row_tiles, m0 + stored_t * kTile, rows, n0, n,
+                                   y, y_width, stream, output, pair_staged);
             }
           };
           for (int64_t t = 0; t < row_tiles; t += 2) {
@@ -402,7 +405,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             } else if (t == 0 && kInPlace && two) {
               prefetch = {w.first + kStreamAheadPieces * kTileValues, w.second + kStreamAheadPieces * kTileValues};
             }
-            float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
+            float* c = pair_sums(t);
             const auto previous = [&] {
               if (last) store_done(t);
             };

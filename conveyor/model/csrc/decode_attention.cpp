@@ -389,11 +389,12 @@ void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cach
   bounds[0] = 0;
   {
     constexpr int64_t kItemSetupTokens = 8;
+    const auto cost = [&](int64_t seq) { return len_ptr[seq] + kItemSetupTokens; };  // one item of sequence seq
     int64_t total = 0;
-    for (int64_t seq = 0; seq < num_seqs; ++seq) total += (len_ptr[seq] + kItemSetupTokens) * kv_heads;
+    for (int64_t seq = 0; seq < num_seqs; ++seq) total += cost(seq) * kv_heads;
     int64_t done = 0, t = 1;
     for (int64_t index = 0; index < items && t < threads; ++index) {
-      done += len_ptr[index / kv_heads] + kItemSetupTokens;
+      done += cost(index / kv_heads);
       while (t < threads && done * threads >= total * t) bounds[t++] = index + 1;
     }
   }
