@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from conveyor.model.attention import AttentionBatch, paged_attention
+from conveyor.model.decode_stack import DecodeStack
 from conveyor.model.native import NativeKernels
 from conveyor.model.layers import SiluGateProjection, apply_rotary, gelu_tanh_and_mul, rms_norm
 from conveyor.model.rope import RotaryEmbedding
@@ -50,6 +51,8 @@ class LlamaModel:
         """Per layer: its sliding window, or None for full attention."""
         self.parallel: TensorParallelGroup | None = None
         """Under tensor parallelism (conveyor/parallel): this rank's group; the weights are then its shards."""
+        self.decode_stack = DecodeStack(self, kernels) if kernels is not None and DecodeStack.applies(self) else None
+        """Pure-decode steps' layers in one native call, where every layer is the plain Llama kind on AMX."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -63,6 +66,8 @@ class LlamaModel:
             else parallel.embed(input_ids, self.embed)  # [num_tokens, hidden]
         if self.embed_multiplier is not None:
             h = h * self.embed_multiplier
+        if self.decode_stack is not None and parallel is None and DecodeStack.takes(batch, n):
+            return self.decode_stack(h, *tables, batch, kv_caches)  # the loop below, kernel by kernel, in C++
         delta: torch.Tensor | None = None  # the previous layer's MLP output, not yet added to h
         for layer, window, (k_cache, v_cache) in zip(self.layers, self.windows, kv_caches):
             cos, sin = tables if window is None else local_tables

@@ -165,6 +165,17 @@ class NativeKernels(Protocol):
         """The same product by dequantized tiles of W and torch's GEMM (many rows)."""
         ...
 
+    def decode_layers(self, hidden: torch.Tensor, input_norms: list[torch.Tensor], qkv_tiles: list[torch.Tensor],
+                      o_tiles: list[torch.Tensor], post_norms: list[torch.Tensor],
+                      gate_up_tiles: list[torch.Tensor], down_tiles: list[torch.Tensor],
+                      k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos: torch.Tensor,
+                      sin: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                      context_lens: torch.Tensor, heads: int, kv_heads: int, head_dim: int, inner: int, eps: float,
+                      scale: float) -> torch.Tensor:
+        """A pure-decode step's plain Llama layers in one call (decode_layers.cpp; model/decode_stack.py): hidden
+        [tokens, hidden] (updated in place) -> the last layer's output [tokens, hidden], before the final norm."""
+        ...
+
     def gguf_amx_available(self) -> bool:
         """Whether gguf_linear_amx can run here (built with AMX, the CPU has AMX-BF16, Linux granted tile data)."""
         ...
@@ -189,7 +200,8 @@ _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "
                                                             "rotary_cache.cpp", "quant_linear.cpp", "argmax_rows.cpp",
                                                             "f32_linear.cpp", "token_bitmask.cpp",
                                                             "gguf_linear.cpp", "gguf_vnni.cpp", "gguf_amx.cpp",
-                                                            "gguf_dequant.cpp", "amx_product.cpp", "bf16_linear.cpp")]
+                                                            "gguf_dequant.cpp", "amx_product.cpp", "bf16_linear.cpp",
+                                                            "decode_layers.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
 """-ffp-contract=off: no fused multiply-adds the source does not write, so that float32 results round
 like torch's separate kernels (the attention kernel's explicit FMA intrinsics are unaffected)."""

@@ -25,6 +25,15 @@ torch::Tensor argmax_rows(const torch::Tensor& logits);
 bool bf16_amx_available();
 torch::Tensor bf16_linear_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t out_features);
 torch::Tensor bf16_silu_gate_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t inner);
+torch::Tensor decode_layers(torch::Tensor hidden, const std::vector<torch::Tensor>& input_norms,
+                            const std::vector<torch::Tensor>& qkv_tiles, const std::vector<torch::Tensor>& o_tiles,
+                            const std::vector<torch::Tensor>& post_norms,
+                            const std::vector<torch::Tensor>& gate_up_tiles,
+                            const std::vector<torch::Tensor>& down_tiles, std::vector<torch::Tensor> k_caches,
+                            std::vector<torch::Tensor> v_caches, const torch::Tensor& cos, const torch::Tensor& sin,
+                            const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
+                            const torch::Tensor& context_lens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                            int64_t inner, double eps, double scale);
 bool gguf_linear_vectorized();
 torch::Tensor gguf_dequantize(const torch::Tensor& blocks, int64_t kind, int64_t in_features);
 torch::Tensor gguf_linear_rows(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind, int64_t in_features);
@@ -64,6 +73,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bf16_linear_amx", &bf16_linear_amx, no_gil, "x @ W^T, W bfloat16 packed in AMX tiles at load (CPU)");
   m.def("bf16_silu_gate_amx", &bf16_silu_gate_amx, no_gil,
         "silu(x @ Wg^T) * (x @ Wu^T), [Wg; Wu] bfloat16 packed in AMX tiles with rows interleaved (CPU)");
+  m.def("decode_layers", &decode_layers, no_gil,
+        "A pure-decode step's plain Llama layers (AMX-packed bfloat16 weights) in one call, kernel by kernel (CPU)");
   m.def("gguf_linear_vectorized", &gguf_linear_vectorized, "Whether gguf_linear_* were built with AVX-512 BF16/VNNI");
   m.def("gguf_dequantize", &gguf_dequantize, no_gil, "GGUF-quantized rows -> float32 (CPU)");
   m.def("gguf_linear_rows", &gguf_linear_rows, no_gil, "x @ W^T, W in GGUF blocks, few rows of x (CPU)");

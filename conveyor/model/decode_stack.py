@@ -1,0 +1,87 @@
+"""A pure-decode step's decoder layers in one native call, for the plain Llama layer on our AMX kernels.
+
+LlamaModel.forward's Python loop calls ~8 kernels per layer with torch view ops between them; at the default
+model's 64-row decode step that glue cost ~180 us per layer, ~5 ms of a ~48 ms step (30 layers; measured by
+timing every kernel call against the whole forward, W1, benchmarks/RESULTS.md session s15). csrc/decode_layers.cpp
+runs the same kernels in the same order on the same tensors, so the step gives the same bits (tested against the
+Python loop, tests/test_decode_stack.py); the loop stays the path for everything else: prefill chunks, mixed steps,
+other layer kinds, tensor parallelism.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from conveyor.model.attention import AttentionBatch
+from conveyor.model.layers import Projection
+from conveyor.model.native import NativeKernels
+
+if TYPE_CHECKING:
+    from conveyor.model.llama import LlamaModel
+
+
+class DecodeStack:
+    """The model's per-layer weights as lists for decode_layers; built only where every layer is the plain kind."""
+
+    def __init__(self, model: LlamaModel, kernels: NativeKernels) -> None:
+        spec = model.spec
+        self.kernels = kernels
+        self.input_norms = [layer.input_norm for layer in model.layers]
+        self.post_norms = [layer.post_norm for layer in model.layers]
+        self.qkv_tiles = [_tiles(layer.qkv) for layer in model.layers]
+        self.o_tiles = [_tiles(layer.o_proj) for layer in model.layers]
+        self.gate_up_tiles = [layer.silu_gate.tiles for layer in model.layers if layer.silu_gate is not None]
+        self.down_tiles = [_tiles(layer.down) for layer in model.layers]
+        self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.inner = spec.intermediate_size
+        self.eps = spec.rms_norm_eps
+        self.scale = model.scale
+
+    @staticmethod
+    def applies(model: LlamaModel) -> bool:
+        """Every layer is RMSNorm -> QKV (no bias) -> rotary -> full attention (no soft cap) -> o_proj -> RMSNorm ->
+        SiLU gate/up -> down, all on AMX-packed bfloat16 weights, with no per-head or sandwich norms; one rotary
+        table; the native decode attention."""
+        spec = model.spec
+        if model.kernels is None or model.ops.decode_attention is None or model.dtype != torch.bfloat16:
+            return False
+        if model.local_rotary is not None or spec.attn_logit_softcap is not None or any(w is not None for w in model.windows):
+            return False
+        for layer in model.layers:
+            if (layer.q_norm is not None or layer.k_norm is not None or layer.attn_out_norm is not None
+                    or layer.mlp_out_norm is not None or layer.silu_gate is None
+                    or layer.silu_gate.inner != spec.intermediate_size):
+                return False
+            if any(_tiles(p) is None for p in (layer.qkv, layer.o_proj, layer.down)):
+                return False
+        return True
+
+    @staticmethod
+    def takes(batch: AttentionBatch, num_tokens: int) -> bool:
+        """The step is decodes only, in batch order, in one group (as the native decode kernel gets them)."""
+        if batch.prefills or len(batch.decode_groups) != 1:
+            return False
+        group = batch.decode_groups[0]
+        return group.in_order and group.block_tables.shape[0] == num_tokens
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
+                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """hidden [tokens, hidden] (the embeddings; updated in place), cos, sin [tokens, 1, head_dim] -> the last
+        layer's output [tokens, hidden] (before the final norm), as LlamaModel.forward returns it."""
+        n = hidden.shape[0]
+        group = batch.decode_groups[0]
+        return self.kernels.decode_layers(
+            hidden, self.input_norms, self.qkv_tiles, self.o_tiles, self.post_norms, self.gate_up_tiles,
+            self.down_tiles, [k for k, _ in kv_caches], [v for _, v in kv_caches], cos.view(n, -1), sin.view(n, -1),
+            batch.slot_mapping, group.block_tables, group.context_lens, self.heads, self.kv_heads, self.head_dim,
+            self.inner, self.eps, self.scale)
+
+
+def _tiles(projection: object) -> torch.Tensor | None:
+    """A projection's AMX tiles where it is a plain bfloat16 one on our kernel (no bias), else None."""
+    if isinstance(projection, Projection) and projection.tiles is not None and projection.bias is None:
+        return projection.tiles
+    return None
+

@@ -1,0 +1,70 @@
+"""A pure-decode step's layers in one native call (model/decode_stack.py, csrc/decode_layers.cpp): the same bits
+as LlamaModel.forward's Python loop, taken only where every layer is the plain Llama kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import build_tiny_model
+
+from conveyor import LLM, SamplingParams
+from conveyor.model.decode_stack import DecodeStack
+
+
+@pytest.fixture(scope="module")
+def amx(native_kernels: Any) -> Any:
+    if not native_kernels.bf16_amx_available():
+        pytest.skip("this CPU (or kernel) offers no AMX-BF16 tiles; the decode stack needs the AMX-packed weights")
+    return native_kernels
+
+
+def _generate(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=1)
+    llm.engine.reset_prefix_cache()
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return [(o.outputs[0].token_ids, [lp.top[0][1] for lp in o.outputs[0].logprobs or []]) for o in outputs]
+
+
+def test_the_decode_stack_gives_the_python_loops_tokens_and_logprobs(tmp_path: Any, amx: Any) -> None:
+    """Several requests at once (their decode steps are pure decodes in one group), greedy with logprobs: the
+    native stack against the Python loop over the same loaded weights, bit for bit; the stack did run."""
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder)
+    llm = LLM(model=folder, dtype="bfloat16", kernels="native", kv_cache_memory="16MiB", max_model_len=256)
+    model = llm.engine.runner.model
+    stack = model.decode_stack
+    assert stack is not None
+    calls = []
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(args[0].shape[0])
+        return DecodeStack.__call__(stack, *args)
+
+    model.decode_stack = counted
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(2, 512, size=n).tolist() for n in (3, 9, 30, 61, 17)]
+    got = _generate(llm, prompts)
+    assert calls and max(calls) == len(prompts)  # every row of the busiest steps went through the stack
+    model.decode_stack = None
+    expected = _generate(llm, prompts)
+    assert got == expected
+    llm.engine.check_idle()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma2"])
+def test_the_decode_stack_is_taken_only_for_plain_llama_layers(arch: str, tmp_path: Any, amx: Any) -> None:
+    """Biases (Qwen2), per-head norms (Qwen3), soft caps, windows and sandwich norms (Gemma 2) keep the Python loop
+    in bfloat16 on AMX; a plain Llama in float32 keeps it too."""
+    folder = str(tmp_path / arch)
+    build_tiny_model(arch, folder)
+    llm = LLM(model=folder, dtype="bfloat16", kernels="native", kv_cache_memory="8MiB", max_model_len=128)
+    assert llm.engine.runner.model.decode_stack is None
+    if arch == "qwen2":
+        plain = str(tmp_path / "llama")
+        build_tiny_model("llama", plain)
+        assert LLM(model=plain, dtype="float32", kernels="native", kv_cache_memory="8MiB",
+                   max_model_len=128).engine.runner.model.decode_stack is None
