@@ -78,6 +78,20 @@ def test_product_is_the_same_on_one_thread_or_two_and_however_the_rows_are_split
     assert torch.equal(one, torch.cat(pieces))
 
 
+@pytest.mark.parametrize("rows", [17, 64])
+def test_a_wide_output_written_past_the_caches_holds_the_same_values(rows: int, amx: Any) -> None:
+    """An output of 1 MiB or more (a decode step's logits) is written with non-temporal stores whatever the row
+    count: the same bits as the rows multiplied a few at a time (outputs that stay in the cache)."""
+    out_features = (1 << 20) // (2 * 16) + 32  # over 1 MiB from 16 rows on
+    weight = _weight(out_features, 64, seed=rows)
+    tiles = pack_bf16_tiles(weight)
+    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, 64]
+    whole = amx.bf16_linear_amx(x, tiles, out_features)  # [rows, out]
+    pieces = [amx.bf16_linear_amx(x[a:a + 4].contiguous(), tiles, out_features) for a in range(0, rows, 4)]
+    assert 4 * out_features * 2 < 1 << 20 <= rows * out_features * 2  # the pieces' outputs stay in the cache
+    assert torch.equal(whole, torch.cat(pieces))
+
+
 @pytest.mark.parametrize("out_features", [1, 16, 37, 64])
 def test_tiles_unpack_to_the_weights_and_pick_single_weights(out_features: int, amx: Any) -> None:
     """The layout's round trip (Projection.unpacked: tied embeddings, tensor-parallel splits read it back), and

@@ -47,7 +47,9 @@ class DecodeStack:
         spec = model.spec
         if model.kernels is None or model.ops.decode_attention is None or model.dtype != torch.bfloat16:
             return False
-        if model.local_rotary is not None or spec.attn_logit_softcap is not None or any(w is not None for w in model.windows):
+        if model.local_rotary is not None or spec.attn_logit_softcap is not None:
+            return False
+        if any(window is not None for window in model.windows):
             return False
         for layer in model.layers:
             if (layer.q_norm is not None or layer.k_norm is not None or layer.attn_out_norm is not None

@@ -12,11 +12,11 @@
 // layout TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in
 // L2 (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
 // accumulators; the results are stored, transposed, to y as bfloat16, a pair's while the tile unit multiplies the
-// next pair, as whole 64-byte lines (non-temporal for many rows: kStreamRows). Or, for a SiLU MLP's interleaved
-// gate/up weights (Output::kSiluGate), silu(gate) * up is stored instead. Inputs wider than kPanelValues are taken
-// a panel of columns at a time (the accumulators kept in a float32 buffer between panels), so that a chunk
-// holds as many rows however wide the input. Every buffer tiles are loaded from or stored to starts on a cache
-// line (TileBuffer).
+// next pair, as whole 64-byte lines (non-temporal for many rows or wide outputs: kStreamRows, kStreamBytes). Or,
+// for a SiLU MLP's interleaved gate/up weights (Output::kSiluGate), silu(gate) * up is stored instead. Inputs
+// wider than kPanelValues are taken a panel of columns at a time (the accumulators kept in a float32 buffer
+// between panels), so that a chunk holds as many rows however wide the input. Every buffer tiles are loaded from
+// or stored to starts on a cache line (TileBuffer).
 //
 // Work is split in units (one chunk of rows x a few weight blocks), taken in turn by whichever thread is free,
 // in one parallel region per call; each thread packs the chunk it works on into its own buffer. No barrier
@@ -66,10 +66,13 @@ constexpr int64_t kSumsBytes = 256 << 10;  // more panels: a thread takes as man
 // row tile requests nothing (either way slower).
 constexpr int64_t kPrefetchRowTiles = 8;
 constexpr int64_t kStreamAheadPieces = 8;
-// Products of at least this many rows store y with non-temporal stores, full 64-byte lines that skip the caches:
-// y is then larger than L2 (2048 rows x 3072: 12 MB) and reading each line before writing it took a quarter of
-// the product's time; a decode step's y (64 rows) is read back at once from the cache by the next op.
+// Products of at least this many rows, or with an output of at least kStreamBytes, store y with non-temporal
+// stores, full 64-byte lines that skip the caches: y is then larger than L2 (2048 rows x 3072: 12 MB; a decode
+// step's logits, 64 x 49152: 6 MB) and reading each line before writing it took a quarter of the product's time
+// (the default model's head at 64 rows: 2.9 -> 2.5 ms); a decode step's other outputs (64 rows x 576-3072) are
+// read back at once from the cache by the next op.
 constexpr int64_t kStreamRows = 256;
+constexpr int64_t kStreamBytes = int64_t{1} << 20;
 
 constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
@@ -336,8 +339,9 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // thread packing the chunk it works on itself: no barrier inside a call, so that on a shared machine a thread
   // waiting for its core holds up no other.
   const int64_t y_width = output == Output::kSiluGate ? out_features / 2 : out_features;
-  const bool stream = rows >= kStreamRows && (output == Output::kProduct ||
-                                              (y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
+  const bool stream = (rows >= kStreamRows || rows * y_width * 2 >= kStreamBytes) &&
+                      (output == Output::kProduct ||
+                       (y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
   std::atomic<int64_t> next_unit{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
     thread_local TileBuffer<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
