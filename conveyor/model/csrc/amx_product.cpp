@@ -12,11 +12,11 @@
 // layout TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in
 // L2 (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
 // accumulators; the results are stored, transposed, to y as bfloat16, a pair's while the tile unit multiplies the
-// next pair, as whole 64-byte lines (non-temporal for many rows or wide outputs: kStreamRows, kStreamBytes). Or,
-// for a SiLU MLP's interleaved gate/up weights (Output::kSiluGate), silu(gate) * up is stored instead. Inputs
-// wider than kPanelValues are taken a panel of columns at a time (the accumulators kept in a float32 buffer
-// between panels), so that a chunk holds as many rows however wide the input. Every buffer tiles are loaded from
-// or stored to starts on a cache line (TileBuffer).
+// next pair (a block's last pair's while the next block's first multiplies), as whole 64-byte lines (non-temporal
+// for many rows or wide outputs: kStreamRows, kStreamBytes). Or, for a SiLU MLP's interleaved gate/up weights
+// (Output::kSiluGate), silu(gate) * up is stored instead. Inputs wider than kPanelValues are taken a panel of
+// columns at a time (the accumulators kept in a float32 buffer between panels), so that a chunk holds as many rows
+// however wide the input. Every buffer tiles are loaded from or stored to starts on a cache line (TileBuffer).
 //
 // Work is split in units (one chunk of rows x a few weight blocks), taken in turn by whichever thread is free,
 // in one parallel region per call; each thread packs the chunk it works on into its own buffer. No barrier
@@ -369,6 +369,21 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
         packed_m0 = m0;
       }
       const int64_t g0 = unit % units_per_chunk * unit_blocks, g_end = std::min(n_blocks, g0 + unit_blocks);
+      // A block's last pair is stored while the next block's first pair multiplies (at the unit's end, at once):
+      // stored right after its own block instead, it overlapped nothing (64 rows, the default model's 30 layers'
+      // linears: 14.0 -> 13.1 ms; gated product 7.8 -> 7.1 ms).
+      struct Carried {
+        const float* sums = nullptr;
+        bool two = false;
+        int64_t m_first = 0, n0 = 0, n = 0;
+        c10::BFloat16* staged = nullptr;
+      } carried;
+      const auto flush_carried = [&] {
+        if (carried.sums == nullptr) return;
+        store_pair<kInPlace>(carried.sums, carried.two, carried.m_first, rows, carried.n0, carried.n, y, y_width,
+                             stream, output, carried.staged);
+        carried.sums = nullptr;
+      };
       for (int64_t p = 0; p < panels; ++p) {
         const int64_t k0 = p * kPanelValues, kc = std::min(kPanelValues, in_features - k0), kt0 = k0 / kTileK;
         const int64_t panel_tiles = kc / kTileK;
@@ -411,6 +426,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             }
             float* c = pair_sums(t);
             const auto previous = [&] {
+              flush_carried();
               if (last) store_done(t);
             };
             if (kInPlace && two) {  // A: activation tiles, B: weight tiles
@@ -423,9 +439,15 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
               multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c, previous);
             }
           }
-          if (last) store_done(row_tiles);
+          if (last) {
+            const int64_t last_t = (row_tiles - 1) / 2 * 2;
+            store_done(last_t);
+            carried = {pair_sums(last_t), last_t + 1 < row_tiles, m0 + last_t * kTile, n0, n,
+                       staged.empty() ? nullptr : staged.data() + last_t / 2 * 2 * kTile * kTile};
+          }
         }
       }
+      flush_carried();
       unit = following;
     }
     _tile_release();
