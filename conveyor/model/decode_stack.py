@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from conveyor.model.attention import AttentionBatch
-from conveyor.model.layers import Projection
+from conveyor.model.layers import Projection, SiluGateProjection
 from conveyor.model.native import NativeKernels
 
 if TYPE_CHECKING:
@@ -30,10 +30,10 @@ class DecodeStack:
         self.kernels = kernels
         self.input_norms = [layer.input_norm for layer in model.layers]
         self.post_norms = [layer.post_norm for layer in model.layers]
-        self.qkv_tiles = [_tiles(layer.qkv) for layer in model.layers]
-        self.o_tiles = [_tiles(layer.o_proj) for layer in model.layers]
-        self.gate_up_tiles = [layer.silu_gate.tiles for layer in model.layers if layer.silu_gate is not None]
-        self.down_tiles = [_tiles(layer.down) for layer in model.layers]
+        self.qkv_tiles = [_packed(layer.qkv) for layer in model.layers]
+        self.o_tiles = [_packed(layer.o_proj) for layer in model.layers]
+        self.gate_up_tiles = [_packed(layer.silu_gate) for layer in model.layers]
+        self.down_tiles = [_packed(layer.down) for layer in model.layers]
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.inner = spec.intermediate_size
         self.eps = spec.rms_norm_eps
@@ -79,6 +79,16 @@ class DecodeStack:
             self.down_tiles, [k for k, _ in kv_caches], [v for _, v in kv_caches], cos.view(n, -1), sin.view(n, -1),
             batch.slot_mapping, group.block_tables, group.context_lens, self.heads, self.kv_heads, self.head_dim,
             self.inner, self.eps, self.scale)
+
+
+def _packed(projection: object) -> torch.Tensor:
+    """The AMX tiles of a projection that applies() accepted (gate/up: interleaved, for the fused product)."""
+    if isinstance(projection, SiluGateProjection):
+        return projection.tiles
+    tiles = _tiles(projection)
+    if tiles is None:
+        raise ValueError(f"DecodeStack needs AMX-packed bfloat16 projections; got {type(projection).__name__}")
+    return tiles
 
 
 def _tiles(projection: object) -> torch.Tensor | None:

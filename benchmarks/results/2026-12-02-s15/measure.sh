@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-of-session side-by-side checks: base (d77354d = s14's end, worktree /work/base, run with main's .venv and
-# PYTHONPATH=/work/base) vs this session's main (/work/main). Usage: bash measure.sh [parts...]  parts: w1 sync
+# PYTHONPATH=/work/base) vs this session's main (/work/main). Usage: bash measure.sh [parts...]  parts: w1 sync 1b-w1
 set -x
 export TORCH_EXTENSIONS_DIR=/root/.cache/torch_extensions
 O=/work/notes/s15/bench
@@ -23,6 +23,13 @@ sync)  # default W1 steps, synchronous engine, alternating
     run_side $side benchmarks/w1_breakdown.py --async-batching false > $O/sync_${side}_$r.txt 2>&1
     head -4 $O/sync_${side}_$r.txt
   done; done ;;
+1b-w1)  # 1B bf16 W1 with OpenVINO, main then base
+  for side in main base; do
+    uptime
+    run_side $side -m conveyor.cli bench throughput --model /work/ckpt/llama-1b-bf16.gguf --max-model-len 1024 \
+       --num-prompts 64 --input-len 32:128 --output-len 32 --peer openvino --results-dir $O/w1_1b_${side} > $O/w1_1b_${side}.txt 2>&1
+    grep -h '"output_tokens_per_s"\|conveyor_over_peer' $O/w1_1b_${side}.txt | head -3
+  done ;;
 esac
 done
 uptime
