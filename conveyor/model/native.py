@@ -194,7 +194,7 @@ class NativeKernels(Protocol):
 
 _HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h",
                                                                               "gguf_amx.h", "gguf_dequant.h",
-                                                                              "amx_product.h")]
+                                                                              "amx_product.h", "kernels.h")]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp",
                                                             "prefill_attention.cpp", "norm_act.cpp",
                                                             "rotary_cache.cpp", "quant_linear.cpp", "argmax_rows.cpp",

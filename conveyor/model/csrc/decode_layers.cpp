@@ -8,15 +8,7 @@
 
 #include <vector>
 
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale);
-torch::Tensor add_rms_norm(torch::Tensor& hidden, const c10::optional<torch::Tensor>& delta,
-                           const torch::Tensor& weight, double eps);
-torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
-                               torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& slot_mapping,
-                               int64_t heads, int64_t kv_heads);
-torch::Tensor bf16_linear_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t out_features);
-torch::Tensor bf16_silu_gate_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t inner);
+#include "kernels.h"
 
 // hidden [tokens, hidden] (the embeddings; updated in place, as the Python loop's add_rms_norm does) ->
 // the last layer's output [tokens, hidden], before the final norm. Per layer i: input_norms[i], qkv_tiles[i],
