@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-of-session side-by-side checks: base (d77354d = s14's end, worktree /work/base, run with main's .venv and
-# PYTHONPATH=/work/base) vs this session's main (/work/main). Usage: bash measure.sh [parts...]  parts: w1 sync 1b-w1
+# PYTHONPATH=/work/base) vs this session's main (/work/main). Usage: bash measure.sh [parts...]  parts: w1 sync 1b-w1 w2
 set -x
 export TORCH_EXTENSIONS_DIR=/root/.cache/torch_extensions
 O=/work/notes/s15/bench
@@ -30,6 +30,12 @@ sync)  # default W1 steps, synchronous engine, alternating
        --num-prompts 64 --input-len 32:128 --output-len 32 --peer openvino --results-dir $O/w1_1b_${side} > $O/w1_1b_${side}.txt 2>&1
     grep -h '"output_tokens_per_s"\|conveyor_over_peer' $O/w1_1b_${side}.txt | head -3
   done ;;
+w2)  # default W2 (one request) with OpenVINO, alternating main / base
+  for r in 1 2; do for side in main base; do
+    uptime
+    run_side $side -m conveyor.cli bench latency --runs 3 --peer openvino --results-dir $O/w2_${side}_$r > $O/w2_${side}_$r.txt 2>&1
+    grep -h '"ttft_s"\|"tpot_s"\|"tpot_ms"\|"ttft_ms"' $O/w2_${side}_$r.txt | head -4
+  done; done ;;
 esac
 done
 uptime
