@@ -56,15 +56,17 @@ def test_the_decode_stack_gives_the_python_loops_tokens_and_logprobs(tmp_path: A
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3", "gemma2"])
-def test_the_decode_stack_is_taken_only_for_plain_llama_layers(arch: str, tmp_path: Any, amx: Any) -> None:
-    """Biases (Qwen2), per-head norms (Qwen3), soft caps, windows and sandwich norms (Gemma 2) keep the Python loop
-    in bfloat16 on AMX; a plain Llama in float32 keeps it too."""
+def test_other_layer_kinds_keep_the_python_loop(arch: str, tmp_path: Any, amx: Any) -> None:
+    """Biases (Qwen2), per-head norms (Qwen3), soft caps, windows and sandwich norms (Gemma 2): no decode stack in
+    bfloat16 on AMX."""
     folder = str(tmp_path / arch)
     build_tiny_model(arch, folder)
     llm = LLM(model=folder, dtype="bfloat16", kernels="native", kv_cache_memory="8MiB", max_model_len=128)
     assert llm.engine.runner.model.decode_stack is None
-    if arch == "qwen2":
-        plain = str(tmp_path / "llama")
-        build_tiny_model("llama", plain)
-        assert LLM(model=plain, dtype="float32", kernels="native", kv_cache_memory="8MiB",
-                   max_model_len=128).engine.runner.model.decode_stack is None
+
+
+def test_a_float32_llama_keeps_the_python_loop(tmp_path: Any, amx: Any) -> None:
+    folder = str(tmp_path / "llama")
+    build_tiny_model("llama", folder)
+    llm = LLM(model=folder, dtype="float32", kernels="native", kv_cache_memory="8MiB", max_model_len=128)
+    assert llm.engine.runner.model.decode_stack is None
