@@ -66,6 +66,31 @@ def test_kernel_matches_float64_reference(native_kernels: native.NativeKernels, 
     assert err <= max(2 * sdpa_err, 1e-6), (err, sdpa_err)
 
 
+# A peaked softmax: scores hundreds apart, so that most exponentials underflow to zero (the vector exp's clamped
+# range, libmvec's scalar path) and one key takes nearly all the weight.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 1, 128), (6, 2, 8)])
+def test_kernel_matches_float64_reference_when_the_softmax_underflows(native_kernels: native.NativeKernels,
+                                                                      dtype: torch.dtype, heads: int, kv_heads: int,
+                                                                      head_dim: int) -> None:
+    gen = torch.Generator().manual_seed(heads + head_dim)
+    num_blocks, block_size, seqs = 64, 16, 5
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
+    lens = torch.tensor([1, 17, 100, 211, 256])  # [seqs]
+    tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:16] for _ in range(seqs)])
+    q = (40 * torch.randn(seqs, heads, head_dim, generator=gen)).to(dtype)  # scores ~ +-40 sqrt(head_dim) apart
+    scale = head_dim ** -0.5
+    got = native_kernels.decode_attention(q, k_cache, v_cache, tables, lens, scale)
+    exact = _reference(q, k_cache, v_cache, tables, lens, scale, torch.float64)
+    same_dtype = _reference(q, k_cache, v_cache, tables, lens, scale, dtype)
+    assert torch.isfinite(got).all()
+    err = (got.double() - exact).abs().max().item()
+    sdpa_err = (same_dtype.double() - exact).abs().max().item()
+    # float32: scores of magnitude ~400 carry ~3e-5 of rounding (one ulp), and the weights that relative error
+    assert err <= max(2 * sdpa_err, 5e-5), (err, sdpa_err)
+
+
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 1)])
 def test_kernel_gives_the_same_bits_however_many_threads_split_the_sequences(native_kernels: native.NativeKernels,
                                                                               heads: int, kv_heads: int) -> None:
