@@ -3,7 +3,7 @@
 # PYTHONPATH=/work/base) vs this session's main (/work/main). Usage: bash measure.sh [parts...]  parts: w1 sync 1b-w1 w2
 set -x
 export TORCH_EXTENSIONS_DIR=/root/.cache/torch_extensions
-O=/work/notes/s15/bench
+O=${O:-/work/notes/s15/bench}  # where the outputs go (session s16 reuses this script with its own)
 parts=${*:-"w1"}
 run_side() {  # side, then the command's arguments
   local side=$1; shift
