@@ -25,6 +25,7 @@ RENAMED_QUANTIZATIONS = {"int4": "int4_latency"}
 SUPPORTED_DEVICES = ("auto", "cpu", "cuda")
 SUPPORTED_KERNELS = ("auto", "native", "torch")
 SUPPORTED_GGUF_WEIGHTS = ("auto", "compact", "dequantize")
+SUPPORTED_KV_CACHE_DTYPES = ("auto", "int8")
 SUPPORTED_TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
@@ -87,6 +88,11 @@ class EngineConfig:
     'dequantize' (to the compute dtype at load, as before: several times the memory, faster large batches),
     or 'auto' (compact where the kernels run and the dequantized weights would take over 1 GiB, as a 1B
     model's do; else dequantize, so the embedded 135M model keeps its batch throughput)."""
+    kv_cache_dtype: str = "auto"
+    """How the KV cache stores keys and values: 'auto' (in the compute dtype: exact) or 'int8' (CPU: per token
+    and KV head, int8 codes and a float32 scale, half a bfloat16 cache's bytes and of decode attention's memory
+    traffic; lossy, up to 1/254 of a row's largest value per element, like OpenVINO's default u8 cache;
+    conveyor/model/kv_int8.py)."""
     max_model_len: int | None = None
     """Longest prompt + output in tokens; None = the model's own context length."""
     block_size: int = 16
@@ -147,6 +153,12 @@ class EngineConfig:
         if self.gguf_weights not in SUPPORTED_GGUF_WEIGHTS:
             raise ConfigError(f"gguf_weights={self.gguf_weights!r} is not supported; choose one of "
                               f"{', '.join(SUPPORTED_GGUF_WEIGHTS)} ('auto' is the default)")
+        if self.kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
+            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; choose one of "
+                              f"{', '.join(SUPPORTED_KV_CACHE_DTYPES)} ('auto' is the default)")
+        if self.kv_cache_dtype == "int8" and self.device == "cuda":
+            raise ConfigError("kv_cache_dtype='int8' runs on CPU only for now; pass device='cpu', or leave "
+                              "kv_cache_dtype at 'auto' on a GPU")
         if self.kernels not in SUPPORTED_KERNELS:
             raise ConfigError(f"kernels={self.kernels!r} is not supported; choose one of "
                               f"{', '.join(SUPPORTED_KERNELS)} ('auto' is the default)")

@@ -235,7 +235,7 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
                 pr = run_hf_continuous(model_path, workload, dtype)
             elif peer == "openvino":
                 pr = run_openvino(model_path, workload, dtype, _threads(config), config.max_num_seqs,
-                                  config.max_num_batched_tokens)
+                                  config.max_num_batched_tokens, config.kv_cache_dtype)
             else:
                 pr = run_llama_cpp(model_path, workload, _threads(config))
         except Exception as exc:  # a failing peer costs its own row, not our measurement or the other peers'
@@ -342,7 +342,7 @@ def _latency_peer(peer: str, engine: Any, prompt: list[int], output_len: int, co
     if peer == "openvino":
         from conveyor.bench.openvino_peer import OpenVINOLatency
         return OpenVINOLatency(engine.model_source, prompt, output_len, engine.dtype, _threads(config),
-                               config.max_num_batched_tokens)
+                               config.max_num_batched_tokens, config.kv_cache_dtype)
     return HFGenerateLatency(engine.model_source, prompt, output_len, engine.dtype)  # the parser allows no other
 
 

@@ -11,8 +11,9 @@ it does not compute what the file holds.
 optimum-intel 2.2 pins transformers < 5.6 (ours is newer), so the export runs in a separate venv made by
 `scripts/install_openvino.sh` (path in $CONVEYOR_OPENVINO_EXPORTER or the default below); the run itself only
 needs `openvino-genai` in this venv. Settings matched to ours: the same thread count (`INFERENCE_NUM_THREADS`),
-KV cache in the compute dtype (`KV_CACHE_PRECISION`; OpenVINO's CPU default is u8, a lossy cache ours does not
-have), the same sequence and token budgets (`SchedulerConfig`), no prefix caching, greedy, EOS ignored.
+the same KV cache kind (`KV_CACHE_PRECISION`: the compute dtype against our exact cache, u8 - OpenVINO's CPU
+default, lossy - against our kv_cache_dtype='int8'), the same sequence and token budgets (`SchedulerConfig`), no
+prefix caching, greedy, EOS ignored.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def unavailable(model_path: str) -> str | None:
 
 def export_ir(model_path: str) -> str:
     """The cached IR of `model_path`, exported first if missing (minutes for a 1B model; logged)."""
+    model_path = os.path.abspath(model_path)  # the exporter runs elsewhere, and reads a relative path as a hub id
     target = cached_ir(model_path)
     if os.path.isfile(os.path.join(target, "openvino_model.xml")):
         return target
@@ -128,7 +130,7 @@ class OpenVINOPipeline:
     """A ContinuousBatchingPipeline over the IR, sized like our engine."""
 
     def __init__(self, model_path: str, dtype: str, threads: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 kv_tokens: int) -> None:
+                 kv_tokens: int, kv_cache_dtype: str = "auto") -> None:
         import openvino_genai as ov_genai
 
         ir = export_ir(model_path)
@@ -136,8 +138,9 @@ class OpenVINOPipeline:
             spec = json.load(f)
         head_dim = spec.get("head_dim") or spec["hidden_size"] // spec["num_attention_heads"]
         precision = _PRECISION.get(dtype, "f32")
+        kv_precision = "u8" if kv_cache_dtype == "int8" else precision  # its 8-bit cache against our int8 one
         kv_bytes = kv_tokens * 2 * spec["num_hidden_layers"] * spec["num_key_value_heads"] * head_dim * \
-            (4 if precision == "f32" else 2)
+            {"f32": 4, "u8": 1}.get(kv_precision, 2)
         scheduler = ov_genai.SchedulerConfig()
         scheduler.max_num_seqs = max_num_seqs
         scheduler.max_num_batched_tokens = max_num_batched_tokens
@@ -145,11 +148,11 @@ class OpenVINOPipeline:
         scheduler.enable_prefix_caching = False
         scheduler.dynamic_split_fuse = True  # chunked prefill under the token budget, as ours
         self.properties = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision,
-                           "KV_CACHE_PRECISION": precision}
+                           "KV_CACHE_PRECISION": kv_precision}
         self.ov_genai = ov_genai
         self.pipe = ov_genai.ContinuousBatchingPipeline(ir, scheduler, "CPU", self.properties)
         self.note = (f"openvino-genai {ov_genai.__version__.split('-')[0]} ContinuousBatchingPipeline on an "
-                     f"optimum-cli IR; {precision} compute and KV cache, {threads} threads, max_num_seqs "
+                     f"optimum-cli IR; {precision} compute, {kv_precision} KV cache, {threads} threads, max_num_seqs "
                      f"{max_num_seqs}, max_num_batched_tokens {max_num_batched_tokens}, cache {scheduler.cache_size} GB")
 
     def config(self, new_tokens: int) -> Any:
@@ -172,12 +175,12 @@ class OpenVINOPipeline:
 
 
 def run_workload(model_path: str, workload: Workload, dtype: str, threads: int, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> tuple[float, int, str]:
+                 max_num_batched_tokens: int, kv_cache_dtype: str = "auto") -> tuple[float, int, str]:
     """The whole workload in one `generate` call (its own continuous batching) -> (seconds, output tokens, note)."""
     wants = [p.max_tokens or 16 for p in workload.params]
     longest = max(len(p) + n for p, n in zip(workload.prompts, wants))
     pipeline = OpenVINOPipeline(model_path, dtype, threads, max_num_seqs, max_num_batched_tokens,
-                                min(max_num_seqs, len(wants)) * longest)
+                                min(max_num_seqs, len(wants)) * longest, kv_cache_dtype)
     pipeline.generate([workload.prompts[0][:8]], [2])  # warm-up (first inference compiles kernels)
     start = time.perf_counter()
     outputs = pipeline.generate(workload.prompts, wants)
@@ -194,9 +197,9 @@ class OpenVINOLatency:
     prompt (it fits the token budget) and yields the first token, each later step one token."""
 
     def __init__(self, model_path: str, prompt: list[int], output_len: int, dtype: str, threads: int,
-                 max_num_batched_tokens: int) -> None:
+                 max_num_batched_tokens: int, kv_cache_dtype: str = "auto") -> None:
         self.pipeline = OpenVINOPipeline(model_path, dtype, threads, 1, max(max_num_batched_tokens, len(prompt)),
-                                         len(prompt) + output_len)
+                                         len(prompt) + output_len, kv_cache_dtype)
         self.prompt, self.output_len, self.request_id = prompt, output_len, 0
 
     def once(self) -> tuple[float, float]:

@@ -123,8 +123,9 @@ def run_llama_cpp(model_path: str, workload: Workload, threads: int) -> PeerResu
 
 
 def run_openvino(model_path: str, workload: Workload, dtype: str, threads: int, max_num_seqs: int,
-                 max_num_batched_tokens: int) -> PeerResult:
+                 max_num_batched_tokens: int, kv_cache_dtype: str = "auto") -> PeerResult:
     from conveyor.bench.openvino_peer import run_workload
 
-    seconds, produced, note = run_workload(model_path, workload, dtype, threads, max_num_seqs, max_num_batched_tokens)
+    seconds, produced, note = run_workload(model_path, workload, dtype, threads, max_num_seqs, max_num_batched_tokens,
+                                           kv_cache_dtype)
     return PeerResult("openvino", seconds, produced, note)

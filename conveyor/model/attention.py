@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from conveyor.core.kv_cache import FREED_BLOCK
+from conveyor.model import kv_int8
 from conveyor.model.native import DecodeAttention, PrefillAttention
 
 logger = logging.getLogger(__name__)
@@ -157,10 +158,22 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """k, v: [num_tokens, kv_heads, head_dim] -> cache slots."""
+    """k, v: [num_tokens, kv_heads, head_dim] -> cache slots (quantized where the cache is int8)."""
+    if k_cache.dtype == torch.int8:
+        kv_int8.write_rows(k, k_cache, slot_mapping)
+        kv_int8.write_rows(v, v_cache, slot_mapping)
+        return
     kv_heads, head_dim = k.shape[1], k.shape[2]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The K or V rows of cache blocks `blocks` [k] -> [k, block_size, kv_heads, head_dim] in dtype, from a plain
+    cache or an int8 one (read back: conveyor/model/kv_int8.py)."""
+    if cache.dtype == torch.int8:
+        return kv_int8.read_blocks(cache, blocks, head_dim, dtype)
+    return gather_blocks(cache, blocks).view(blocks.shape[0], cache.shape[1], cache.shape[2], head_dim)
 
 
 def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -214,6 +227,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     if softcap is not None and batch.prefills:
         _log_once(_SOFTCAP_PREFILL)
     native = prefill_op is not None and softcap is None and q.dtype == torch.bfloat16 and head_dim % 32 == 0
+    if k_cache.dtype == torch.int8 and any(c.block_table is None and not (native and c.native) for c in batch.prefills):
+        k, v = kv_int8.read_back(k), kv_int8.read_back(v)  # chunks attend to their own K/V as the cache holds them
     if native and batch.prefill_spans is not None:
         assert prefill_op is not None and batch.prefill_tables is not None
         q_rows = q if q.stride(2) == 1 and q.stride(1) == head_dim else q.contiguous()  # [num_tokens, heads, d]
@@ -246,18 +261,19 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                 mask = chunk.window_masks.get(window)
                 if mask is None:
                     mask = chunk.window_masks[window] = _prefill_mask(chunk.num_tokens, ctx, window, q)
-            k_c = _gathered_context(k_cache, chunk.block_table, ctx)  # [1, kv_heads, ctx, head_dim]
-            v_c = _gathered_context(v_cache, chunk.block_table, ctx)  # [1, kv_heads, ctx, head_dim]
+            k_c = _gathered_context(k_cache, chunk.block_table, ctx, head_dim, q.dtype)  # [1, kv_heads, ctx, d]
+            v_c = _gathered_context(v_cache, chunk.block_table, ctx, head_dim, q.dtype)  # [1, kv_heads, ctx, d]
             o = attend(q_c, k_c, v_c, mask, scale, softcap)  # [1, heads, chunk, head_dim]
         out[rows] = o[0].transpose(0, 1)  # [chunk, heads, head_dim]
     return out.reshape(num_tokens, heads * head_dim)
 
 
-def _gathered_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int) -> torch.Tensor:
-    """A prefill chunk's cached keys or values: cache [num_blocks, block_size, kv_heads, d], block_table [k]
-    -> [1, kv_heads, context_len, d] (a view of one gathered copy)."""
-    kv_heads, head_dim = cache.shape[2], cache.shape[3]
-    gathered = gather_blocks(cache, block_table).view(1, -1, kv_heads, head_dim)  # [1, k * block_size, kv_heads, d]
+def _gathered_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int, head_dim: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """A prefill chunk's cached keys or values: cache [num_blocks, block_size, kv_heads, d] (or int8 pages),
+    block_table [k] -> [1, kv_heads, context_len, d] in dtype (a view of one gathered copy)."""
+    blocks = read_blocks(cache, block_table, head_dim, dtype)  # [k, block_size, kv_heads, d]
+    gathered = blocks.flatten(0, 1).unsqueeze(0)  # [1, k * block_size, kv_heads, d]
     return gathered[:, :context_len].transpose(1, 2)
 
 
@@ -290,11 +306,13 @@ def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                      scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """The torch reference for a decode group: gather its blocks, pad, mask, SDPA. -> [n, heads, head_dim]."""
     n, heads, head_dim = q_dec.shape
-    kv_heads = k_cache.shape[2]
     flat = group.block_tables.view(-1)  # [n * max_blocks]
+    keys = read_blocks(k_cache, flat, head_dim, q_dec.dtype)  # [n * max_blocks, block_size, kv_heads, d]
+    values = read_blocks(v_cache, flat, head_dim, q_dec.dtype)  # [n * max_blocks, block_size, kv_heads, d]
+    kv_heads = keys.shape[2]
     mask = group.mask if window is None else group.window_masks.get(window)
     if mask is None:
-        k_pos = torch.arange(flat.shape[0] // n * k_cache.shape[1], device=q_dec.device)  # [max_context]
+        k_pos = torch.arange(flat.shape[0] // n * keys.shape[1], device=q_dec.device)  # [max_context]
         valid = k_pos[None, :] < group.context_lens[:, None]  # [n, max_context]
         if window is not None:  # the query sits at context_len - 1
             valid &= k_pos[None, :] >= group.context_lens[:, None] - window
@@ -303,8 +321,8 @@ def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
             group.mask = mask
         else:
             group.window_masks[window] = mask
-    keys = gather_blocks(k_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
-    values = gather_blocks(v_cache, flat).view(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
+    keys = keys.reshape(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
+    values = values.reshape(n, -1, kv_heads, head_dim).transpose(1, 2)  # [n, kv_heads, ctx, d]
     # Fold the query heads of one KV group into the query-length axis: [n, kv_heads, group, head_dim]
     q_grouped = q_dec.reshape(n, kv_heads, heads // kv_heads, head_dim)
     o = attend(q_grouped, keys, values, mask, scale, softcap)

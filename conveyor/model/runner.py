@@ -15,6 +15,7 @@ from conveyor.host_memory import advise_huge_pages, keep_freed_host_memory
 from conveyor.core.kv_cache import CachePlan
 from conveyor.core.persistent_batch import PersistentBatch
 from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
+from conveyor.model import kv_int8
 from conveyor.model.attention import DECODE_GROUP_SIZE, AttentionBatch, build_attention_batch
 from conveyor.model.llama import LlamaModel
 from conveyor.model.loader import LoadedModel
@@ -120,11 +121,21 @@ class ModelRunner:
         self.sampling_kernels: SamplingKernels | None = kernels
         """The sampler's argmax and structured output's grammar masks by the native kernels (None: torch's ops)."""
         loaded.weights.clear()  # the model holds its own (device) copies now
-        element = torch.empty((), dtype=self.model.dtype).element_size()
-        self.cache_plan = plan_kv_cache(config, info, self.spec.kv_bytes_per_token(element), max_model_len)
-        shape = (self.cache_plan.num_blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
-        self.kv_caches = [(self._new_cache(shape), self._new_cache(shape))
-                          for _ in range(self.spec.num_layers)]  # each [num_blocks, block_size, kv_heads, head_dim]
+        if config.kv_cache_dtype == "int8" and info.device.type != "cpu":
+            raise ConfigError(f"kv_cache_dtype='int8' runs on CPU only for now, not on {info.name}; use device='cpu', "
+                              f"or leave kv_cache_dtype at 'auto'")
+        self.cache_dtype = torch.int8 if config.kv_cache_dtype == "int8" else self.model.dtype
+        spec = self.spec
+        if self.cache_dtype == torch.int8:
+            bytes_per_token = kv_int8.bytes_per_token(spec.num_layers, spec.num_kv_heads, spec.head_dim)
+        else:
+            bytes_per_token = spec.kv_bytes_per_token(torch.empty((), dtype=self.model.dtype).element_size())
+        self.cache_plan = plan_kv_cache(config, info, bytes_per_token, max_model_len)
+        if self.cache_dtype == torch.int8:  # each [num_blocks, kv_heads, block_size * (head_dim + 4)] int8 pages
+            shape = kv_int8.cache_shape(self.cache_plan.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        else:  # each [num_blocks, block_size, kv_heads, head_dim]
+            shape = (self.cache_plan.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        self.kv_caches = [(self._new_cache(shape), self._new_cache(shape)) for _ in range(spec.num_layers)]
         if not info.is_cuda:
             keep_freed_host_memory()  # activations live in host memory: reuse freed blocks (conveyor/host_memory.py)
         self.copy_stream = torch.cuda.Stream(self.device) if info.is_cuda else None
@@ -138,13 +149,14 @@ class ModelRunner:
         self._last_step_id: int | None = None
         self.num_placeholder_tokens = 0
         """Input tokens filled on the device from the previous step's samples (async batching at work)."""
-        logger.info("KV cache: %d blocks x %d tokens (%.1f MiB)", self.cache_plan.num_blocks, self.block_size,
-                    self.cache_plan.num_blocks * self.cache_plan.bytes_per_block / 2**20)
+        logger.info("KV cache: %d blocks x %d tokens (%.1f MiB, %s)", self.cache_plan.num_blocks, self.block_size,
+                    self.cache_plan.num_blocks * self.cache_plan.bytes_per_block / 2**20,
+                    "int8" if self.cache_dtype == torch.int8 else str(self.cache_dtype).removeprefix("torch."))
 
     def _new_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
         """One layer's K or V cache, zero-filled so that masked-out slots never hold NaN/inf garbage; in host
         memory, on huge pages where Linux grants them (conveyor/host_memory.py)."""
-        cache = torch.empty(shape, dtype=self.model.dtype, device=self.device)
+        cache = torch.empty(shape, dtype=self.cache_dtype, device=self.device)
         if not self.info.is_cuda:
             advise_huge_pages(cache.data_ptr(), cache.numel() * cache.element_size())
         return cache.zero_()

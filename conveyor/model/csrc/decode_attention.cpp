@@ -376,16 +376,202 @@ template <typename T>
 bool attend_avx512(const Item&, const T*, const T*, const T*, float*, T*) { return false; }
 #endif
 
+// ---- int8 caches: [num_blocks, kv_heads, block_size * (head_dim + 4)], per (block, KV head) a page of block_size
+// rows of int8 codes and then their block_size float32 scales (conveyor/model/kv_int8.py). A row reads back as
+// codes * scale; scores are (scale * q) . codes * row scale, and the softmax weights times the row scale multiply
+// the V codes: all in float32, so the result is attention over the read-back values up to float32 rounding.
+
+// A KV head's pages of one item, block by block.
+struct PageWalk {
+  const int8_t* head_base;  // the cache + kv_head * page
+  const int64_t* table;
+  int64_t page, page_stride, block_size, head_dim;
+  const int8_t* page_of(int64_t block) const { return head_base + table[block] * page_stride; }
+  const float* scales_of(const int8_t* p) const { return reinterpret_cast<const float*>(p + block_size * head_dim); }
+};
+
+inline PageWalk page_walk(const Item& it, const int8_t* cache) {
+  const int64_t page = it.block_size * (it.head_dim + 4);
+  return PageWalk{cache + it.kv_head * page, it.table, page, it.kv_heads * page, it.block_size, it.head_dim};
+}
+
+// Portable path: any head_dim and group.
+template <typename T>
+void attend_item_int8(const Item& it, const T* q, const int8_t* k_cache, const int8_t* v_cache, float* scores,
+                      T* out) {
+  const int64_t D = it.head_dim, G = it.group, bs = it.block_size;
+  std::vector<float> q_rows(G * D), acc(G * D, 0.f);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < D; ++d) q_rows[g * D + d] = static_cast<float>(q[g * it.q_head_stride + d]) * it.scale;
+  const PageWalk keys = page_walk(it, k_cache), values = page_walk(it, v_cache);
+  for (int64_t t = 0; t < it.ctx; ++t) {  // pass 1: scores[g][t] = ((scale * q_g) . codes_t) * s_t
+    const int8_t* p = keys.page_of(t / bs);
+    const int8_t* row = p + (t % bs) * D;
+    const float row_scale = keys.scales_of(p)[t % bs];
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = q_rows.data() + g * D;
+      float dot = 0.f;
+      for (int64_t d = 0; d < D; ++d) dot += qg[d] * static_cast<float>(row[d]);
+      scores[g * it.ctx + t] = dot * row_scale;
+    }
+  }
+  softmax_rows(scores, G, it.ctx);
+  for (int64_t t = 0; t < it.ctx; ++t) {  // pass 2: acc[g] += (p[g][t] * s_t) * codes_t
+    const int8_t* p = values.page_of(t / bs);
+    const int8_t* row = p + (t % bs) * D;
+    const float row_scale = values.scales_of(p)[t % bs];
+    for (int64_t g = 0; g < G; ++g) {
+      const float w = scores[g * it.ctx + t] * row_scale;
+      float* a = acc.data() + g * D;
+      for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<float>(row[d]);
+    }
+  }
+  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<T>(acc[i]);
+}
+
+#if defined(CONVEYOR_VEC_AVX512)
+inline void prefetch_page(const int8_t* p, int64_t bytes, int hint) {
+  for (int64_t offset = 0; offset < bytes; offset += 64) {
+    if (hint == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + offset, _MM_HINT_T0);
+    else _mm_prefetch(reinterpret_cast<const char*>(p) + offset, _MM_HINT_T1);
+  }
+}
+
+// 16 int8 codes -> 16 float32
+inline __m512 load_codes(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// a, b, c, d -> [sum of a, sum of b, sum of c, sum of d]
+inline __m128 sum4_int8(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
+                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
+  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+}
+
+// AVX-512 path for G query heads of dimension 16 * V over int8 pages: query rows and accumulators in registers,
+// each page read front to back (the next one requested while this one is used), scores of four tokens reduced
+// together. While pass 2 runs, the next item's K pages are requested (to L2), one per page of V used.
+template <typename T, int G, int V>
+void attend_item_int8_avx512(const Item& it, const Item* next, const T* q, const int8_t* k_cache,
+                             const int8_t* v_cache, float* scores, T* out) {
+  constexpr int D = 16 * V;
+  const int64_t ctx = it.ctx, bs = it.block_size, blocks = (ctx + bs - 1) / bs;
+  const PageWalk keys = page_walk(it, k_cache), values = page_walk(it, v_cache);
+  __m512 qv[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < V; ++j)
+      qv[g][j] = _mm512_mul_ps(load16(q + g * it.q_head_stride + 16 * j), _mm512_set1_ps(it.scale));
+  for (int64_t b = 0; b < blocks; ++b) {  // pass 1: scores
+    const int8_t* p = keys.page_of(b);
+    if (b + 1 < blocks) prefetch_page(keys.page_of(b + 1), keys.page, 0);
+    prefetch_page(values.page_of(b), values.page, 1);
+    const float* row_scales = keys.scales_of(p);
+    const int64_t first = b * bs, n = std::min(bs, ctx - first);
+    int64_t o = 0;
+    for (; o + 4 <= n; o += 4) {
+      __m512 part[4][G];
+      for (int u = 0; u < 4; ++u) {
+        __m512 kv[V];
+        for (int j = 0; j < V; ++j) kv[j] = load_codes(p + (o + u) * D + 16 * j);
+        for (int g = 0; g < G; ++g) {
+          __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
+          for (int j = 1; j < V; ++j) acc = _mm512_fmadd_ps(qv[g][j], kv[j], acc);
+          part[u][g] = acc;
+        }
+      }
+      const __m128 s4 = _mm_loadu_ps(row_scales + o);
+      for (int g = 0; g < G; ++g)
+        _mm_storeu_ps(scores + g * ctx + first + o, _mm_mul_ps(sum4_int8(part[0][g], part[1][g], part[2][g],
+                                                                         part[3][g]), s4));
+    }
+    for (; o < n; ++o) {
+      __m512 kv[V];
+      for (int j = 0; j < V; ++j) kv[j] = load_codes(p + o * D + 16 * j);
+      for (int g = 0; g < G; ++g) {
+        __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
+        for (int j = 1; j < V; ++j) acc = _mm512_fmadd_ps(qv[g][j], kv[j], acc);
+        scores[g * ctx + first + o] = _mm512_reduce_add_ps(acc) * row_scales[o];
+      }
+    }
+  }
+  float inv_sum[G];
+  for (int g = 0; g < G; ++g) inv_sum[g] = 1.f / softmax_numerators(scores + g * ctx, ctx);  // 1 / sum: at the end
+  __m512 acc[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int j = 0; j < V; ++j) acc[g][j] = _mm512_setzero_ps();
+  const PageWalk next_keys = next == nullptr ? keys : page_walk(*next, k_cache);
+  const int64_t next_blocks = next == nullptr ? 0 : (next->ctx + bs - 1) / bs;
+  for (int64_t b = 0; b < blocks; ++b) {  // pass 2: weights times V
+    const int8_t* p = values.page_of(b);
+    if (b + 1 < blocks) prefetch_page(values.page_of(b + 1), values.page, 0);
+    for (int64_t r = b; r < next_blocks; r += blocks) prefetch_page(next_keys.page_of(r), next_keys.page, 1);
+    const float* row_scales = values.scales_of(p);
+    const int64_t first = b * bs, n = std::min(bs, ctx - first);
+    for (int64_t o = 0; o < n; ++o) {
+      __m512 vv[V];
+      for (int j = 0; j < V; ++j) vv[j] = load_codes(p + o * D + 16 * j);
+      for (int g = 0; g < G; ++g) {
+        const __m512 w = _mm512_set1_ps(scores[g * ctx + first + o] * row_scales[o]);
+        for (int j = 0; j < V; ++j) acc[g][j] = _mm512_fmadd_ps(w, vv[j], acc[g][j]);
+      }
+    }
+  }
+  alignas(64) float row[D];
+  for (int g = 0; g < G; ++g) {
+    const __m512 inv = _mm512_set1_ps(inv_sum[g]);
+    for (int j = 0; j < V; ++j) _mm512_store_ps(row + 16 * j, _mm512_mul_ps(acc[g][j], inv));
+    for (int d = 0; d < D; ++d) out[g * D + d] = static_cast<T>(row[d]);
+  }
+}
+
+template <typename T, int V>
+bool attend_int8_group(const Item& it, const Item* next, const T* q, const int8_t* k, const int8_t* v, float* scores,
+                       T* out) {
+  switch (it.group) {
+    case 1: attend_item_int8_avx512<T, 1, V>(it, next, q, k, v, scores, out); return true;
+    case 2: attend_item_int8_avx512<T, 2, V>(it, next, q, k, v, scores, out); return true;
+    case 3: attend_item_int8_avx512<T, 3, V>(it, next, q, k, v, scores, out); return true;
+    case 4: attend_item_int8_avx512<T, 4, V>(it, next, q, k, v, scores, out); return true;
+    case 5: attend_item_int8_avx512<T, 5, V>(it, next, q, k, v, scores, out); return true;
+    case 6: attend_item_int8_avx512<T, 6, V>(it, next, q, k, v, scores, out); return true;
+    case 7: attend_item_int8_avx512<T, 7, V>(it, next, q, k, v, scores, out); return true;
+    case 8: attend_item_int8_avx512<T, 8, V>(it, next, q, k, v, scores, out); return true;
+    default: return false;
+  }
+}
+
+template <typename T>
+bool attend_int8_avx512(const Item& it, const Item* next, const T* q, const int8_t* k, const int8_t* v,
+                        float* scores, T* out) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    if (it.head_dim == 64) return attend_int8_group<T, 4>(it, next, q, k, v, scores, out);
+    if (it.head_dim == 128) return attend_int8_group<T, 8>(it, next, q, k, v, scores, out);
+  }
+  return false;
+}
+#else
+template <typename T>
+bool attend_int8_avx512(const Item&, const Item*, const T*, const int8_t*, const int8_t*, float*, T*) {
+  return false;
+}
+#endif
+
 template <typename T>
 void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                              const torch::Tensor& block_tables, const torch::Tensor& context_lens,
-                             torch::Tensor& out, double scale) {
-  const int64_t num_seqs = q.size(0), heads = q.size(1), head_dim = q.size(2);
-  const int64_t block_size = k_cache.size(1), kv_heads = k_cache.size(2), max_blocks = block_tables.size(1);
+                             torch::Tensor& out, double scale, int64_t block_size, int64_t kv_heads) {
+  const int64_t num_seqs = q.size(0), heads = q.size(1), head_dim = q.size(2), max_blocks = block_tables.size(1);
   const int64_t group = heads / kv_heads, q_seq_stride = q.stride(0), q_head_stride = q.stride(1);
+  const bool int8_cache = k_cache.scalar_type() == at::kChar;
   const T* q_ptr = q.data_ptr<T>();
-  const T* k_ptr = k_cache.data_ptr<T>();
-  const T* v_ptr = v_cache.data_ptr<T>();
+  const T* k_ptr = int8_cache ? nullptr : k_cache.data_ptr<T>();
+  const T* v_ptr = int8_cache ? nullptr : v_cache.data_ptr<T>();
+  const int8_t* k_codes = int8_cache ? k_cache.data_ptr<int8_t>() : nullptr;
+  const int8_t* v_codes = int8_cache ? v_cache.data_ptr<int8_t>() : nullptr;
   const int64_t* table_ptr = block_tables.data_ptr<int64_t>();
   const int64_t* len_ptr = context_lens.data_ptr<int64_t>();
   T* out_ptr = out.data_ptr<T>();
@@ -422,8 +608,14 @@ void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cach
       scores.resize(group * it.ctx);
       const T* q_item = q_ptr + seq * q_seq_stride + kv_head * group * q_head_stride;
       T* out_item = out_ptr + (seq * heads + kv_head * group) * head_dim;
-#if defined(CONVEYOR_VEC_BF16)
       const Item following = index + 1 < end ? item(index + 1) : Item{};
+      if (int8_cache) {
+        if (!attend_int8_avx512(it, index + 1 < end ? &following : nullptr, q_item, k_codes, v_codes, scores.data(),
+                                out_item))
+          attend_item_int8(it, q_item, k_codes, v_codes, scores.data(), out_item);
+        continue;
+      }
+#if defined(CONVEYOR_VEC_BF16)
       if (attend_bf16_64(it, index + 1 < end ? &following : nullptr, q_item, k_ptr, v_ptr, scores.data(), out_item))
         continue;
 #endif
@@ -435,30 +627,43 @@ void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cach
 
 }  // namespace
 
-// q [num_seqs, heads, head_dim] (last dim contiguous); k_cache, v_cache
-// [num_blocks, block_size, kv_heads, head_dim] contiguous; block_tables [num_seqs, max_blocks]
-// int64; context_lens [num_seqs] int64, each in 1..max_blocks * block_size (checked, with the block ids
-// each context uses: a bad one raises instead of reading outside the cache).
-// Returns [num_seqs, heads, head_dim] in q's dtype.
+// q [num_seqs, heads, head_dim] (last dim contiguous); k_cache, v_cache [num_blocks, block_size, kv_heads,
+// head_dim] contiguous in q's dtype, or int8 caches [num_blocks, kv_heads, block_size * (head_dim + 4)]
+// (conveyor/model/kv_int8.py); block_tables [num_seqs, max_blocks] int64; context_lens [num_seqs] int64, each in
+// 1..max_blocks * block_size (checked, with the block ids each context uses: a bad one raises instead of reading
+// outside the cache). Returns [num_seqs, heads, head_dim] in q's dtype.
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                                const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
               "decode_attention runs on CPU tensors");
   TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [num_seqs, heads, head_dim] with a contiguous last dim");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes(),
-              "caches must be contiguous [num_blocks, block_size, kv_heads, head_dim] of one shape");
-  TORCH_CHECK(k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0,
-              "head_dim must match the cache's and heads must be a multiple of kv_heads");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
-              "q and the caches must share a dtype");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "the K and V caches must be contiguous, of one shape and dtype");
+  const int64_t head_dim = q.size(2);
+  int64_t block_size = 0, kv_heads = 0;
+  if (k_cache.scalar_type() == at::kChar) {
+    TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(2) % (head_dim + 4) == 0,
+                "int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)]; got ", k_cache.sizes(),
+                " for head_dim ", head_dim);
+    kv_heads = k_cache.size(1);
+    block_size = k_cache.size(2) / (head_dim + 4);
+  } else {
+    TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(3) == head_dim,
+                "caches must be [num_blocks, block_size, kv_heads, head_dim] with q's head_dim");
+    TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "q and the caches must share a dtype (or the caches be int8)");
+    kv_heads = k_cache.size(2);
+    block_size = k_cache.size(1);
+  }
+  TORCH_CHECK(kv_heads > 0 && block_size > 0 && q.size(1) % kv_heads == 0, "heads (", q.size(1),
+              ") must be a multiple of kv_heads (", kv_heads, ", the cache's)");
   TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == q.size(0) &&
                   block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous() &&
                   context_lens.dim() == 1 && context_lens.size(0) == q.size(0) &&
                   context_lens.scalar_type() == torch::kInt64 && context_lens.is_contiguous(),
               "block_tables [num_seqs, max_blocks] and context_lens [num_seqs] must be contiguous int64");
   // a length past the table or a block id outside the cache would read memory that is not the cache's
-  const int64_t block_size = k_cache.size(1), capacity = block_tables.size(1) * block_size, num_blocks = k_cache.size(0);
+  const int64_t capacity = block_tables.size(1) * block_size, num_blocks = k_cache.size(0);
   const int64_t* len_ptr = context_lens.data_ptr<int64_t>();
   const int64_t* table_ptr = block_tables.data_ptr<int64_t>();
   for (int64_t seq = 0; seq < q.size(0); ++seq) {
@@ -473,7 +678,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   }
   auto out = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
-    decode_attention_kernel<scalar_t>(q, k_cache, v_cache, block_tables, context_lens, out, scale);
+    decode_attention_kernel<scalar_t>(q, k_cache, v_cache, block_tables, context_lens, out, scale, block_size,
+                                      kv_heads);
   });
   return out;
 }

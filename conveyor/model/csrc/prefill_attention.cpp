@@ -61,21 +61,36 @@ using namespace conveyor_vec;
 // Tiles (configured by conveyor_amx::configure_tiles: all 16 rows x 64 bytes): 0-3 output accumulators (four d
 // tiles of 16); 4: Q or P; 5: a K^T or V tile; 6, 7: the two score tiles.
 
-// Where key t of the sequence lives in a cache [num_blocks, block_size, kv_heads, head_dim].
-inline int64_t key_offset(const Chunk& c, int64_t t, int64_t block_size, int64_t kv_heads, int64_t kv_head,
-                          int64_t head_dim) {
-  const int64_t slot = c.table[t / block_size] * block_size + t % block_size;
-  return (slot * kv_heads + kv_head) * head_dim;
-}
+// The K or V rows of one KV head of a chunk as bfloat16: in place from a cache [num_blocks, block_size, kv_heads,
+// head_dim], or read back from an int8 one [num_blocks, kv_heads, block_size * (head_dim + 4)]
+// (conveyor/model/kv_int8.py: codes * scale in float32, rounded to bfloat16) into a buffer of the caller's.
+struct RowSource {
+  const c10::BFloat16* plain;
+  const int8_t* codes;
+  int64_t block_size, kv_heads, kv_head, head_dim;
+
+  const c10::BFloat16* row(const Chunk& c, int64_t t, c10::BFloat16* buffer) const {
+    const int64_t block = c.table[t / block_size], offset = t % block_size;
+    if (codes == nullptr) return plain + ((block * block_size + offset) * kv_heads + kv_head) * head_dim;
+    const int8_t* page = codes + (block * kv_heads + kv_head) * block_size * (head_dim + 4);
+    const int8_t* r = page + offset * head_dim;
+    const __m512 s = _mm512_set1_ps(reinterpret_cast<const float*>(page + block_size * head_dim)[offset]);
+    for (int64_t d = 0; d < head_dim; d += 16) {
+      const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + d))));
+      store_bf16(buffer + d, _mm512_mul_ps(v, s), 0xFFFF);
+    }
+    return buffer;
+  }
+};
 
 // Keys [first, keys) -> kt [(keys - first) / 16][head_dim / 32][16 d pairs][16 keys] (uint32 = two bfloat16 of one
 // key); values -> vp [(keys - first) / 32][head_dim / 16][16 key pairs][16 d][2]. `first` and `keys` are multiples of
 // 32; keys at or past ctx are zeros.
-void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const c10::BFloat16* k_cache,
-                      const c10::BFloat16* v_cache, int64_t block_size, int64_t kv_heads, int64_t kv_head,
+void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const RowSource& k_rows, const RowSource& v_rows,
                       int64_t head_dim, uint32_t* kt, uint16_t* vp) {
   const int64_t d_pairs = head_dim / 2, d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
   const int64_t valid = std::min(keys, c.ctx);
+  alignas(64) c10::BFloat16 buffer[2][256];  // rows read back from an int8 cache (head_dim <= 256, checked)
   for (int64_t t = first; t < keys; ++t) {
     uint32_t* kt_tile = kt + ((t - first) / kTile) * d_tiles32 * kTile * kTile;
     const int64_t col = t % kTile;
@@ -83,8 +98,7 @@ void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const c10::BF
       for (int64_t p = 0; p < d_pairs; ++p) kt_tile[(p / kTile) * kTile * kTile + (p % kTile) * kTile + col] = 0;
       continue;
     }
-    const uint32_t* k_row =
-        reinterpret_cast<const uint32_t*>(k_cache + key_offset(c, t, block_size, kv_heads, kv_head, head_dim));
+    const uint32_t* k_row = reinterpret_cast<const uint32_t*>(k_rows.row(c, t, buffer[0]));
     for (int64_t p = 0; p < d_pairs; ++p) kt_tile[(p / kTile) * kTile * kTile + (p % kTile) * kTile + col] = k_row[p];
   }
   // V: key pair j of a block (keys 2j, 2j + 1) -> row j of each d tile, d values interleaved with the pair's
@@ -95,9 +109,8 @@ void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const c10::BF
   for (int64_t t = first; t < keys; t += 2) {
     uint16_t* block = vp + ((t - first) / kKeyBlock) * d_tiles16 * kTile * kTile * 2;
     const int64_t pair = (t % kKeyBlock) / 2;
-    const c10::BFloat16* even = t < valid ? v_cache + key_offset(c, t, block_size, kv_heads, kv_head, head_dim) : nullptr;
-    const c10::BFloat16* odd =
-        t + 1 < valid ? v_cache + key_offset(c, t + 1, block_size, kv_heads, kv_head, head_dim) : nullptr;
+    const c10::BFloat16* even = t < valid ? v_rows.row(c, t, buffer[0]) : nullptr;
+    const c10::BFloat16* odd = t + 1 < valid ? v_rows.row(c, t + 1, buffer[1]) : nullptr;
     for (int64_t d = 0; d < head_dim; d += 32) {  // 32 d of both keys -> two d tiles' rows
       const __m512i a = even ? _mm512_loadu_si512(even + d) : zero;
       const __m512i b = odd ? _mm512_loadu_si512(odd + d) : zero;
@@ -252,10 +265,11 @@ bool prefill_attention_available() {
 }
 
 // q [tokens, heads, head_dim] bfloat16 (head_dim contiguous, heads adjacent); k_cache, v_cache [num_blocks,
-// block_size, kv_heads, head_dim] contiguous, holding every chunk's K/V already; block_tables [chunks,
-// max_blocks] int64; spans [chunks, 3] int64 (first query row in q, queries, context length); out [tokens,
-// heads, head_dim] contiguous: the chunks' rows are written, other rows are left as they are. window: the layer's
-// sliding window (keys p - window + 1 .. p), 0 for none.
+// block_size, kv_heads, head_dim] bfloat16 contiguous, or int8 [num_blocks, kv_heads, block_size * (head_dim + 4)]
+// (conveyor/model/kv_int8.py), holding every chunk's K/V already; block_tables [chunks, max_blocks] int64; spans
+// [chunks, 3] int64 (first query row in q, queries, context length); out [tokens, heads, head_dim] contiguous: the
+// chunks' rows are written, other rows are left as they are. window: the layer's sliding window (keys p - window
+// + 1 .. p), 0 for none.
 void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                        const torch::Tensor& block_tables, const torch::Tensor& spans, double scale, int64_t window,
                        torch::Tensor& out) {
@@ -263,13 +277,26 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
   TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.stride(2) == 1 &&
                   q.stride(1) == q.size(2),
               "q must be a bfloat16 CPU tensor [tokens, heads, head_dim] with contiguous heads");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes() && k_cache.scalar_type() == at::kBFloat16 &&
-                  v_cache.scalar_type() == at::kBFloat16,
-              "caches must be contiguous bfloat16 [num_blocks, block_size, kv_heads, head_dim] of one shape");
-  const int64_t heads = q.size(1), head_dim = q.size(2), kv_heads = k_cache.size(2), block_size = k_cache.size(1);
-  TORCH_CHECK(k_cache.size(3) == head_dim && head_dim % 32 == 0 && heads % kv_heads == 0,
-              "head_dim must match the cache's and be a multiple of 32; heads a multiple of kv_heads");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+                  k_cache.scalar_type() == v_cache.scalar_type(),
+              "the K and V caches must be contiguous, of one shape and dtype");
+  const int64_t heads = q.size(1), head_dim = q.size(2);
+  const bool int8_cache = k_cache.scalar_type() == at::kChar;
+  int64_t kv_heads = 0, block_size = 0;
+  if (int8_cache) {
+    TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(2) % (head_dim + 4) == 0 && head_dim <= 256,
+                "int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)], head_dim at most 256; got ",
+                k_cache.sizes(), " for head_dim ", head_dim);
+    kv_heads = k_cache.size(1);
+    block_size = k_cache.size(2) / (head_dim + 4);
+  } else {
+    TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kBFloat16 && k_cache.size(3) == head_dim,
+                "caches must be bfloat16 [num_blocks, block_size, kv_heads, head_dim] with q's head_dim (or int8)");
+    kv_heads = k_cache.size(2);
+    block_size = k_cache.size(1);
+  }
+  TORCH_CHECK(head_dim % 32 == 0 && kv_heads > 0 && heads % kv_heads == 0,
+              "head_dim must be a multiple of 32 and heads a multiple of kv_heads");
   TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous() && out.scalar_type() == at::kBFloat16,
               "out must be contiguous bfloat16 with q's shape");
   TORCH_CHECK(spans.dim() == 2 && spans.size(1) == 3 && spans.scalar_type() == torch::kInt64 && spans.is_contiguous() &&
@@ -301,8 +328,10 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
   }
   std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.cost > b.cost; });
   const c10::BFloat16* q_ptr = q.data_ptr<c10::BFloat16>();
-  const c10::BFloat16* k_ptr = k_cache.data_ptr<c10::BFloat16>();
-  const c10::BFloat16* v_ptr = v_cache.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* k_ptr = int8_cache ? nullptr : k_cache.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* v_ptr = int8_cache ? nullptr : v_cache.data_ptr<c10::BFloat16>();
+  const int8_t* k_codes = int8_cache ? k_cache.data_ptr<int8_t>() : nullptr;
+  const int8_t* v_codes = int8_cache ? v_cache.data_ptr<int8_t>() : nullptr;
   c10::BFloat16* out_ptr = out.data_ptr<c10::BFloat16>();
   const int64_t q_row_stride = q.stride(0), out_row_stride = heads * head_dim;
   const float scale_f = static_cast<float>(scale);
@@ -327,8 +356,9 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
       const int64_t last_query = std::min(c.n, unit.tile_end * kTile) - 1;
       const int64_t keys = (c.ctx - c.n + last_query + 1 + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
       const int64_t first = first_key(c.ctx - c.n + unit.tile_begin * kTile, window);
-      pack_keys_values(c, first, keys, k_ptr, v_ptr, block_size, kv_heads, unit.kv_head, head_dim, kt.data(),
-                       vp.data());
+      const RowSource k_rows{k_ptr, k_codes, block_size, kv_heads, unit.kv_head, head_dim};
+      const RowSource v_rows{v_ptr, v_codes, block_size, kv_heads, unit.kv_head, head_dim};
+      pack_keys_values(c, first, keys, k_rows, v_rows, head_dim, kt.data(), vp.data());
       for (int64_t h = unit.kv_head * group; h < (unit.kv_head + 1) * group; ++h)
         for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t)
           attend_tile(c, h, t * kTile, window, q_ptr, q_row_stride, head_dim, scale_f, first, kt.data(), vp.data(),

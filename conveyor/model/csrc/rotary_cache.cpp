@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -51,11 +52,68 @@ inline T rotate_one(T x, T partner, T c, T s, bool first_half) {
   return static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
 }
 
+// One row (head_dim values) -> int8 codes and a float32 scale, as conveyor/model/kv_int8.py quantize_rows: codes
+// round(x * (127 / amax)) (ties to even), scale amax / 127, both quotients in float64 rounded to float32.
 template <typename T>
-void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, T* k_cache, T* v_cache, const int64_t* slots,
-                             T* qk, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+void quantize_row(const T* x, int64_t head_dim, int8_t* codes, float* scale) {
+#if defined(CONVEYOR_VEC_AVX512)
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+    if (head_dim % 16 == 0) {  // the same arithmetic, 16 values at a time
+      __m512 top = _mm512_setzero_ps();
+      for (int64_t d = 0; d < head_dim; d += 16) top = _mm512_max_ps(top, _mm512_abs_ps(conveyor_vec::load16(x + d)));
+      const float amax16 = _mm512_reduce_max_ps(top);
+      const double wide16 = static_cast<double>(amax16);
+      const __m512 inverse = _mm512_set1_ps(amax16 > 0.f ? static_cast<float>(127.0 / wide16) : 0.f);
+      const __m512 low = _mm512_set1_ps(-127.f), high = _mm512_set1_ps(127.f);
+      for (int64_t d = 0; d < head_dim; d += 16) {
+        const __m512 code = _mm512_roundscale_ps(_mm512_mul_ps(conveyor_vec::load16(x + d), inverse),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + d),
+                         _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(high, _mm512_max_ps(low, code)))));
+      }
+      *scale = static_cast<float>(wide16 / 127.0);
+      return;
+    }
+  }
+#endif
+  float amax = 0.f;
+  for (int64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(static_cast<float>(x[d])));
+  const double wide = static_cast<double>(amax);
+  const float inverse = amax > 0.f ? static_cast<float>(127.0 / wide) : 0.f;
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const float code = std::nearbyint(static_cast<float>(x[d]) * inverse);
+    codes[d] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, code)));
+  }
+  *scale = static_cast<float>(wide / 127.0);
+}
+
+// Where K and V rows go: a plain cache [num_blocks, block_size, kv_heads, head_dim] of T, or (codes != nullptr)
+// an int8 one [num_blocks, kv_heads, block_size * (head_dim + 4)] (conveyor/model/kv_int8.py).
+template <typename T>
+struct CacheRows {
+  T* plain;
+  int8_t* codes;
+  int64_t block_size;
+
+  void write(int64_t slot, const T* rows, int64_t kv_heads, int64_t head_dim) const {
+    if (codes == nullptr) {
+      std::memcpy(plain + slot * kv_heads * head_dim, rows, kv_heads * head_dim * sizeof(T));
+      return;
+    }
+    const int64_t block = slot / block_size, offset = slot % block_size, page = block_size * (head_dim + 4);
+    for (int64_t h = 0; h < kv_heads; ++h) {
+      int8_t* base = codes + (block * kv_heads + h) * page;
+      quantize_row(rows + h * head_dim, head_dim, base + offset * head_dim,
+                   reinterpret_cast<float*>(base + block_size * head_dim) + offset);
+    }
+  }
+};
+
+template <typename T>
+void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, const CacheRows<T>& k_cache,
+                             const CacheRows<T>& v_cache, const int64_t* slots, T* qk, int64_t tokens, int64_t heads,
+                             int64_t kv_heads, int64_t head_dim) {
   const int64_t row = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
-  const int64_t kv_row = kv_heads * head_dim;
   at::parallel_for(0, tokens, std::max<int64_t>(1, kInlineElements / row), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* src = qkv + t * row;
@@ -79,8 +137,8 @@ void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, T* k_cach
       const int64_t slot = slots[t];
       const T* k_rot = dst + heads * head_dim;
       const T* v = src + (heads + kv_heads) * head_dim;
-      std::memcpy(k_cache + slot * kv_row, k_rot, kv_row * sizeof(T));
-      std::memcpy(v_cache + slot * kv_row, v, kv_row * sizeof(T));
+      k_cache.write(slot, k_rot, kv_heads, head_dim);
+      v_cache.write(slot, v, kv_heads, head_dim);
     }
   });
 }
@@ -88,38 +146,56 @@ void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, T* k_cach
 }  // namespace
 
 // qkv [tokens, (heads + 2 * kv_heads) * head_dim] contiguous; cos, sin [tokens, head_dim] in
-// qkv's dtype; caches [num_blocks, block_size, kv_heads, head_dim] contiguous; slot_mapping
-// [tokens] int64. Writes each token's rotated K and its V to its slot; returns the rotated
-// Q and K heads, [tokens, heads + kv_heads, head_dim].
+// qkv's dtype; caches [num_blocks, block_size, kv_heads, head_dim] contiguous in qkv's dtype, or int8 caches
+// [num_blocks, kv_heads, block_size * (head_dim + 4)] (conveyor/model/kv_int8.py); slot_mapping [tokens] int64.
+// Writes each token's rotated K and its V to its slot; returns the rotated Q and K heads,
+// [tokens, heads + kv_heads, head_dim].
 torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
                                torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& slot_mapping,
                                int64_t heads, int64_t kv_heads) {
   TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.is_contiguous(), "qkv must be a contiguous 2-D CPU tensor");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes() && k_cache.size(2) == kv_heads,
-              "caches must be contiguous [num_blocks, block_size, kv_heads, head_dim] of one shape");
-  const int64_t tokens = qkv.size(0), head_dim = k_cache.size(3);
-  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * head_dim && head_dim % 2 == 0,
-              "qkv's width must be (heads + 2 * kv_heads) * head_dim, with an even head_dim");
+  const int64_t tokens = qkv.size(0);
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && qkv.size(1) % (heads + 2 * kv_heads) == 0,
+              "qkv's width must be (heads + 2 * kv_heads) * head_dim");
+  const int64_t head_dim = qkv.size(1) / (heads + 2 * kv_heads);
+  TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even, got ", head_dim);
+  const bool int8_cache = k_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "the K and V caches must be contiguous, of one shape and dtype");
+  int64_t block_size = 0, slots_total = 0;
+  if (int8_cache) {
+    TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(1) == kv_heads && k_cache.size(2) % (head_dim + 4) == 0,
+                "int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)]; got ", k_cache.sizes());
+    block_size = k_cache.size(2) / (head_dim + 4);
+    slots_total = k_cache.size(0) * block_size;
+  } else {
+    TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(2) == kv_heads && k_cache.size(3) == head_dim &&
+                    qkv.scalar_type() == k_cache.scalar_type(),
+                "caches must be [num_blocks, block_size, kv_heads, head_dim] in qkv's dtype (or int8 pages)");
+    slots_total = k_cache.size(0) * k_cache.size(1);
+  }
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * head_dim &&
                   sin.numel() == tokens * head_dim,
               "cos and sin must be contiguous [tokens, head_dim]");
-  TORCH_CHECK(qkv.scalar_type() == k_cache.scalar_type() && qkv.scalar_type() == cos.scalar_type() &&
-                  qkv.scalar_type() == sin.scalar_type() && qkv.scalar_type() == v_cache.scalar_type(),
-              "qkv, cos, sin and the caches must share a dtype");
+  TORCH_CHECK(qkv.scalar_type() == cos.scalar_type() && qkv.scalar_type() == sin.scalar_type(),
+              "qkv, cos and sin must share a dtype");
   TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
                   slot_mapping.numel() == tokens,
               "slot_mapping must be a contiguous int64 [tokens]");
-  const int64_t slots_total = k_cache.size(0) * k_cache.size(1);
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
   for (int64_t t = 0; t < tokens; ++t)
     TORCH_CHECK(slots[t] >= 0 && slots[t] < slots_total, "slot ", slots[t], " is outside the cache (", slots_total,
                 " slots)");
   auto qk = torch::empty({tokens, heads + kv_heads, head_dim}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary_and_cache", [&] {
+    const CacheRows<scalar_t> k_rows{int8_cache ? nullptr : k_cache.data_ptr<scalar_t>(),
+                                     int8_cache ? k_cache.data_ptr<int8_t>() : nullptr, block_size};
+    const CacheRows<scalar_t> v_rows{int8_cache ? nullptr : v_cache.data_ptr<scalar_t>(),
+                                     int8_cache ? v_cache.data_ptr<int8_t>() : nullptr, block_size};
     rotary_and_cache_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
-                                      k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), slots,
-                                      qk.data_ptr<scalar_t>(), tokens, heads, kv_heads, head_dim);
+                                      k_rows, v_rows, slots, qk.data_ptr<scalar_t>(), tokens, heads, kv_heads,
+                                      head_dim);
   });
   return qk;
 }
