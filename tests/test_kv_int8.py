@@ -34,19 +34,22 @@ def test_rows_read_back_within_half_a_step_of_their_scale() -> None:
     assert torch.equal(codes.abs().amax(-1)[scales > 0], torch.full_like(scales[scales > 0], 127, dtype=torch.int8))
 
 
-def test_rows_land_in_their_block_pages(native_kernels: Any) -> None:
-    """write_rows puts token t's row at its block's page, row t % block_size, and its scale after the codes;
-    read_blocks gives them back in the plain cache's layout."""
+@pytest.mark.parametrize("keys", [False, True])
+def test_rows_land_in_their_block_pages(keys: bool) -> None:
+    """write_rows puts token t's row in its block's page at position t % block_size (a V page row by row, a K page
+    dimension by dimension) and its scale after the codes; read_blocks gives them back in the plain cache's
+    layout."""
     block_size, kv_heads, head_dim, num_blocks = 4, 2, 8, 5
     cache = torch.zeros(kv_int8.cache_shape(num_blocks, block_size, kv_heads, head_dim), dtype=torch.int8)
     x = torch.randn(3, kv_heads, head_dim)
     slots = torch.tensor([9, 2, 19])  # blocks 2, 0, 4
-    kv_int8.write_rows(x, cache, slots)
+    kv_int8.write_rows(x, cache, slots, keys)
     codes, scales = kv_int8.quantize_rows(x)
-    page = cache[2, 1]  # block 2, KV head 1: slot 9 is its row 1
-    assert torch.equal(page[head_dim:2 * head_dim], codes[0, 1])
+    page = cache[2, 1]  # block 2, KV head 1: slot 9 is its position 1
+    stored = page[1::block_size][:head_dim] if keys else page[head_dim:2 * head_dim]
+    assert torch.equal(stored, codes[0, 1])
     assert page[block_size * head_dim:].view(torch.float32)[1] == scales[0, 1]
-    back = kv_int8.read_blocks(cache, torch.tensor([4, 0]), head_dim, torch.float32)  # [2, block_size, kvh, d]
+    back = kv_int8.read_blocks(cache, torch.tensor([4, 0]), head_dim, torch.float32, keys)  # [2, block_size, kvh, d]
     assert torch.equal(back[0, 3], codes[2].float() * scales[2].unsqueeze(-1))
     assert torch.equal(back[1, 2], codes[1].float() * scales[1].unsqueeze(-1))
     assert torch.all(back[1, 0] == 0)  # never written
@@ -68,20 +71,20 @@ def test_native_rotary_write_gives_the_torch_references_bytes(native_kernels: An
     rotated = apply_rotary(rows[:, :heads + kv_heads], cos[:, None], sin[:, None])  # [tokens, heads + kvh, d]
     assert torch.equal(qk, rotated)
     k_ref, v_ref = torch.zeros(shape, dtype=torch.int8), torch.zeros(shape, dtype=torch.int8)
-    kv_int8.write_rows(rotated[:, heads:], k_ref, slots)
-    kv_int8.write_rows(rows[:, heads + kv_heads:], v_ref, slots)
+    kv_int8.write_rows(rotated[:, heads:], k_ref, slots, keys=True)
+    kv_int8.write_rows(rows[:, heads + kv_heads:], v_ref, slots, keys=False)
     assert torch.equal(k_native, k_ref) and torch.equal(v_native, v_ref)
 
 
 def _filled_caches(gen: torch.Generator, num_blocks: int, block_size: int, kv_heads: int,
                    head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     caches = []
-    for _ in range(2):
+    for keys in (True, False):
         cache = torch.zeros(kv_int8.cache_shape(num_blocks, block_size, kv_heads, head_dim), dtype=torch.int8)
         rows = torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=gen) * 2
-        kv_int8.write_rows(rows, cache, torch.arange(num_blocks * block_size))
+        kv_int8.write_rows(rows, cache, torch.arange(num_blocks * block_size), keys)
         caches.append(cache)
-    return caches[0], caches[1]
+    return caches[0], caches[1]  # K, V
 
 
 def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
@@ -91,8 +94,8 @@ def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ta
     out = []
     for i in range(q.shape[0]):
         ctx = int(lens[i])
-        k = kv_int8.read_blocks(k_cache, tables[i], head_dim, torch.float64).flatten(0, 1)[:ctx].transpose(0, 1)
-        v = kv_int8.read_blocks(v_cache, tables[i], head_dim, torch.float64).flatten(0, 1)[:ctx].transpose(0, 1)
+        k = kv_int8.read_blocks(k_cache, tables[i], head_dim, torch.float64, True).flatten(0, 1)[:ctx].transpose(0, 1)
+        v = kv_int8.read_blocks(v_cache, tables[i], head_dim, torch.float64, False).flatten(0, 1)[:ctx].transpose(0, 1)
         o = F.scaled_dot_product_attention(q[i].double()[:, None, :], k, v, scale=scale,
                                            enable_gqa=k.shape[0] != q.shape[1])
         out.append(o[:, 0])

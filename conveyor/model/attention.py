@@ -160,19 +160,20 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              slot_mapping: torch.Tensor) -> None:
     """k, v: [num_tokens, kv_heads, head_dim] -> cache slots (quantized where the cache is int8)."""
     if k_cache.dtype == torch.int8:
-        kv_int8.write_rows(k, k_cache, slot_mapping)
-        kv_int8.write_rows(v, v_cache, slot_mapping)
+        kv_int8.write_rows(k, k_cache, slot_mapping, keys=True)
+        kv_int8.write_rows(v, v_cache, slot_mapping, keys=False)
         return
     kv_heads, head_dim = k.shape[1], k.shape[2]
     k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
-def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """The K or V rows of cache blocks `blocks` [k] -> [k, block_size, kv_heads, head_dim] in dtype, from a plain
-    cache or an int8 one (read back: conveyor/model/kv_int8.py)."""
+def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype: torch.dtype,
+                keys: bool) -> torch.Tensor:
+    """The K (keys) or V rows of cache blocks `blocks` [k] -> [k, block_size, kv_heads, head_dim] in dtype, from a
+    plain cache or an int8 one (read back: conveyor/model/kv_int8.py)."""
     if cache.dtype == torch.int8:
-        return kv_int8.read_blocks(cache, blocks, head_dim, dtype)
+        return kv_int8.read_blocks(cache, blocks, head_dim, dtype, keys)
     return gather_blocks(cache, blocks).view(blocks.shape[0], cache.shape[1], cache.shape[2], head_dim)
 
 
@@ -261,18 +262,18 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                 mask = chunk.window_masks.get(window)
                 if mask is None:
                     mask = chunk.window_masks[window] = _prefill_mask(chunk.num_tokens, ctx, window, q)
-            k_c = _gathered_context(k_cache, chunk.block_table, ctx, head_dim, q.dtype)  # [1, kv_heads, ctx, d]
-            v_c = _gathered_context(v_cache, chunk.block_table, ctx, head_dim, q.dtype)  # [1, kv_heads, ctx, d]
+            k_c = _gathered_context(k_cache, chunk.block_table, ctx, head_dim, q.dtype, True)  # [1, kv_heads, ctx, d]
+            v_c = _gathered_context(v_cache, chunk.block_table, ctx, head_dim, q.dtype, False)  # [1, kv_heads, ctx, d]
             o = attend(q_c, k_c, v_c, mask, scale, softcap)  # [1, heads, chunk, head_dim]
         out[rows] = o[0].transpose(0, 1)  # [chunk, heads, head_dim]
     return out.reshape(num_tokens, heads * head_dim)
 
 
 def _gathered_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int, head_dim: int,
-                      dtype: torch.dtype) -> torch.Tensor:
+                      dtype: torch.dtype, keys: bool) -> torch.Tensor:
     """A prefill chunk's cached keys or values: cache [num_blocks, block_size, kv_heads, d] (or int8 pages),
     block_table [k] -> [1, kv_heads, context_len, d] in dtype (a view of one gathered copy)."""
-    blocks = read_blocks(cache, block_table, head_dim, dtype)  # [k, block_size, kv_heads, d]
+    blocks = read_blocks(cache, block_table, head_dim, dtype, keys)  # [k, block_size, kv_heads, d]
     gathered = blocks.flatten(0, 1).unsqueeze(0)  # [1, k * block_size, kv_heads, d]
     return gathered[:, :context_len].transpose(1, 2)
 
@@ -307,8 +308,8 @@ def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     """The torch reference for a decode group: gather its blocks, pad, mask, SDPA. -> [n, heads, head_dim]."""
     n, heads, head_dim = q_dec.shape
     flat = group.block_tables.view(-1)  # [n * max_blocks]
-    keys = read_blocks(k_cache, flat, head_dim, q_dec.dtype)  # [n * max_blocks, block_size, kv_heads, d]
-    values = read_blocks(v_cache, flat, head_dim, q_dec.dtype)  # [n * max_blocks, block_size, kv_heads, d]
+    keys = read_blocks(k_cache, flat, head_dim, q_dec.dtype, True)  # [n * max_blocks, block_size, kv_heads, d]
+    values = read_blocks(v_cache, flat, head_dim, q_dec.dtype, False)  # [n * max_blocks, block_size, kv_heads, d]
     kv_heads = keys.shape[2]
     mask = group.mask if window is None else group.window_masks.get(window)
     if mask is None:

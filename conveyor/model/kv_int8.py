@@ -8,9 +8,11 @@ q * s in float32. This is lossy (relative error up to 1/254 of the row's largest
 OpenVINO's default u8 KV cache and vLLM's fp8 one; attention computes on the values read back.
 
 One layer's K (or V) cache is int8 [num_blocks, kv_heads, block_size * (head_dim + 4)]: per block and KV head a
-page of block_size rows of head_dim codes, then the block's block_size float32 scales. A KV head's keys of one
-block are contiguous (1088 bytes for 16 tokens of head_dim 64: 17 cache lines), which the native decode kernel
-reads front to back; block-level operations (copy-on-write, gathers) index dim 0 as for the plain cache.
+page of block_size x head_dim codes, then the block's block_size float32 scales. A V page holds its codes row by
+row ([block_size][head_dim]), a K page dimension by dimension ([head_dim][block_size]: the block's tokens side by
+side, so that the decode kernel's scores of 16 tokens are 16 lanes of one vector, with no sums across lanes). A
+KV head's keys or values of one block are contiguous (1088 bytes for 16 tokens of head_dim 64: 17 cache lines),
+read front to back; block-level operations (copy-on-write, gathers) index dim 0 as for the plain cache.
 
 The torch functions here are the reference and the path without native kernels; csrc/rotary_cache.cpp writes
 the same bytes and csrc/decode_attention.cpp, csrc/prefill_attention.cpp read them in place.
@@ -58,29 +60,33 @@ def read_back(x: torch.Tensor) -> torch.Tensor:
     return (codes.float() * scales.unsqueeze(-1)).to(x.dtype)
 
 
-def _views(cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _views(cache: torch.Tensor, head_dim: int, keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """cache [num_blocks, kv_heads, page] -> codes [num_blocks, kv_heads, block_size, head_dim] int8 and scales
-    [num_blocks, kv_heads, block_size] float32, both views of it."""
+    [num_blocks, kv_heads, block_size] float32, both views of it (keys: pages stored dimension by dimension)."""
     block_size = block_size_of(cache, head_dim)
-    codes = cache[:, :, :block_size * head_dim].unflatten(2, (block_size, head_dim))
+    if keys:
+        codes = cache[:, :, :block_size * head_dim].unflatten(2, (head_dim, block_size)).transpose(2, 3)
+    else:
+        codes = cache[:, :, :block_size * head_dim].unflatten(2, (block_size, head_dim))
     scales = cache[:, :, block_size * head_dim:].view(torch.float32)
     return codes, scales
 
 
-def write_rows(x: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """x [tokens, kv_heads, head_dim] -> the cache rows of slots slot_mapping [tokens]."""
+def write_rows(x: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor, keys: bool) -> None:
+    """x [tokens, kv_heads, head_dim] -> the cache rows of slots slot_mapping [tokens] (keys: of a K cache)."""
     head_dim = x.shape[-1]
     codes, scales = quantize_rows(x)  # [tokens, kv_heads, head_dim], [tokens, kv_heads]
-    code_view, scale_view = _views(cache, head_dim)
+    code_view, scale_view = _views(cache, head_dim, keys)
     block_size = code_view.shape[2]
     blocks, offsets = slot_mapping // block_size, slot_mapping % block_size  # [tokens] each
     code_view.permute(0, 2, 1, 3)[blocks, offsets] = codes
     scale_view.permute(0, 2, 1)[blocks, offsets] = scales
 
 
-def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype: torch.dtype,
+                keys: bool) -> torch.Tensor:
     """The rows of cache blocks `blocks` [k] read back -> [k, block_size, kv_heads, head_dim] in dtype (q * s in
-    float32, then rounded to dtype)."""
-    codes, scales = _views(cache, head_dim)
+    float32, then rounded to dtype; keys: of a K cache)."""
+    codes, scales = _views(cache, head_dim, keys)
     values = codes.index_select(0, blocks).float() * scales.index_select(0, blocks).unsqueeze(-1)  # [k, kvh, bs, d]
     return values.transpose(1, 2).to(dtype)

@@ -376,9 +376,10 @@ template <typename T>
 bool attend_avx512(const Item&, const T*, const T*, const T*, float*, T*) { return false; }
 #endif
 
-// ---- int8 caches: [num_blocks, kv_heads, block_size * (head_dim + 4)], per (block, KV head) a page of block_size
-// rows of int8 codes and then their block_size float32 scales (conveyor/model/kv_int8.py). A row reads back as
-// codes * scale; scores are (scale * q) . codes * row scale, and the softmax weights times the row scale multiply
+// ---- int8 caches: [num_blocks, kv_heads, block_size * (head_dim + 4)], per (block, KV head) a page of block_size x
+// head_dim int8 codes and then their block_size float32 scales (conveyor/model/kv_int8.py); K pages hold their codes
+// dimension by dimension ([head_dim][block_size]), V pages row by row ([block_size][head_dim]). A row reads back as
+// codes * scale; scores are ((scale * q) . codes) * row scale, and the softmax weights times the row scale multiply
 // the V codes: all in float32, so the result is attention over the read-back values up to float32 rounding.
 
 // A KV head's pages of one item, block by block.
@@ -395,6 +396,19 @@ inline PageWalk page_walk(const Item& it, const int8_t* cache) {
   return PageWalk{cache + it.kv_head * page, it.table, page, it.kv_heads * page, it.block_size, it.head_dim};
 }
 
+// scores [G][ctx] (softmax numerators) -> times each V row's scale, in place: the weights of the V codes.
+inline void scale_by_rows(float* scores, int64_t G, int64_t ctx, const PageWalk& values) {
+  for (int64_t t0 = 0; t0 < ctx; t0 += values.block_size) {
+    const float* row_scales = values.scales_of(values.page_of(t0 / values.block_size));
+    const int64_t n = std::min(values.block_size, ctx - t0);
+    for (int64_t g = 0; g < G; ++g) {
+      float* w = scores + g * ctx + t0;
+#pragma omp simd
+      for (int64_t o = 0; o < n; ++o) w[o] *= row_scales[o];
+    }
+  }
+}
+
 // Portable path: any head_dim and group.
 template <typename T>
 void attend_item_int8(const Item& it, const T* q, const int8_t* k_cache, const int8_t* v_cache, float* scores,
@@ -406,125 +420,153 @@ void attend_item_int8(const Item& it, const T* q, const int8_t* k_cache, const i
   const PageWalk keys = page_walk(it, k_cache), values = page_walk(it, v_cache);
   for (int64_t t = 0; t < it.ctx; ++t) {  // pass 1: scores[g][t] = ((scale * q_g) . codes_t) * s_t
     const int8_t* p = keys.page_of(t / bs);
-    const int8_t* row = p + (t % bs) * D;
-    const float row_scale = keys.scales_of(p)[t % bs];
+    const int64_t o = t % bs;
     for (int64_t g = 0; g < G; ++g) {
       const float* qg = q_rows.data() + g * D;
       float dot = 0.f;
-      for (int64_t d = 0; d < D; ++d) dot += qg[d] * static_cast<float>(row[d]);
-      scores[g * it.ctx + t] = dot * row_scale;
+      for (int64_t d = 0; d < D; ++d) dot += qg[d] * static_cast<float>(p[d * bs + o]);
+      scores[g * it.ctx + t] = dot * keys.scales_of(p)[o];
     }
   }
-  softmax_rows(scores, G, it.ctx);
+  std::vector<float> inv_sum(G);
+  for (int64_t g = 0; g < G; ++g) inv_sum[g] = 1.f / softmax_numerators(scores + g * it.ctx, it.ctx);
+  scale_by_rows(scores, G, it.ctx, values);
   for (int64_t t = 0; t < it.ctx; ++t) {  // pass 2: acc[g] += (p[g][t] * s_t) * codes_t
-    const int8_t* p = values.page_of(t / bs);
-    const int8_t* row = p + (t % bs) * D;
-    const float row_scale = values.scales_of(p)[t % bs];
+    const int8_t* row = values.page_of(t / bs) + (t % bs) * D;
     for (int64_t g = 0; g < G; ++g) {
-      const float w = scores[g * it.ctx + t] * row_scale;
+      const float w = scores[g * it.ctx + t];
       float* a = acc.data() + g * D;
       for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<float>(row[d]);
     }
   }
-  for (int64_t i = 0; i < G * D; ++i) out[i] = static_cast<T>(acc[i]);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < D; ++d) out[g * D + d] = static_cast<T>(acc[g * D + d] * inv_sum[g]);
 }
 
 #if defined(CONVEYOR_VEC_AVX512)
+// Requests a page's cache lines, at most kPrefetchLines of them (16 tokens of head_dim 128; the hardware prefetcher
+// follows a longer page on its own). A loop of constant length, unrolled: a loop of the page's length inside the
+// token loops made GCC store the output accumulators to the stack on every token.
+constexpr int kPrefetchLines = 34;
+
 inline void prefetch_page(const int8_t* p, int64_t bytes, int hint) {
-  for (int64_t offset = 0; offset < bytes; offset += 64) {
-    if (hint == 0) _mm_prefetch(reinterpret_cast<const char*>(p) + offset, _MM_HINT_T0);
-    else _mm_prefetch(reinterpret_cast<const char*>(p) + offset, _MM_HINT_T1);
+  const char* base = reinterpret_cast<const char*>(p);
+#pragma GCC unroll 34
+  for (int line = 0; line < kPrefetchLines; ++line) {
+    if (line * 64 >= bytes) break;
+    if (hint == 0) _mm_prefetch(base + line * 64, _MM_HINT_T0);
+    else _mm_prefetch(base + line * 64, _MM_HINT_T1);
   }
 }
 
-// 16 int8 codes -> 16 float32
-inline __m512 load_codes(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+// 16 float32 -> 16 values of the output's type (bfloat16: round to nearest even, as static_cast does)
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(c10::BFloat16* p, __m512 v) {
+#if defined(CONVEYOR_VEC_BF16)
+  conveyor_vec::store_bf16(p, v, 0xFFFF);
+#else
+  alignas(64) float row[16];
+  _mm512_store_ps(row, v);
+  for (int i = 0; i < 16; ++i) p[i] = static_cast<c10::BFloat16>(row[i]);
+#endif
 }
 
-// a, b, c, d -> [sum of a, sum of b, sum of c, sum of d]
-inline __m128 sum4_int8(__m512 a, __m512 b, __m512 c, __m512 d) {
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
-  const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(abcd),
-                                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
-  return _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+// 16 int8 codes (lanes outside `lanes` not read, zero) -> 16 float32
+inline __m512 load_codes(const int8_t* p, __mmask16 lanes = 0xFFFF) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lanes, p)));
 }
 
-// AVX-512 path for G query heads of dimension 16 * V over int8 pages: query rows and accumulators in registers,
-// each page read front to back (the next one requested while this one is used), scores of four tokens reduced
-// together. While pass 2 runs, the next item's K pages are requested (to L2), one per page of V used.
+// AVX-512 path for G query heads of dimension 16 * V over int8 pages, each read front to back (the next one
+// requested while this one is used). Pass 1 takes 16 tokens of a K page at a time, one per lane: per dimension
+// one vector of their codes times the query's value, summed over dimensions in U independent accumulators per
+// query head (no sums across lanes). Pass 2 keeps the output rows in registers. While pass 2 runs, the next
+// item's K pages are requested (to L2), one per page of V used.
 template <typename T, int G, int V>
 void attend_item_int8_avx512(const Item& it, const Item* next, const T* q, const int8_t* k_cache,
                              const int8_t* v_cache, float* scores, T* out) {
   constexpr int D = 16 * V;
+  constexpr int U = G >= 4 ? 2 : 4;  // accumulators per query head: G * U chains hide the FMA latency
   const int64_t ctx = it.ctx, bs = it.block_size, blocks = (ctx + bs - 1) / bs;
   const PageWalk keys = page_walk(it, k_cache), values = page_walk(it, v_cache);
-  __m512 qv[G][V];
+  alignas(64) float qs[G][D];  // scaled query rows, broadcast one value at a time
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
     for (int j = 0; j < V; ++j)
-      qv[g][j] = _mm512_mul_ps(load16(q + g * it.q_head_stride + 16 * j), _mm512_set1_ps(it.scale));
-  for (int64_t b = 0; b < blocks; ++b) {  // pass 1: scores
+      _mm512_store_ps(qs[g] + 16 * j, _mm512_mul_ps(load16(q + g * it.q_head_stride + 16 * j),
+                                                    _mm512_set1_ps(it.scale)));
+  const PageWalk next_keys = next == nullptr ? keys : page_walk(*next, k_cache);
+  const int64_t next_blocks = next == nullptr ? 0 : (next->ctx + bs - 1) / bs;
+  for (int64_t b = 0; b < blocks; ++b) {  // pass 1: scores, 16 tokens at a time
     const int8_t* p = keys.page_of(b);
     if (b + 1 < blocks) prefetch_page(keys.page_of(b + 1), keys.page, 0);
-    prefetch_page(values.page_of(b), values.page, 1);
+    prefetch_page(values.page_of(b), values.page, 1);  // for pass 2
     const float* row_scales = keys.scales_of(p);
     const int64_t first = b * bs, n = std::min(bs, ctx - first);
-    int64_t o = 0;
-    for (; o + 4 <= n; o += 4) {
-      __m512 part[4][G];
-      for (int u = 0; u < 4; ++u) {
-        __m512 kv[V];
-        for (int j = 0; j < V; ++j) kv[j] = load_codes(p + (o + u) * D + 16 * j);
-        for (int g = 0; g < G; ++g) {
-          __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
-          for (int j = 1; j < V; ++j) acc = _mm512_fmadd_ps(qv[g][j], kv[j], acc);
-          part[u][g] = acc;
+    for (int64_t o = 0; o < n; o += 16) {
+      const __mmask16 lanes = conveyor_vec::tail_mask(n - o);
+      __m512 acc[G][U];
+#pragma GCC unroll 8
+      for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
+        for (int u = 0; u < U; ++u) acc[g][u] = _mm512_setzero_ps();
+      const int8_t* column = p + o;
+      for (int d = 0; d < D; d += U) {
+#pragma GCC unroll 8
+        for (int u = 0; u < U; ++u) {
+          const __m512 k = load_codes(column + (d + u) * bs, lanes);
+#pragma GCC unroll 8
+          for (int g = 0; g < G; ++g) acc[g][u] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g][d + u]), k, acc[g][u]);
         }
       }
-      const __m128 s4 = _mm_loadu_ps(row_scales + o);
-      for (int g = 0; g < G; ++g)
-        _mm_storeu_ps(scores + g * ctx + first + o, _mm_mul_ps(sum4_int8(part[0][g], part[1][g], part[2][g],
-                                                                         part[3][g]), s4));
-    }
-    for (; o < n; ++o) {
-      __m512 kv[V];
-      for (int j = 0; j < V; ++j) kv[j] = load_codes(p + o * D + 16 * j);
+      const __m512 s = _mm512_maskz_loadu_ps(lanes, row_scales + o);
+#pragma GCC unroll 8
       for (int g = 0; g < G; ++g) {
-        __m512 acc = _mm512_mul_ps(qv[g][0], kv[0]);
-        for (int j = 1; j < V; ++j) acc = _mm512_fmadd_ps(qv[g][j], kv[j], acc);
-        scores[g * ctx + first + o] = _mm512_reduce_add_ps(acc) * row_scales[o];
+        __m512 sum = acc[g][0];
+#pragma GCC unroll 8
+        for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[g][u]);
+        _mm512_mask_storeu_ps(scores + g * ctx + first + o, lanes, _mm512_mul_ps(sum, s));
       }
     }
   }
   float inv_sum[G];
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g) inv_sum[g] = 1.f / softmax_numerators(scores + g * ctx, ctx);  // 1 / sum: at the end
+  scale_by_rows(scores, G, ctx, values);
   __m512 acc[G][V];
+#pragma GCC unroll 8
   for (int g = 0; g < G; ++g)
+#pragma GCC unroll 8
     for (int j = 0; j < V; ++j) acc[g][j] = _mm512_setzero_ps();
-  const PageWalk next_keys = next == nullptr ? keys : page_walk(*next, k_cache);
-  const int64_t next_blocks = next == nullptr ? 0 : (next->ctx + bs - 1) / bs;
-  for (int64_t b = 0; b < blocks; ++b) {  // pass 2: weights times V
-    const int8_t* p = values.page_of(b);
-    if (b + 1 < blocks) prefetch_page(values.page_of(b + 1), values.page, 0);
-    for (int64_t r = b; r < next_blocks; r += blocks) prefetch_page(next_keys.page_of(r), next_keys.page, 1);
-    const float* row_scales = values.scales_of(p);
-    const int64_t first = b * bs, n = std::min(bs, ctx - first);
-    for (int64_t o = 0; o < n; ++o) {
-      __m512 vv[V];
-      for (int j = 0; j < V; ++j) vv[j] = load_codes(p + o * D + 16 * j);
-      for (int g = 0; g < G; ++g) {
-        const __m512 w = _mm512_set1_ps(scores[g * ctx + first + o] * row_scales[o]);
-        for (int j = 0; j < V; ++j) acc[g][j] = _mm512_fmadd_ps(w, vv[j], acc[g][j]);
-      }
+  // pass 2: weights times V (pages pass 1 requested), in one flat loop over the tokens; at each page the next
+  // page and one of the next item's K pages are requested
+  const int8_t* v_row = values.page_of(0);
+  int64_t next_requested = 0;
+  for (int64_t t = 0, o = 0, b = 0; t < ctx; ++t, ++o, v_row += D) {
+    if (o == bs) {
+      o = 0;
+      v_row = values.page_of(++b);
+    }
+    if (o == 0) {
+      if (b + 1 < blocks) prefetch_page(values.page_of(b + 1), values.page, 0);
+      if (next_requested < next_blocks) prefetch_page(next_keys.page_of(next_requested++), next_keys.page, 1);
+    }
+    __m512 vv[V];
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) vv[j] = load_codes(v_row + 16 * j);
+#pragma GCC unroll 8
+    for (int g = 0; g < G; ++g) {
+      const __m512 weight = _mm512_set1_ps(scores[g * ctx + t]);
+#pragma GCC unroll 8
+      for (int j = 0; j < V; ++j) acc[g][j] = _mm512_fmadd_ps(weight, vv[j], acc[g][j]);
     }
   }
-  alignas(64) float row[D];
-  for (int g = 0; g < G; ++g) {
+  while (next_requested < next_blocks) prefetch_page(next_keys.page_of(next_requested++), next_keys.page, 1);
+#pragma GCC unroll 8
+  for (int g = 0; g < G; ++g) {  // straight from the registers
     const __m512 inv = _mm512_set1_ps(inv_sum[g]);
-    for (int j = 0; j < V; ++j) _mm512_store_ps(row + 16 * j, _mm512_mul_ps(acc[g][j], inv));
-    for (int d = 0; d < D; ++d) out[g * D + d] = static_cast<T>(row[d]);
+#pragma GCC unroll 8
+    for (int j = 0; j < V; ++j) store16(out + g * D + 16 * j, _mm512_mul_ps(acc[g][j], inv));
   }
 }
 

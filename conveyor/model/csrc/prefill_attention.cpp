@@ -68,13 +68,19 @@ struct RowSource {
   const c10::BFloat16* plain;
   const int8_t* codes;
   int64_t block_size, kv_heads, kv_head, head_dim;
+  bool keys;  // an int8 K cache: pages hold their codes dimension by dimension
 
   const c10::BFloat16* row(const Chunk& c, int64_t t, c10::BFloat16* buffer) const {
     const int64_t block = c.table[t / block_size], offset = t % block_size;
     if (codes == nullptr) return plain + ((block * block_size + offset) * kv_heads + kv_head) * head_dim;
     const int8_t* page = codes + (block * kv_heads + kv_head) * block_size * (head_dim + 4);
-    const int8_t* r = page + offset * head_dim;
     const __m512 s = _mm512_set1_ps(reinterpret_cast<const float*>(page + block_size * head_dim)[offset]);
+    alignas(64) int8_t gathered[256];
+    const int8_t* r = page + offset * head_dim;
+    if (keys) {
+      for (int64_t d = 0; d < head_dim; ++d) gathered[d] = page[d * block_size + offset];
+      r = gathered;
+    }
     for (int64_t d = 0; d < head_dim; d += 16) {
       const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + d))));
       store_bf16(buffer + d, _mm512_mul_ps(v, s), 0xFFFF);
@@ -356,8 +362,8 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
       const int64_t last_query = std::min(c.n, unit.tile_end * kTile) - 1;
       const int64_t keys = (c.ctx - c.n + last_query + 1 + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
       const int64_t first = first_key(c.ctx - c.n + unit.tile_begin * kTile, window);
-      const RowSource k_rows{k_ptr, k_codes, block_size, kv_heads, unit.kv_head, head_dim};
-      const RowSource v_rows{v_ptr, v_codes, block_size, kv_heads, unit.kv_head, head_dim};
+      const RowSource k_rows{k_ptr, k_codes, block_size, kv_heads, unit.kv_head, head_dim, true};
+      const RowSource v_rows{v_ptr, v_codes, block_size, kv_heads, unit.kv_head, head_dim, false};
       pack_keys_values(c, first, keys, k_rows, v_rows, head_dim, kt.data(), vp.data());
       for (int64_t h = unit.kv_head * group; h < (unit.kv_head + 1) * group; ++h)
         for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t)

@@ -88,12 +88,14 @@ void quantize_row(const T* x, int64_t head_dim, int8_t* codes, float* scale) {
 }
 
 // Where K and V rows go: a plain cache [num_blocks, block_size, kv_heads, head_dim] of T, or (codes != nullptr)
-// an int8 one [num_blocks, kv_heads, block_size * (head_dim + 4)] (conveyor/model/kv_int8.py).
+// an int8 one [num_blocks, kv_heads, block_size * (head_dim + 4)] (conveyor/model/kv_int8.py), whose K pages
+// hold their codes dimension by dimension (keys) and V pages row by row.
 template <typename T>
 struct CacheRows {
   T* plain;
   int8_t* codes;
   int64_t block_size;
+  bool keys;
 
   void write(int64_t slot, const T* rows, int64_t kv_heads, int64_t head_dim) const {
     if (codes == nullptr) {
@@ -101,10 +103,16 @@ struct CacheRows {
       return;
     }
     const int64_t block = slot / block_size, offset = slot % block_size, page = block_size * (head_dim + 4);
+    int8_t row[512];  // head_dim <= 512, checked
     for (int64_t h = 0; h < kv_heads; ++h) {
       int8_t* base = codes + (block * kv_heads + h) * page;
-      quantize_row(rows + h * head_dim, head_dim, base + offset * head_dim,
-                   reinterpret_cast<float*>(base + block_size * head_dim) + offset);
+      float* scale = reinterpret_cast<float*>(base + block_size * head_dim) + offset;
+      if (!keys) {
+        quantize_row(rows + h * head_dim, head_dim, base + offset * head_dim, scale);
+        continue;
+      }
+      quantize_row(rows + h * head_dim, head_dim, row, scale);
+      for (int64_t d = 0; d < head_dim; ++d) base[d * block_size + offset] = row[d];
     }
   }
 };
@@ -165,8 +173,10 @@ torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& co
               "the K and V caches must be contiguous, of one shape and dtype");
   int64_t block_size = 0, slots_total = 0;
   if (int8_cache) {
-    TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(1) == kv_heads && k_cache.size(2) % (head_dim + 4) == 0,
-                "int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)]; got ", k_cache.sizes());
+    TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(1) == kv_heads && k_cache.size(2) % (head_dim + 4) == 0 &&
+                    head_dim <= 512,
+                "int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)], head_dim at most 512; got ",
+                k_cache.sizes(), " for head_dim ", head_dim);
     block_size = k_cache.size(2) / (head_dim + 4);
     slots_total = k_cache.size(0) * block_size;
   } else {
@@ -190,9 +200,9 @@ torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& co
   auto qk = torch::empty({tokens, heads + kv_heads, head_dim}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary_and_cache", [&] {
     const CacheRows<scalar_t> k_rows{int8_cache ? nullptr : k_cache.data_ptr<scalar_t>(),
-                                     int8_cache ? k_cache.data_ptr<int8_t>() : nullptr, block_size};
+                                     int8_cache ? k_cache.data_ptr<int8_t>() : nullptr, block_size, true};
     const CacheRows<scalar_t> v_rows{int8_cache ? nullptr : v_cache.data_ptr<scalar_t>(),
-                                     int8_cache ? v_cache.data_ptr<int8_t>() : nullptr, block_size};
+                                     int8_cache ? v_cache.data_ptr<int8_t>() : nullptr, block_size, false};
     rotary_and_cache_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
                                       k_rows, v_rows, slots, qk.data_ptr<scalar_t>(), tokens, heads, kv_heads,
                                       head_dim);
