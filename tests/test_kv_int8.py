@@ -173,12 +173,18 @@ def _greedy(llm: LLM, prompts: list[list[int]], max_tokens: int = 20) -> list[li
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
 
 
-@pytest.mark.parametrize("head_dim", [64, 16])
-def test_engine_on_int8_gives_the_torch_paths_tokens(tmp_path: Path, native_kernels: Any, head_dim: int) -> None:
+@pytest.mark.parametrize("arch,head_dim", [("llama", 64), ("llama", 16), ("gemma2", 16), ("gemma3", 16)])
+def test_engine_on_int8_gives_the_torch_paths_tokens(tmp_path: Path, native_kernels: Any, arch: str,
+                                                     head_dim: int) -> None:
     """float32 compute, so that the two backends differ only by float32 rounding: the native kernels (rotary
     write, decode attention on the AVX-512 or the portable path) against the torch reference, token for token,
-    with prompts that span blocks and share a prefix (cached blocks read back)."""
-    folder = _tiny(tmp_path, head_dim)
+    with prompts that span blocks and share a prefix (cached blocks read back). Gemma 2 / 3: sliding windows and
+    soft caps, whose layers read the int8 cache through the torch path on both backends."""
+    if arch == "llama":
+        folder = _tiny(tmp_path, head_dim)
+    else:
+        folder = str(tmp_path / arch)
+        build_tiny_model(arch, folder)
     rng = np.random.default_rng(7)
     shared = rng.integers(2, 512, size=40).tolist()
     prompts = [rng.integers(2, 512, size=n).tolist() for n in (3, 17, 33, 70)] + [shared + [5, 9], shared + [7]]

@@ -51,7 +51,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _run(folder: str, tp: int, async_batching: bool) -> tuple[list[Any], Any, list[int]]:
+def _run(folder: str, tp: int, async_batching: bool, **options: Any) -> tuple[list[Any], Any, list[int]]:
     rng = random.Random(7)
     prompts = [[rng.randrange(2, 512) for _ in range(rng.randrange(3, 40))] for _ in range(10)]
     # penalties and n > 1 too: every rank keeps the block tables and penalty histories from the plans' deltas
@@ -60,7 +60,7 @@ def _run(folder: str, tp: int, async_batching: bool) -> tuple[list[Any], Any, li
                SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.4, ignore_eos=True),
                SamplingParams(n=2, max_tokens=10, temperature=0.9, seed=i, frequency_penalty=0.8, ignore_eos=True)
                ][i % 4] for i in range(len(prompts))]
-    llm = LLM(model=folder, tensor_parallel_size=tp, async_batching=async_batching, **PRESSURE)
+    llm = LLM(model=folder, tensor_parallel_size=tp, async_batching=async_batching, **{**PRESSURE, **options})
     pids: list[int] = []
     try:
         if tp > 1:
@@ -89,6 +89,16 @@ def test_tp2_matches_tp1_with_chunked_prefill_and_preemption(tiny: str, async_ba
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids), f"worker processes {pids} outlived engine.close()"
+
+
+def test_tp2_matches_tp1_on_the_int8_kv_cache(tiny: str) -> None:
+    """Each rank quantizes its own KV heads' rows the way one process does: the same tokens, under the same
+    pressure (the cache sized for int8 rows: head_dim 16 codes + a 4-byte scale, against float32's 64 bytes)."""
+    int8 = dict(kv_cache_dtype="int8", kv_cache_memory=PRESSURE["kv_cache_memory"] * 20 // 64)
+    ref, ref_stats, _ = _run(tiny, 1, False, **int8)
+    got, stats, _ = _run(tiny, 2, False, **int8)
+    assert got == ref
+    assert ref_stats.num_preemptions > 0 and stats.num_preemptions > 0
 
 
 BF16_TP_LOGPROB_NOISE = 0.25
