@@ -1,6 +1,8 @@
 """Paged attention over a flattened ragged batch (torch reference; runs on any device).
 
-KV cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim], for K and V.
+KV cache of one layer: [num_blocks, block_size, num_kv_heads, head_dim], for K and V; or, with
+kv_cache_dtype='int8', int8 pages [num_blocks, num_kv_heads, block_size * (head_dim + 4)] (conveyor/model/kv_int8.py)
+that every path here reads back to the compute dtype (read_blocks), the native kernels in place.
 Token t of a request lives in slot  block_table[t // block_size] * block_size + t % block_size:
 
     block_table = [7, 2]  block_size = 4

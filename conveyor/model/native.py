@@ -9,7 +9,9 @@ cost more in dispatch than in arithmetic. csrc/ holds:
   - prefill_attention.cpp: the causal attention of every prompt chunk of a step in one call, reading K/V
     through the block tables, on AMX tiles (2-4x faster than one torch SDPA call per chunk; see the file);
   - norm_act.cpp: residual add fused with RMSNorm, and SiLU-and-mul (transformers' rounding order);
-  - rotary_cache.cpp: rotary embedding of Q and K fused with the KV-cache write (the same);
+  - rotary_cache.cpp: rotary embedding of Q and K fused with the KV-cache write (the same); into an int8
+    cache (kv_cache_dtype='int8') it writes the codes and scales conveyor/model/kv_int8.py defines, which
+    both attention kernels also read in place;
   - quant_linear.cpp: int4 / int8 weight-only products for decode steps of a few rows (int4 one
     row at a time ~15% faster than torch's kernel, the int8 LM head ~1.7x);
   - f32_linear.cpp: float32 products over weights packed in 32-column panels, prefetched a panel
@@ -55,13 +57,14 @@ from conveyor.model.native_build import cached_extension
 logger = logging.getLogger(__name__)
 
 DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
-"""(q [seqs, heads, d], k_cache, v_cache [blocks, block_size, kv_heads, d], block_tables [seqs, max_blocks]
-int64, context_lens [seqs] int64, scale) -> [seqs, heads, d]."""
+"""(q [seqs, heads, d], k_cache, v_cache [blocks, block_size, kv_heads, d] in q's dtype or int8 pages
+(conveyor/model/kv_int8.py), block_tables [seqs, max_blocks] int64, context_lens [seqs] int64, scale)
+-> [seqs, heads, d]."""
 
 PrefillAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, int,
                              torch.Tensor], None]
-"""(q [tokens, heads, d] bfloat16, k_cache, v_cache [blocks, block_size, kv_heads, d] (every chunk's K/V already
-written), block_tables [chunks, max_blocks] int64, spans [chunks, 3] int64 (first row, rows, context length),
+"""(q [tokens, heads, d] bfloat16, k_cache, v_cache [blocks, block_size, kv_heads, d] bfloat16 or int8 pages
+(conveyor/model/kv_int8.py; every chunk's K/V already written), block_tables [chunks, max_blocks] int64, spans [chunks, 3] int64 (first row, rows, context length),
 scale, sliding window (0 for none), out [tokens, heads, d]) -> None: the chunks' rows of out written."""
 
 

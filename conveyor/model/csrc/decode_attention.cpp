@@ -8,7 +8,9 @@
 // With AVX-512 (F/BW/VL) and a common shape (head_dim 64 or 128, group 1..8, float32 or bfloat16) an
 // unrolled path keeps the scaled query rows and the output accumulators in registers; bfloat16 at head_dim 64
 // with a group of up to 4 (with AVX512_BF16) takes a leaner one (attend_item_bf16_64); any other shape or CPU
-// runs the portable loops. Built at run time for the CPU it runs on (see
+// runs the portable loops. An int8 cache (kv_cache_dtype='int8', conveyor/model/kv_int8.py) takes its own pair of
+// paths (attend_item_int8_avx512 for head_dim 64 or 128 and groups up to 8, else attend_item_int8), reading its
+// pages of codes and scales in place. Built at run time for the CPU it runs on (see
 // conveyor/model/native.py), with -ffast-math only for the compile step (vectorized expf where the inline exp is
 // not built).
 #include <torch/extension.h>
@@ -445,8 +447,7 @@ void attend_item_int8(const Item& it, const T* q, const int8_t* k_cache, const i
 
 #if defined(CONVEYOR_VEC_AVX512)
 // Requests a page's cache lines, at most kPrefetchLines of them (16 tokens of head_dim 128; the hardware prefetcher
-// follows a longer page on its own). A loop of constant length, unrolled: a loop of the page's length inside the
-// token loops made GCC store the output accumulators to the stack on every token.
+// follows a longer page on its own), in a loop of constant length that unrolls.
 constexpr int kPrefetchLines = 34;
 
 inline void prefetch_page(const int8_t* p, int64_t bytes, int hint) {
@@ -480,7 +481,9 @@ inline __m512 load_codes(const int8_t* p, __mmask16 lanes = 0xFFFF) {
 // requested while this one is used). Pass 1 takes 16 tokens of a K page at a time, one per lane: per dimension
 // one vector of their codes times the query's value, summed over dimensions in U independent accumulators per
 // query head (no sums across lanes). Pass 2 keeps the output rows in registers. While pass 2 runs, the next
-// item's K pages are requested (to L2), one per page of V used.
+// item's K pages are requested (to L2), one per page of V used. The small loops over heads and vectors carry
+// `#pragma GCC unroll`: unrolled only late, GCC kept the accumulator arrays in memory and stored all of them on
+// every token (12 stores per token at G = 3; the kernel ran ~10% slower with its data in L2).
 template <typename T, int G, int V>
 void attend_item_int8_avx512(const Item& it, const Item* next, const T* q, const int8_t* k_cache,
                              const int8_t* v_cache, float* scores, T* out) {

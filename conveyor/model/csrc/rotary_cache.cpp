@@ -4,7 +4,8 @@
 //
 // Rounding follows transformers' rotate-half form in the tensor's dtype: q*cos and
 // rotate_half(q)*sin are each rounded to the dtype, then their sum is rounded (cos and sin
-// arrive already in the dtype, as conveyor.model.layers.RotaryEmbedding.tables gives them).
+// arrive already in the dtype, as conveyor.model.layers.RotaryEmbedding.tables gives them). Into an int8 cache
+// each K and V row is quantized as conveyor/model/kv_int8.py quantize_rows does, to the same bytes.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
