@@ -210,7 +210,8 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         "workload": {"name": args.workload, "num_prompts": args.num_prompts, "input_len": args.input_len,
                      "output_len": args.output_len, "seed": args.workload_seed,
                      "prompt_tokens": workload.num_prompt_tokens, "output_tokens": workload.num_output_tokens},
-        "engine": {"dtype": engine.dtype, "quantization": config.quantization, "async_batching": engine.async_batching,
+        "engine": {"dtype": engine.dtype, "quantization": config.quantization, "kv_cache_dtype": config.kv_cache_dtype,
+                   "async_batching": engine.async_batching,
                    "prefix_caching": config.enable_prefix_caching},
         "runs_seconds": [r[0] for r in runs], "seconds": seconds, "requests_per_s": args.num_prompts / seconds,
         "output_tokens_per_s": ours,
@@ -243,8 +244,11 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
             print(f"[peer {peer} failed: {failure}]", file=sys.stderr)
             result["peers"][peer] = {"failed": failure}
             continue
+        note = pr.note
+        if config.kv_cache_dtype == "int8" and peer != "openvino":  # OpenVINO got its own 8-bit cache; these have none
+            note += "; an exact KV cache against our int8 one (not like for like)"
         result["peers"][peer] = {"seconds": pr.seconds, "output_tokens": pr.output_tokens,
-                                 "output_tokens_per_s": pr.output_tokens_per_s, "note": pr.note,
+                                 "output_tokens_per_s": pr.output_tokens_per_s, "note": note,
                                  "conveyor_over_peer": ours / pr.output_tokens_per_s if pr.output_tokens_per_s else None}
     print(json.dumps(result, indent=2))
     if args.plot:
@@ -310,7 +314,8 @@ def _latency(args: argparse.Namespace, config: Any) -> int:
     prompt = random_workload(1, (args.input_len, args.input_len), (1, 1), engine.spec.vocab_size).prompts[0]
     runners: dict[str, LatencyRunner] = {"conveyor": ConveyorLatency(engine, prompt, args.output_len)}
     result: dict[str, Any] = {"input_len": args.input_len, "output_len": args.output_len, "dtype": engine.dtype,
-                              "quantization": config.quantization, "runs": args.runs,
+                              "quantization": config.quantization, "kv_cache_dtype": config.kv_cache_dtype,
+                              "runs": args.runs,
                               "interleaved": "a warm-up run each, then rounds of one run per contestant",
                               "peers": {}}
     for peer in args.peer:
