@@ -4,21 +4,37 @@ float32 against bfloat16 compute on the exact cache.
 
     .venv/bin/python benchmarks/results/2026-12-03-s17/default_model_int8_tokens.py
 """
+
+from __future__ import annotations
+
 from conveyor import LLM, SamplingParams
 
-prompts = ["What is the capital of France? Answer in two sentences.", "Write a haiku about the sea.",
+PROMPTS = ["What is the capital of France? Answer in two sentences.", "Write a haiku about the sea.",
            "Explain what a hash table is.", "List three uses of copper.", "Who wrote Hamlet?",
            "Give me a recipe for pancakes.", "What is 17 times 23?", "Describe the water cycle."]
-params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True, logprobs=1)
-runs = {}
-for name, kw in {"f32": dict(dtype="float32"), "bf16": dict(dtype="bfloat16"),
-                 "bf16_int8": dict(dtype="bfloat16", kv_cache_dtype="int8"),
-                 "f32_int8": dict(dtype="float32", kv_cache_dtype="int8")}.items():
-    llm = LLM(**kw)
-    runs[name] = [o.outputs[0].token_ids for o in llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)]
-    del llm
-def first_diff(a, b):
+TOKENS = 64
+SETUPS = {"f32": dict(dtype="float32"), "bf16": dict(dtype="bfloat16"),
+          "bf16_int8": dict(dtype="bfloat16", kv_cache_dtype="int8"),
+          "f32_int8": dict(dtype="float32", kv_cache_dtype="int8")}
+
+
+def first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
-for x, y in (("f32", "bf16"), ("f32", "f32_int8"), ("bf16", "bf16_int8")):
-    d = [first_diff(a, b) for a, b in zip(runs[x], runs[y])]
-    print(f"{x} vs {y}: first differing token per prompt {d}; identical prompts {sum(v == 64 for v in d)}/8")
+
+
+def main() -> None:
+    params = SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True)
+    tokens = {}
+    for name, options in SETUPS.items():
+        llm = LLM(**options)
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in PROMPTS], params, use_tqdm=False)
+        tokens[name] = [o.outputs[0].token_ids for o in outputs]
+        del llm
+    for a, b in (("f32", "bf16"), ("f32", "f32_int8"), ("bf16", "bf16_int8")):
+        parts = [first_difference(x, y) for x, y in zip(tokens[a], tokens[b])]
+        print(f"{a} vs {b}: first differing token per prompt {parts}; identical prompts "
+              f"{sum(p == TOKENS for p in parts)}/{len(PROMPTS)}")
+
+
+if __name__ == "__main__":
+    main()
