@@ -64,8 +64,9 @@ DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
 PrefillAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, int,
                              torch.Tensor], None]
 """(q [tokens, heads, d] bfloat16, k_cache, v_cache [blocks, block_size, kv_heads, d] bfloat16 or int8 pages
-(conveyor/model/kv_int8.py; every chunk's K/V already written), block_tables [chunks, max_blocks] int64, spans [chunks, 3] int64 (first row, rows, context length),
-scale, sliding window (0 for none), out [tokens, heads, d]) -> None: the chunks' rows of out written."""
+(conveyor/model/kv_int8.py; every chunk's K/V already written), block_tables [chunks, max_blocks] int64, spans
+[chunks, 3] int64 (first row, rows, context length), scale, sliding window (0 for none), out [tokens, heads, d])
+-> None: the chunks' rows of out written."""
 
 
 class NativeKernels(Protocol):
