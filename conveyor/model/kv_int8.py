@@ -14,8 +14,9 @@ side, so that the decode kernel's scores of 16 tokens are 16 lanes of one vector
 KV head's keys or values of one block are contiguous (1088 bytes for 16 tokens of head_dim 64: 17 cache lines),
 read front to back; block-level operations (copy-on-write, gathers) index dim 0 as for the plain cache.
 
-The torch functions here are the reference and the path without native kernels; csrc/rotary_cache.cpp writes
-the same bytes and csrc/decode_attention.cpp, csrc/prefill_attention.cpp read them in place.
+The torch functions here are the reference and the path without native kernels. csrc/kv_int8.h states the same
+layout for the kernels: csrc/rotary_cache.cpp writes the same bytes, csrc/decode_attention_int8.cpp and
+csrc/prefill_attention.cpp read them in place.
 """
 
 from __future__ import annotations
@@ -53,11 +54,16 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, (amax / 127.0).float()
 
 
+def dequantize_rows(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """codes int8 [..., head_dim], scales float32 [...] -> codes * scale in float32, rounded to dtype [..., head_dim]:
+    the one rule every reader of the cache follows (the native kernels too)."""
+    return (codes.float() * scales.unsqueeze(-1)).to(dtype)
+
+
 def read_back(x: torch.Tensor) -> torch.Tensor:
     """x [..., head_dim] -> the values an int8 cache gives back for it, in x's dtype (what a chunk attends to over
     its own fresh K/V, so that it sees what later steps read from the cache)."""
-    codes, scales = quantize_rows(x)
-    return (codes.float() * scales.unsqueeze(-1)).to(x.dtype)
+    return dequantize_rows(*quantize_rows(x), x.dtype)
 
 
 def _views(cache: torch.Tensor, head_dim: int, keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,5 +94,5 @@ def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype:
     """The rows of cache blocks `blocks` [k] read back -> [k, block_size, kv_heads, head_dim] in dtype (q * s in
     float32, then rounded to dtype; keys: of a K cache)."""
     codes, scales = _views(cache, head_dim, keys)
-    values = codes.index_select(0, blocks).float() * scales.index_select(0, blocks).unsqueeze(-1)  # [k, kvh, bs, d]
-    return values.transpose(1, 2).to(dtype)
+    values = dequantize_rows(codes.index_select(0, blocks), scales.index_select(0, blocks), dtype)  # [k, kvh, bs, d]
+    return values.transpose(1, 2)

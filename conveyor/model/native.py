@@ -6,6 +6,7 @@ step, and the tiny per-layer ops of a single-sequence step (RMSNorm, residual ad
 cost more in dispatch than in arithmetic. csrc/ holds:
   - decode_attention.cpp: reads K/V in place through the block table (2.8x faster than
     gather + SDPA at 64 sequences, 8x at one; no less exact, checked against float64);
+    decode_attention_int8.cpp the same over an int8 cache's pages (kv_int8.h: their layout);
   - prefill_attention.cpp: the causal attention of every prompt chunk of a step in one call, reading K/V
     through the block tables, on AMX tiles (2-4x faster than one torch SDPA call per chunk; see the file);
   - norm_act.cpp: residual add fused with RMSNorm, and SiLU-and-mul (transformers' rounding order);
@@ -198,8 +199,10 @@ class NativeKernels(Protocol):
 
 _HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h",
                                                                               "gguf_amx.h", "gguf_dequant.h",
-                                                                              "amx_product.h", "kernels.h")]
+                                                                              "amx_product.h", "kernels.h",
+                                                                              "kv_int8.h", "decode_attention.h")]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp",
+                                                            "decode_attention_int8.cpp",
                                                             "prefill_attention.cpp", "norm_act.cpp",
                                                             "rotary_cache.cpp", "quant_linear.cpp", "argmax_rows.cpp",
                                                             "f32_linear.cpp", "token_bitmask.cpp",

@@ -8,9 +8,8 @@
 // With AVX-512 (F/BW/VL) and a common shape (head_dim 64 or 128, group 1..8, float32 or bfloat16) an
 // unrolled path keeps the scaled query rows and the output accumulators in registers; bfloat16 at head_dim 64
 // with a group of up to 4 (with AVX512_BF16) takes a leaner one (attend_item_bf16_64); any other shape or CPU
-// runs the portable loops. An int8 cache (kv_cache_dtype='int8', conveyor/model/kv_int8.py) takes its own pair of
-// paths (attend_item_int8_avx512 for head_dim 64 or 128 and groups up to 8, else attend_item_int8), reading its
-// pages of codes and scales in place. Built at run time for the CPU it runs on (see
+// runs the portable loops. An int8 cache (kv_cache_dtype='int8', kv_int8.h) takes its own kernels, in
+// decode_attention_int8.cpp, reading its pages of codes and scales in place. Built at run time for the CPU it runs on (see
 // conveyor/model/native.py), with -ffast-math only for the compile step (vectorized expf where the inline exp is
 // not built).
 #include <torch/extension.h>
@@ -21,9 +20,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "decode_attention.h"
+#include "kv_int8.h"
 #include "vec_bf16.h"
 
 namespace {
+
+using conveyor_decode::Item;
+using conveyor_decode::softmax_numerators;
 
 template <typename T>
 inline void row_to_float(const T* src, float* dst, int64_t n) {
@@ -62,34 +66,6 @@ class SlotCursor {
   int64_t block_size_, block_, offset_;
 };
 
-// s [ctx] -> exp(s - max s) in place; returns their sum. With AVX512_BF16 the exponentials are the inline vector
-// exp (conveyor_vec::exp_ps, ~2 ulp): libmvec's expf is a call per 16 values and takes a scalar path per lane for
-// arguments that underflow, which a peaked softmax has many of (a 64-sequence step of W1's shapes: 3-5% faster).
-inline float softmax_numerators(float* s, int64_t ctx) {
-  float peak = s[0];
-#pragma omp simd reduction(max : peak)
-  for (int64_t t = 0; t < ctx; ++t) peak = s[t] > peak ? s[t] : peak;
-#if defined(CONVEYOR_VEC_BF16)
-  const __m512 top = _mm512_set1_ps(peak);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t t = 0; t < ctx; t += 16) {
-    const __mmask16 lanes = conveyor_vec::tail_mask(ctx - t);
-    const __m512 e = conveyor_vec::exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, s + t), top));
-    _mm512_mask_storeu_ps(s + t, lanes, e);
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(lanes, e));
-  }
-  return _mm512_reduce_add_ps(sum);
-#else
-  float total = 0.f;
-#pragma omp simd reduction(+ : total)
-  for (int64_t t = 0; t < ctx; ++t) {
-    s[t] = std::exp(s[t] - peak);
-    total += s[t];
-  }
-  return total;
-#endif
-}
-
 // scores: [rows, ctx] -> softmax along ctx, in place.
 void softmax_rows(float* scores, int64_t rows, int64_t ctx) {
   for (int64_t g = 0; g < rows; ++g) {
@@ -99,12 +75,6 @@ void softmax_rows(float* scores, int64_t rows, int64_t ctx) {
     for (int64_t t = 0; t < ctx; ++t) s[t] *= inv;
   }
 }
-
-struct Item {  // one (sequence, KV head): where its inputs and outputs live
-  int64_t ctx, block_size, kv_heads, kv_head, head_dim, group, q_head_stride;
-  const int64_t* table;
-  float scale;
-};
 
 // Portable path: any head_dim, group and floating dtype.
 template <typename T>
@@ -141,8 +111,7 @@ void attend_item(const Item& it, const T* q, const T* k_cache, const T* v_cache,
 }
 
 #if defined(CONVEYOR_VEC_AVX512)
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const c10::BFloat16* p) { return conveyor_vec::load_bf16(p); }
+using conveyor_vec::load16;
 
 // Rows of a context are scattered over blocks (and interleaved with the other KV heads), which the
 // hardware prefetcher follows poorly: each pass requests the row it needs PREFETCH_AHEAD tokens
@@ -378,233 +347,6 @@ template <typename T>
 bool attend_avx512(const Item&, const T*, const T*, const T*, float*, T*) { return false; }
 #endif
 
-// ---- int8 caches: [num_blocks, kv_heads, block_size * (head_dim + 4)], per (block, KV head) a page of block_size x
-// head_dim int8 codes and then their block_size float32 scales (conveyor/model/kv_int8.py); K pages hold their codes
-// dimension by dimension ([head_dim][block_size]), V pages row by row ([block_size][head_dim]). A row reads back as
-// codes * scale; scores are ((scale * q) . codes) * row scale, and the softmax weights times the row scale multiply
-// the V codes: all in float32, so the result is attention over the read-back values up to float32 rounding.
-
-// A KV head's pages of one item, block by block.
-struct PageWalk {
-  const int8_t* head_base;  // the cache + kv_head * page
-  const int64_t* table;
-  int64_t page, page_stride, block_size, head_dim;
-  const int8_t* page_of(int64_t block) const { return head_base + table[block] * page_stride; }
-  const float* scales_of(const int8_t* p) const { return reinterpret_cast<const float*>(p + block_size * head_dim); }
-};
-
-inline PageWalk page_walk(const Item& it, const int8_t* cache) {
-  const int64_t page = it.block_size * (it.head_dim + 4);
-  return PageWalk{cache + it.kv_head * page, it.table, page, it.kv_heads * page, it.block_size, it.head_dim};
-}
-
-// scores [G][ctx] (softmax numerators) -> times each V row's scale, in place: the weights of the V codes.
-inline void scale_by_rows(float* scores, int64_t G, int64_t ctx, const PageWalk& values) {
-  for (int64_t t0 = 0; t0 < ctx; t0 += values.block_size) {
-    const float* row_scales = values.scales_of(values.page_of(t0 / values.block_size));
-    const int64_t n = std::min(values.block_size, ctx - t0);
-    for (int64_t g = 0; g < G; ++g) {
-      float* w = scores + g * ctx + t0;
-#pragma omp simd
-      for (int64_t o = 0; o < n; ++o) w[o] *= row_scales[o];
-    }
-  }
-}
-
-// Portable path: any head_dim and group.
-template <typename T>
-void attend_item_int8(const Item& it, const T* q, const int8_t* k_cache, const int8_t* v_cache, float* scores,
-                      T* out) {
-  const int64_t D = it.head_dim, G = it.group, bs = it.block_size;
-  std::vector<float> q_rows(G * D), acc(G * D, 0.f);
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t d = 0; d < D; ++d) q_rows[g * D + d] = static_cast<float>(q[g * it.q_head_stride + d]) * it.scale;
-  const PageWalk keys = page_walk(it, k_cache), values = page_walk(it, v_cache);
-  for (int64_t t = 0; t < it.ctx; ++t) {  // pass 1: scores[g][t] = ((scale * q_g) . codes_t) * s_t
-    const int8_t* p = keys.page_of(t / bs);
-    const int64_t o = t % bs;
-    for (int64_t g = 0; g < G; ++g) {
-      const float* qg = q_rows.data() + g * D;
-      float dot = 0.f;
-      for (int64_t d = 0; d < D; ++d) dot += qg[d] * static_cast<float>(p[d * bs + o]);
-      scores[g * it.ctx + t] = dot * keys.scales_of(p)[o];
-    }
-  }
-  std::vector<float> inv_sum(G);
-  for (int64_t g = 0; g < G; ++g) inv_sum[g] = 1.f / softmax_numerators(scores + g * it.ctx, it.ctx);
-  scale_by_rows(scores, G, it.ctx, values);
-  for (int64_t t = 0; t < it.ctx; ++t) {  // pass 2: acc[g] += (p[g][t] * s_t) * codes_t
-    const int8_t* row = values.page_of(t / bs) + (t % bs) * D;
-    for (int64_t g = 0; g < G; ++g) {
-      const float w = scores[g * it.ctx + t];
-      float* a = acc.data() + g * D;
-      for (int64_t d = 0; d < D; ++d) a[d] += w * static_cast<float>(row[d]);
-    }
-  }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t d = 0; d < D; ++d) out[g * D + d] = static_cast<T>(acc[g * D + d] * inv_sum[g]);
-}
-
-#if defined(CONVEYOR_VEC_AVX512)
-// Requests a page's cache lines, at most kPrefetchLines of them (16 tokens of head_dim 128; the hardware prefetcher
-// follows a longer page on its own), in a loop of constant length that unrolls.
-constexpr int kPrefetchLines = 34;
-
-inline void prefetch_page(const int8_t* p, int64_t bytes, int hint) {
-  const char* base = reinterpret_cast<const char*>(p);
-#pragma GCC unroll 34
-  for (int line = 0; line < kPrefetchLines; ++line) {
-    if (line * 64 >= bytes) break;
-    if (hint == 0) _mm_prefetch(base + line * 64, _MM_HINT_T0);
-    else _mm_prefetch(base + line * 64, _MM_HINT_T1);
-  }
-}
-
-// 16 float32 -> 16 values of the output's type (bfloat16: round to nearest even, as static_cast does)
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(c10::BFloat16* p, __m512 v) {
-#if defined(CONVEYOR_VEC_BF16)
-  conveyor_vec::store_bf16(p, v, 0xFFFF);
-#else
-  alignas(64) float row[16];
-  _mm512_store_ps(row, v);
-  for (int i = 0; i < 16; ++i) p[i] = static_cast<c10::BFloat16>(row[i]);
-#endif
-}
-
-// 16 int8 codes (lanes outside `lanes` not read, zero) -> 16 float32
-inline __m512 load_codes(const int8_t* p, __mmask16 lanes = 0xFFFF) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(lanes, p)));
-}
-
-// AVX-512 path for G query heads of dimension 16 * V over int8 pages, each read front to back (the next one
-// requested while this one is used). Pass 1 takes 16 tokens of a K page at a time, one per lane: per dimension
-// one vector of their codes times the query's value, summed over dimensions in U independent accumulators per
-// query head (no sums across lanes). Pass 2 keeps the output rows in registers. While pass 2 runs, the next
-// item's K pages are requested (to L2), one per page of V used. The small loops over heads and vectors carry
-// `#pragma GCC unroll`: unrolled only late, GCC kept the accumulator arrays in memory and stored all of them on
-// every token (12 stores per token at G = 3; the kernel ran ~10% slower with its data in L2).
-template <typename T, int G, int V>
-void attend_item_int8_avx512(const Item& it, const Item* next, const T* q, const int8_t* k_cache,
-                             const int8_t* v_cache, float* scores, T* out) {
-  constexpr int D = 16 * V;
-  constexpr int U = G >= 4 ? 2 : 4;  // accumulators per query head: G * U chains hide the FMA latency
-  const int64_t ctx = it.ctx, bs = it.block_size, blocks = (ctx + bs - 1) / bs;
-  const PageWalk keys = page_walk(it, k_cache), values = page_walk(it, v_cache);
-  alignas(64) float qs[G][D];  // scaled query rows, broadcast one value at a time
-#pragma GCC unroll 8
-  for (int g = 0; g < G; ++g)
-#pragma GCC unroll 8
-    for (int j = 0; j < V; ++j)
-      _mm512_store_ps(qs[g] + 16 * j, _mm512_mul_ps(load16(q + g * it.q_head_stride + 16 * j),
-                                                    _mm512_set1_ps(it.scale)));
-  const PageWalk next_keys = next == nullptr ? keys : page_walk(*next, k_cache);
-  const int64_t next_blocks = next == nullptr ? 0 : (next->ctx + bs - 1) / bs;
-  for (int64_t b = 0; b < blocks; ++b) {  // pass 1: scores, 16 tokens at a time
-    const int8_t* p = keys.page_of(b);
-    if (b + 1 < blocks) prefetch_page(keys.page_of(b + 1), keys.page, 0);
-    prefetch_page(values.page_of(b), values.page, 1);  // for pass 2
-    const float* row_scales = keys.scales_of(p);
-    const int64_t first = b * bs, n = std::min(bs, ctx - first);
-    for (int64_t o = 0; o < n; o += 16) {
-      const __mmask16 lanes = conveyor_vec::tail_mask(n - o);
-      __m512 acc[G][U];
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g)
-#pragma GCC unroll 8
-        for (int u = 0; u < U; ++u) acc[g][u] = _mm512_setzero_ps();
-      const int8_t* column = p + o;
-      for (int d = 0; d < D; d += U) {
-#pragma GCC unroll 8
-        for (int u = 0; u < U; ++u) {
-          const __m512 k = load_codes(column + (d + u) * bs, lanes);
-#pragma GCC unroll 8
-          for (int g = 0; g < G; ++g) acc[g][u] = _mm512_fmadd_ps(_mm512_set1_ps(qs[g][d + u]), k, acc[g][u]);
-        }
-      }
-      const __m512 s = _mm512_maskz_loadu_ps(lanes, row_scales + o);
-#pragma GCC unroll 8
-      for (int g = 0; g < G; ++g) {
-        __m512 sum = acc[g][0];
-#pragma GCC unroll 8
-        for (int u = 1; u < U; ++u) sum = _mm512_add_ps(sum, acc[g][u]);
-        _mm512_mask_storeu_ps(scores + g * ctx + first + o, lanes, _mm512_mul_ps(sum, s));
-      }
-    }
-  }
-  float inv_sum[G];
-#pragma GCC unroll 8
-  for (int g = 0; g < G; ++g) inv_sum[g] = 1.f / softmax_numerators(scores + g * ctx, ctx);  // 1 / sum: at the end
-  scale_by_rows(scores, G, ctx, values);
-  __m512 acc[G][V];
-#pragma GCC unroll 8
-  for (int g = 0; g < G; ++g)
-#pragma GCC unroll 8
-    for (int j = 0; j < V; ++j) acc[g][j] = _mm512_setzero_ps();
-  // pass 2: weights times V (pages pass 1 requested), in one flat loop over the tokens; at each page the next
-  // page and one of the next item's K pages are requested
-  const int8_t* v_row = values.page_of(0);
-  int64_t next_requested = 0;
-  for (int64_t t = 0, o = 0, b = 0; t < ctx; ++t, ++o, v_row += D) {
-    if (o == bs) {
-      o = 0;
-      v_row = values.page_of(++b);
-    }
-    if (o == 0) {
-      if (b + 1 < blocks) prefetch_page(values.page_of(b + 1), values.page, 0);
-      if (next_requested < next_blocks) prefetch_page(next_keys.page_of(next_requested++), next_keys.page, 1);
-    }
-    __m512 vv[V];
-#pragma GCC unroll 8
-    for (int j = 0; j < V; ++j) vv[j] = load_codes(v_row + 16 * j);
-#pragma GCC unroll 8
-    for (int g = 0; g < G; ++g) {
-      const __m512 weight = _mm512_set1_ps(scores[g * ctx + t]);
-#pragma GCC unroll 8
-      for (int j = 0; j < V; ++j) acc[g][j] = _mm512_fmadd_ps(weight, vv[j], acc[g][j]);
-    }
-  }
-  while (next_requested < next_blocks) prefetch_page(next_keys.page_of(next_requested++), next_keys.page, 1);
-#pragma GCC unroll 8
-  for (int g = 0; g < G; ++g) {  // straight from the registers
-    const __m512 inv = _mm512_set1_ps(inv_sum[g]);
-#pragma GCC unroll 8
-    for (int j = 0; j < V; ++j) store16(out + g * D + 16 * j, _mm512_mul_ps(acc[g][j], inv));
-  }
-}
-
-template <typename T, int V>
-bool attend_int8_group(const Item& it, const Item* next, const T* q, const int8_t* k, const int8_t* v, float* scores,
-                       T* out) {
-  switch (it.group) {
-    case 1: attend_item_int8_avx512<T, 1, V>(it, next, q, k, v, scores, out); return true;
-    case 2: attend_item_int8_avx512<T, 2, V>(it, next, q, k, v, scores, out); return true;
-    case 3: attend_item_int8_avx512<T, 3, V>(it, next, q, k, v, scores, out); return true;
-    case 4: attend_item_int8_avx512<T, 4, V>(it, next, q, k, v, scores, out); return true;
-    case 5: attend_item_int8_avx512<T, 5, V>(it, next, q, k, v, scores, out); return true;
-    case 6: attend_item_int8_avx512<T, 6, V>(it, next, q, k, v, scores, out); return true;
-    case 7: attend_item_int8_avx512<T, 7, V>(it, next, q, k, v, scores, out); return true;
-    case 8: attend_item_int8_avx512<T, 8, V>(it, next, q, k, v, scores, out); return true;
-    default: return false;
-  }
-}
-
-template <typename T>
-bool attend_int8_avx512(const Item& it, const Item* next, const T* q, const int8_t* k, const int8_t* v,
-                        float* scores, T* out) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-    if (it.head_dim == 64) return attend_int8_group<T, 4>(it, next, q, k, v, scores, out);
-    if (it.head_dim == 128) return attend_int8_group<T, 8>(it, next, q, k, v, scores, out);
-  }
-  return false;
-}
-#else
-template <typename T>
-bool attend_int8_avx512(const Item&, const Item*, const T*, const int8_t*, const int8_t*, float*, T*) {
-  return false;
-}
-#endif
-
 template <typename T>
 void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                              const torch::Tensor& block_tables, const torch::Tensor& context_lens,
@@ -655,9 +397,8 @@ void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cach
       T* out_item = out_ptr + (seq * heads + kv_head * group) * head_dim;
       const Item following = index + 1 < end ? item(index + 1) : Item{};
       if (int8_cache) {
-        if (!attend_int8_avx512(it, index + 1 < end ? &following : nullptr, q_item, k_codes, v_codes, scores.data(),
-                                out_item))
-          attend_item_int8(it, q_item, k_codes, v_codes, scores.data(), out_item);
+        conveyor_decode::attend_int8(it, index + 1 < end ? &following : nullptr, q_item, k_codes, v_codes,
+                                     scores.data(), out_item);
         continue;
       }
 #if defined(CONVEYOR_VEC_BF16)
@@ -688,11 +429,9 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   const int64_t head_dim = q.size(2);
   int64_t block_size = 0, kv_heads = 0;
   if (k_cache.scalar_type() == at::kChar) {
-    TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(2) % (head_dim + 4) == 0,
-                "int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)]; got ", k_cache.sizes(),
-                " for head_dim ", head_dim);
-    kv_heads = k_cache.size(1);
-    block_size = k_cache.size(2) / (head_dim + 4);
+    const auto layout = conveyor_kv_int8::page_layout(k_cache, head_dim, INT64_MAX, "decode_attention");
+    kv_heads = layout.kv_heads;
+    block_size = layout.block_size;
   } else {
     TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(3) == head_dim,
                 "caches must be [num_blocks, block_size, kv_heads, head_dim] with q's head_dim");

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "amx_product.h"
+#include "kv_int8.h"
 #include "vec_bf16.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(CONVEYOR_VEC_BF16)
@@ -62,23 +63,25 @@ using namespace conveyor_vec;
 // tiles of 16); 4: Q or P; 5: a K^T or V tile; 6, 7: the two score tiles.
 
 // The K or V rows of one KV head of a chunk as bfloat16: in place from a cache [num_blocks, block_size, kv_heads,
-// head_dim], or read back from an int8 one [num_blocks, kv_heads, block_size * (head_dim + 4)]
-// (conveyor/model/kv_int8.py: codes * scale in float32, rounded to bfloat16) into a buffer of the caller's.
+// head_dim], or read back from an int8 one (kv_int8.h: codes * scale in float32, rounded to bfloat16) into a buffer
+// of the caller's.
 struct RowSource {
   const c10::BFloat16* plain;
   const int8_t* codes;
-  int64_t block_size, kv_heads, kv_head, head_dim;
+  conveyor_kv_int8::PageLayout layout;  // the cache's dimensions (and an int8 cache's pages)
+  int64_t kv_head;
   bool keys;  // an int8 K cache: pages hold their codes dimension by dimension
 
   const c10::BFloat16* row(const Chunk& c, int64_t t, c10::BFloat16* buffer) const {
+    const int64_t block_size = layout.block_size, head_dim = layout.head_dim;
     const int64_t block = c.table[t / block_size], offset = t % block_size;
-    if (codes == nullptr) return plain + ((block * block_size + offset) * kv_heads + kv_head) * head_dim;
-    const int8_t* page = codes + (block * kv_heads + kv_head) * block_size * (head_dim + 4);
-    const __m512 s = _mm512_set1_ps(reinterpret_cast<const float*>(page + block_size * head_dim)[offset]);
+    if (codes == nullptr) return plain + ((block * block_size + offset) * layout.kv_heads + kv_head) * head_dim;
+    const int8_t* page = layout.page(codes, block, kv_head);
+    const __m512 s = _mm512_set1_ps(layout.scales(page)[offset]);
     alignas(64) int8_t gathered[256];
-    const int8_t* r = page + offset * head_dim;
+    const int8_t* r = page + layout.value_code(offset, 0);
     if (keys) {
-      for (int64_t d = 0; d < head_dim; ++d) gathered[d] = page[d * block_size + offset];
+      for (int64_t d = 0; d < head_dim; ++d) gathered[d] = page[layout.key_code(offset, d)];
       r = gathered;
     }
     for (int64_t d = 0; d < head_dim; d += 16) {
@@ -290,11 +293,9 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
   const bool int8_cache = k_cache.scalar_type() == at::kChar;
   int64_t kv_heads = 0, block_size = 0;
   if (int8_cache) {
-    TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(2) % (head_dim + 4) == 0 && head_dim <= 256,
-                "int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)], head_dim at most 256; got ",
-                k_cache.sizes(), " for head_dim ", head_dim);
-    kv_heads = k_cache.size(1);
-    block_size = k_cache.size(2) / (head_dim + 4);
+    const auto pages = conveyor_kv_int8::page_layout(k_cache, head_dim, 256, "prefill_attention");
+    kv_heads = pages.kv_heads;
+    block_size = pages.block_size;
   } else {
     TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kBFloat16 && k_cache.size(3) == head_dim,
                 "caches must be bfloat16 [num_blocks, block_size, kv_heads, head_dim] with q's head_dim (or int8)");
@@ -339,6 +340,7 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
   const int8_t* k_codes = int8_cache ? k_cache.data_ptr<int8_t>() : nullptr;
   const int8_t* v_codes = int8_cache ? v_cache.data_ptr<int8_t>() : nullptr;
   c10::BFloat16* out_ptr = out.data_ptr<c10::BFloat16>();
+  const conveyor_kv_int8::PageLayout layout{kv_heads, block_size, head_dim};
   const int64_t q_row_stride = q.stride(0), out_row_stride = heads * head_dim;
   const float scale_f = static_cast<float>(scale);
   std::atomic<int64_t> next_unit{0};
@@ -362,8 +364,8 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
       const int64_t last_query = std::min(c.n, unit.tile_end * kTile) - 1;
       const int64_t keys = (c.ctx - c.n + last_query + 1 + kKeyBlock - 1) / kKeyBlock * kKeyBlock;
       const int64_t first = first_key(c.ctx - c.n + unit.tile_begin * kTile, window);
-      const RowSource k_rows{k_ptr, k_codes, block_size, kv_heads, unit.kv_head, head_dim, true};
-      const RowSource v_rows{v_ptr, v_codes, block_size, kv_heads, unit.kv_head, head_dim, false};
+      const RowSource k_rows{k_ptr, k_codes, layout, unit.kv_head, true};
+      const RowSource v_rows{v_ptr, v_codes, layout, unit.kv_head, false};
       pack_keys_values(c, first, keys, k_rows, v_rows, head_dim, kt.data(), vp.data());
       for (int64_t h = unit.kv_head * group; h < (unit.kv_head + 1) * group; ++h)
         for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t)

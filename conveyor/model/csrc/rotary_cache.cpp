@@ -15,6 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "kv_int8.h"
 #include "vec_bf16.h"
 
 namespace {
@@ -89,13 +90,12 @@ void quantize_row(const T* x, int64_t head_dim, int8_t* codes, float* scale) {
 }
 
 // Where K and V rows go: a plain cache [num_blocks, block_size, kv_heads, head_dim] of T, or (codes != nullptr)
-// an int8 one [num_blocks, kv_heads, block_size * (head_dim + 4)] (conveyor/model/kv_int8.py), whose K pages
-// hold their codes dimension by dimension (keys) and V pages row by row.
+// an int8 one (kv_int8.h), whose K pages hold their codes dimension by dimension and V pages row by row.
 template <typename T>
 struct CacheRows {
   T* plain;
   int8_t* codes;
-  int64_t block_size;
+  conveyor_kv_int8::PageLayout layout;  // of an int8 cache
   bool keys;
 
   void write(int64_t slot, const T* rows, int64_t kv_heads, int64_t head_dim) const {
@@ -103,17 +103,17 @@ struct CacheRows {
       std::memcpy(plain + slot * kv_heads * head_dim, rows, kv_heads * head_dim * sizeof(T));
       return;
     }
-    const int64_t block = slot / block_size, offset = slot % block_size, page = block_size * (head_dim + 4);
+    const int64_t block = slot / layout.block_size, offset = slot % layout.block_size;
     int8_t row[512];  // head_dim <= 512, checked
     for (int64_t h = 0; h < kv_heads; ++h) {
-      int8_t* base = codes + (block * kv_heads + h) * page;
-      float* scale = reinterpret_cast<float*>(base + block_size * head_dim) + offset;
+      int8_t* page = layout.page(codes, block, h);
+      float* scale = layout.scales(page) + offset;
       if (!keys) {
-        quantize_row(rows + h * head_dim, head_dim, base + offset * head_dim, scale);
+        quantize_row(rows + h * head_dim, head_dim, page + layout.value_code(offset, 0), scale);
         continue;
       }
       quantize_row(rows + h * head_dim, head_dim, row, scale);
-      for (int64_t d = 0; d < head_dim; ++d) base[d * block_size + offset] = row[d];
+      for (int64_t d = 0; d < head_dim; ++d) page[layout.key_code(offset, d)] = row[d];
     }
   }
 };
@@ -156,7 +156,7 @@ void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, const Cac
 
 // qkv [tokens, (heads + 2 * kv_heads) * head_dim] contiguous; cos, sin [tokens, head_dim] in
 // qkv's dtype; caches [num_blocks, block_size, kv_heads, head_dim] contiguous in qkv's dtype, or int8 caches
-// [num_blocks, kv_heads, block_size * (head_dim + 4)] (conveyor/model/kv_int8.py); slot_mapping [tokens] int64.
+// [num_blocks, kv_heads, block_size * (head_dim + 4)] (kv_int8.h); slot_mapping [tokens] int64.
 // Writes each token's rotated K and its V to its slot; returns the rotated Q and K heads,
 // [tokens, heads + kv_heads, head_dim].
 torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
@@ -172,14 +172,13 @@ torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& co
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
                   v_cache.scalar_type() == k_cache.scalar_type(),
               "the K and V caches must be contiguous, of one shape and dtype");
-  int64_t block_size = 0, slots_total = 0;
+  int64_t slots_total = 0;
+  conveyor_kv_int8::PageLayout layout{};
   if (int8_cache) {
-    TORCH_CHECK(k_cache.dim() == 3 && k_cache.size(1) == kv_heads && k_cache.size(2) % (head_dim + 4) == 0 &&
-                    head_dim <= 512,
-                "int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)], head_dim at most 512; got ",
-                k_cache.sizes(), " for head_dim ", head_dim);
-    block_size = k_cache.size(2) / (head_dim + 4);
-    slots_total = k_cache.size(0) * block_size;
+    layout = conveyor_kv_int8::page_layout(k_cache, head_dim, 512, "rotary_and_cache");
+    TORCH_CHECK(layout.kv_heads == kv_heads, "rotary_and_cache: the int8 caches hold ", layout.kv_heads,
+                " KV heads, qkv ", kv_heads);
+    slots_total = k_cache.size(0) * layout.block_size;
   } else {
     TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(2) == kv_heads && k_cache.size(3) == head_dim &&
                     qkv.scalar_type() == k_cache.scalar_type(),
@@ -201,9 +200,9 @@ torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& co
   auto qk = torch::empty({tokens, heads + kv_heads, head_dim}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary_and_cache", [&] {
     const CacheRows<scalar_t> k_rows{int8_cache ? nullptr : k_cache.data_ptr<scalar_t>(),
-                                     int8_cache ? k_cache.data_ptr<int8_t>() : nullptr, block_size, true};
+                                     int8_cache ? k_cache.data_ptr<int8_t>() : nullptr, layout, true};
     const CacheRows<scalar_t> v_rows{int8_cache ? nullptr : v_cache.data_ptr<scalar_t>(),
-                                     int8_cache ? v_cache.data_ptr<int8_t>() : nullptr, block_size, false};
+                                     int8_cache ? v_cache.data_ptr<int8_t>() : nullptr, layout, false};
     rotary_and_cache_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
                                       k_rows, v_rows, slots, qk.data_ptr<scalar_t>(), tokens, heads, kv_heads,
                                       head_dim);

@@ -1,0 +1,47 @@
+// The int8 KV cache's layout (kv_cache_dtype='int8'), as conveyor/model/kv_int8.py defines it, for the kernels that
+// write it (rotary_cache.cpp) and read it (decode_attention_int8.cpp, prefill_attention.cpp). A cache is int8
+// [num_blocks, kv_heads, block_size * (head_dim + 4)]: per (block, KV head) one page of block_size x head_dim codes
+// followed by the block's block_size float32 scales. K pages hold their codes dimension by dimension
+// ([head_dim][block_size]: 16 tokens' values of one dimension side by side), V pages row by row
+// ([block_size][head_dim]). A row reads back as codes * scale.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <cstdint>
+
+namespace conveyor_kv_int8 {
+
+constexpr int64_t kScaleBytes = 4;  // one float32 scale per token and KV head
+
+struct PageLayout {
+  int64_t kv_heads, block_size, head_dim;
+
+  int64_t page_bytes() const { return block_size * (head_dim + kScaleBytes); }
+  // The page of (block, kv_head) in a cache's codes.
+  const int8_t* page(const int8_t* cache, int64_t block, int64_t kv_head) const {
+    return cache + (block * kv_heads + kv_head) * page_bytes();
+  }
+  int8_t* page(int8_t* cache, int64_t block, int64_t kv_head) const {
+    return cache + (block * kv_heads + kv_head) * page_bytes();
+  }
+  // A page's block_size scales, after its codes.
+  const float* scales(const int8_t* page) const {
+    return reinterpret_cast<const float*>(page + block_size * head_dim);
+  }
+  float* scales(int8_t* page) const { return reinterpret_cast<float*>(page + block_size * head_dim); }
+  // Where the code of dimension d of the token at `offset` in its block sits in a K page, and in a V page.
+  int64_t key_code(int64_t offset, int64_t d) const { return d * block_size + offset; }
+  int64_t value_code(int64_t offset, int64_t d) const { return offset * head_dim + d; }
+};
+
+// An int8 cache's layout from its shape, checked: `op` names the kernel, max_head_dim is the largest it takes.
+inline PageLayout page_layout(const torch::Tensor& cache, int64_t head_dim, int64_t max_head_dim, const char* op) {
+  TORCH_CHECK(cache.dim() == 3 && head_dim > 0 && head_dim <= max_head_dim &&
+                  cache.size(2) % (head_dim + kScaleBytes) == 0 && cache.size(2) > 0,
+              op, ": int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)] with head_dim at most ",
+              max_head_dim, "; got ", cache.sizes(), " for head_dim ", head_dim);
+  return PageLayout{cache.size(1), cache.size(2) / (head_dim + kScaleBytes), head_dim};
+}
+
+}  // namespace conveyor_kv_int8
