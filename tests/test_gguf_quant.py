@@ -148,6 +148,26 @@ def test_amx_products_do_not_depend_on_how_the_work_is_split(in_features: int,
     assert torch.equal(got, torch.cat(pieces))
 
 
+def test_amx_prefill_slabs_give_the_chunk_by_chunk_bits(request: pytest.FixtureRequest) -> None:
+    """Many rows (two chunks of 256 at 8192 columns) take the weights dequantized once, a slab of blocks at a time
+    (amx_product.cpp: 32 MiB, 64 blocks of 32 rows x 8192 here), not once per chunk: a stack of 2085 rows (Q4_K,
+    Q6_K and Q5_K's float path; 66 blocks: two slabs, the second of two blocks, the last partial) gives exactly what
+    the same rows give a chunk at a time (the per-chunk path), within the float64 bound."""
+    kernels = _amx(request)
+    in_features = 8192
+    parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in (("Q4_K", 2048), ("Q6_K", 30), ("Q5_K", 7))]
+    blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
+    x = torch.randn(300, in_features, generator=torch.Generator().manual_seed(5)).bfloat16()  # [300, in]
+    got = kernels.gguf_linear_amx_parts(x, blocks, kinds, in_features)  # [300, 2085]
+    chunks = [kernels.gguf_linear_amx_parts(x[a:b].contiguous(), blocks, kinds, in_features)
+              for a, b in ((0, 256), (256, 300))]
+    assert got.shape == (300, 2085) and torch.equal(got, torch.cat(chunks))
+    w = torch.cat([p.dequantize() for p in parts]).bfloat16().double()  # [2085, in]
+    exact = x.double() @ w.t()  # [300, 2085]
+    magnitude = x.double().abs() @ w.abs().t()
+    assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()
+
+
 @pytest.mark.parametrize("kind", list(FORMATS))
 def test_amx_dequantization_is_exact(kind: str, request: pytest.FixtureRequest) -> None:
     """One-hot activation rows pick single weights: the AMX kernel's output is then its dequantized bfloat16

@@ -6,7 +6,9 @@
 //
 // The weight rows are the A operand, 32 of them (kBlockN, two tiles) at a time, laid out tile by tile
 // ([2][in / 32][16 rows][32 k], 1 KiB per tile: rows 64 bytes apart, so a tile load never strides a row of `in`
-// values through one L1 set). GGUF weights are dequantized to this layout into a thread's scratch per block;
+// values through one L1 set). GGUF weights are dequantized to this layout: into a thread's scratch block by block
+// for one chunk of rows, or (several chunks: a prefill step) a slab of blocks at a time into a buffer both threads
+// fill and every chunk reads in place (kSlabBytes);
 // packed bfloat16 weights are already in it ([out / 16][in / 32][16][32]) and are read in place, prefetched as
 // the row count makes worth it (kPrefetchRowTiles). The activations are the B operand in the pair-interleaved
 // layout TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in
@@ -72,6 +74,12 @@ constexpr int64_t kStreamAheadPieces = 8;
 // (the default model's head at 64 rows: 2.9 -> 2.5 ms); a decode step's other outputs (64 rows x 576-3072) are
 // read back at once from the cache by the next op.
 constexpr int64_t kStreamRows = 256;
+// GGUF weights multiplied by more than one chunk of rows (a prefill step's) are dequantized once per call, a slab of
+// blocks at a time, into a buffer of at most this many bytes that every chunk then reads in place, not once per
+// chunk as a decode step's few rows take them. The 1B Q4_K_M file's layer at 2048 rows: 278 -> 225 ms (qkv 27 -> 19,
+// down 75 -> 60). The slab holds a whole 1B down projection (2048 x 8192, 32 MiB): with a quarter of it, each slab
+// took its units a few blocks at a time and re-read the activations' panels per unit, and down ran 75 -> 100 ms.
+constexpr int64_t kSlabBytes = int64_t{32} << 20;
 constexpr int64_t kStreamBytes = int64_t{1} << 20;
 
 constexpr int kArchReqXcompPerm = 0x1023;
@@ -222,7 +230,8 @@ void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloa
 // GGUF weights: each block dequantized by `weight_row` into the thread's scratch [2][panel k tiles][16][32], the A
 // operand (the activations pair-interleaved as B, the accumulators [weight rows][activation rows]).
 struct DequantizedRows {
-  static constexpr bool kInPlace = false;
+  static constexpr bool kWeightsAsB = false;
+  static constexpr bool kReadsInPlace = false;
   const WeightRow& weight_row;
   int64_t out_features;
 
@@ -240,16 +249,37 @@ struct DequantizedRows {
   }
 };
 
+// Blocks of 32 weight rows laid out tile by tile over the whole input, [blocks][2][in / 32][16][32], read in place
+// and prefetched: block nb's tiles over the panel starting at column k0.
+inline BlockTiles tiles_in_place(const c10::BFloat16* tiles, int64_t k_tiles, int64_t nb, int64_t k0) {
+  const c10::BFloat16* first = tiles + (2 * nb * k_tiles + k0 / kTileK) * kTileValues;
+  return {first, first + k_tiles * kTileValues};
+}
+
+// GGUF weights dequantized ahead, a slab of blocks at a time (product_bf16 with many chunks of rows): the A operand
+// as in DequantizedRows, but read in place from a buffer both threads filled, so that each block is dequantized once
+// per call rather than once per chunk of rows.
+struct DequantizedSlab {
+  static constexpr bool kWeightsAsB = false;
+  static constexpr bool kReadsInPlace = true;
+  const c10::BFloat16* tiles;  // [slab blocks][2][in / 32][16][32]
+  int64_t k_tiles;
+
+  BlockTiles block(int64_t nb, int64_t k0, int64_t, c10::BFloat16*) const {
+    return tiles_in_place(tiles, k_tiles, nb, k0);
+  }
+};
+
 // bfloat16 weights packed at load, pair-interleaved ([out / 16][in / 32][16 k pairs][16 rows][2]): read in place
 // as the B operand (the activations as A, the accumulators [activation rows][weight rows], stored straight).
 struct PackedTiles {
-  static constexpr bool kInPlace = true;
+  static constexpr bool kWeightsAsB = true;
+  static constexpr bool kReadsInPlace = true;
   const c10::BFloat16* tiles;
   int64_t k_tiles;
 
   BlockTiles block(int64_t nb, int64_t k0, int64_t, c10::BFloat16*) const {
-    const c10::BFloat16* first = tiles + (2 * nb * k_tiles + k0 / kTileK) * kTileValues;
-    return {first, first + k_tiles * kTileValues};
+    return tiles_in_place(tiles, k_tiles, nb, k0);
   }
 };
 
@@ -285,17 +315,17 @@ enum class Output { kProduct, kSiluGate };
 // n0 / 2 + 15 for kSiluGate); non-temporal stores where `stream` and the block's 32 columns fill a line.
 // kSiluGate with `stream`: the pair's outputs staged at `staged` ([2][16][16]) for an even block, stored with the
 // next, odd block's.
-template <bool kInPlace>
+template <bool kWeightsAsB>
 void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, c10::BFloat16* y,
                 int64_t y_width, bool stream, Output output, c10::BFloat16* staged) {
   for (int64_t j = 0; j < (two ? 2 : 1); ++j) {  // activation tile
     const int64_t m_tile = m_first + j * kTile, m = std::min(kTile, rows - m_tile);
-    if (kInPlace && output == Output::kSiluGate) {
+    if (kWeightsAsB && output == Output::kSiluGate) {
       store_silu_gate_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, m, y + m_tile * y_width + n0 / 2,
                            y_width, n0 / kBlockN % 2 == 1, stream ? staged + j * kTile * kTile : nullptr);
       continue;
     }
-    if (kInPlace) {
+    if (kWeightsAsB) {
       c10::BFloat16* to = y + m_tile * y_width + n0;
       const bool whole_lines = n == kBlockN && reinterpret_cast<uintptr_t>(to) % 64 == 0 && y_width % 32 == 0;
       store_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, to, y_width, stream && whole_lines);
@@ -309,13 +339,19 @@ void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t
   }
 }
 
+// y_stride: y's row stride in values (0: y's width, out_features or inner), for a slab of the output's columns.
+// Rows of activations packed at a time: one panel of them fills kPackedBytes.
+int64_t chunk_rows_for(int64_t in_features) {
+  const int64_t panel_values = std::min(in_features, kPanelValues);
+  return std::max<int64_t>(2 * kTile, kPackedBytes / (panel_values * 2) / (2 * kTile) * 2 * kTile);
+}
+
 template <typename Weights>
 void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-             const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct) {
-  constexpr bool kInPlace = Weights::kInPlace;
+             const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct, int64_t y_stride = 0) {
+  constexpr bool kWeightsAsB = Weights::kWeightsAsB, kReadsInPlace = Weights::kReadsInPlace;
   const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
-  const int64_t panel_values = std::min(in_features, kPanelValues);
-  const int64_t chunk_rows = std::max<int64_t>(2 * kTile, kPackedBytes / (panel_values * 2) / (2 * kTile) * 2 * kTile);
+  const int64_t panel_values = std::min(in_features, kPanelValues), chunk_rows = chunk_rows_for(in_features);
   const int64_t chunk_tiles = (std::min(chunk_rows, rows) + kTile - 1) / kTile, chunk_pairs = (chunk_tiles + 1) / 2;
   const int64_t n_blocks = (out_features + kBlockN - 1) / kBlockN;
   const int64_t pair_floats = 4 * kTile * kTile;  // the four accumulators of a pair of activation tiles
@@ -331,14 +367,14 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   const int64_t units = (rows + chunk_rows - 1) / chunk_rows * units_per_chunk;
   // Where unit `unit` starts: its first block over the first panel (in place: what to prefetch next).
   const auto unit_start = [&](int64_t unit) -> BlockTiles {
-    if (!kInPlace || unit >= units) return {nullptr, nullptr};
+    if (!kReadsInPlace || unit >= units) return {nullptr, nullptr};
     return weight_source.block(unit % units_per_chunk * unit_blocks, 0, panel_values, nullptr);
   };
   // One parallel region per call, its units (a chunk of rows x unit_blocks weight blocks, chunk by chunk) taken
   // in turn by whichever thread is free (each claims its next unit before it starts one, to prefetch it), each
   // thread packing the chunk it works on itself: no barrier inside a call, so that on a shared machine a thread
   // waiting for its core holds up no other.
-  const int64_t y_width = output == Output::kSiluGate ? out_features / 2 : out_features;
+  const int64_t y_width = y_stride > 0 ? y_stride : output == Output::kSiluGate ? out_features / 2 : out_features;
   const bool stream = (rows >= kStreamRows || rows * y_width * 2 >= kStreamBytes) &&
                       (output == Output::kProduct ||
                        (y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
@@ -349,7 +385,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
     thread_local TileBuffer<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
     thread_local TileBuffer<c10::BFloat16> staged;     // kSiluGate, streamed: [chunk pairs][2][16][16]
     packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
-    if (!kInPlace) scratch.resize(2 * (panel_values / kTileK) * kTileValues);
+    if (!kReadsInPlace) scratch.resize(2 * (panel_values / kTileK) * kTileValues);
     sums.resize((panels > 1 ? unit_blocks : 1) * chunk_pairs * pair_floats);
     staged.resize(output == Output::kSiluGate && stream ? chunk_pairs * 2 * kTile * kTile : 0);
     const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
@@ -361,7 +397,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
       const int64_t m0 = unit / units_per_chunk * chunk_rows, count = std::min(chunk_rows, rows - m0);
       const int64_t row_tiles = (count + kTile - 1) / kTile, pairs = (row_tiles + 1) / 2;
       if (m0 != packed_m0) {
-        if (kInPlace) {
+        if (kWeightsAsB) {
           pack_rows(x, m0, count, in_features, reinterpret_cast<c10::BFloat16*>(packed_storage.data()));
         } else {
           pack_activations(x, m0, count, in_features, packed_storage.data());
@@ -381,7 +417,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
       } pending;
       const auto store_pending = [&] {
         if (pending.sums == nullptr) return;
-        store_pair<kInPlace>(pending.sums, pending.two, pending.m_first, rows, pending.n0, pending.n, y, y_width,
+        store_pair<kWeightsAsB>(pending.sums, pending.two, pending.m_first, rows, pending.n0, pending.n, y, y_width,
                              stream, output, pending.staged);
         pending.sums = nullptr;
       };
@@ -392,7 +428,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
           const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0);
           const BlockTiles w = weight_source.block(nb, k0, kc, scratch.data());
           BlockTiles ahead{nullptr, nullptr};  // what this thread reads next, where it reads in place
-          if (kInPlace) {
+          if (kReadsInPlace) {
             if (nb + 1 < g_end) {
               ahead = weight_source.block(nb + 1, k0, kc, nullptr);
             } else if (p + 1 < panels) {
@@ -409,14 +445,14 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             BlockTiles prefetch{nullptr, nullptr};
             if (t == 0 && row_tiles >= kPrefetchRowTiles) {
               prefetch = ahead;
-            } else if (t == 0 && kInPlace && two) {
+            } else if (t == 0 && kReadsInPlace && two) {
               prefetch = {w.first + kStreamAheadPieces * kTileValues, w.second + kStreamAheadPieces * kTileValues};
             }
             // The accumulators of the pair of row tiles t, t + 1 over this block.
             float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
-            if (kInPlace && two) {  // A: activation tiles, B: weight tiles
+            if (kWeightsAsB && two) {  // A: activation tiles, B: weight tiles
               multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, prefetch, c, store_pending);
-            } else if (kInPlace) {
+            } else if (kWeightsAsB) {
               multiply<false, true>(x0, nullptr, w.first, w.second, panel_tiles, first, prefetch, c, store_pending);
             } else if (two) {  // A: weight tiles, B: activation tiles
               multiply<true, true>(w.first, w.second, x0, x1, panel_tiles, first, prefetch, c, store_pending);
@@ -462,7 +498,27 @@ bool available() {
 
 void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
                   const WeightRow& weight_row, c10::BFloat16* y) {
-  product(x, rows, in_features, out_features, DequantizedRows{weight_row, out_features}, y);
+  const DequantizedRows dequantized{weight_row, out_features};
+  if (rows <= chunk_rows_for(in_features)) {  // one chunk of rows: each block dequantized once as it is used
+    product(x, rows, in_features, out_features, dequantized, y);
+    return;
+  }
+  // Several chunks: each slab of blocks dequantized once, by both threads, then multiplied by every chunk.
+  const int64_t k_tiles = in_features / kTileK, block_values = 2 * k_tiles * kTileValues;
+  const int64_t n_blocks = (out_features + kBlockN - 1) / kBlockN;
+  const int64_t slab_blocks = std::max<int64_t>(1, kSlabBytes / (block_values * 2));
+  thread_local TileBuffer<c10::BFloat16> slab;  // the calling thread's: [slab blocks][2][k tiles][16][32]
+  slab.resize(std::min(slab_blocks, n_blocks) * block_values);
+  c10::BFloat16* const tiles = slab.data();  // (a thread_local named in the region would be each thread's own)
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += slab_blocks) {
+    const int64_t count = std::min(slab_blocks, n_blocks - b0);
+    at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) dequantized.block(b0 + i, 0, in_features, tiles + i * block_values);
+    });
+    const int64_t n0 = b0 * kBlockN;
+    product(x, rows, in_features, std::min(count * kBlockN, out_features - n0), DequantizedSlab{tiles, k_tiles},
+            y + n0, Output::kProduct, out_features);
+  }
 }
 
 void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
