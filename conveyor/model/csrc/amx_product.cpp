@@ -6,9 +6,9 @@
 //
 // The weight rows are the A operand, 32 of them (kBlockN, two tiles) at a time, laid out tile by tile
 // ([2][in / 32][16 rows][32 k], 1 KiB per tile: rows 64 bytes apart, so a tile load never strides a row of `in`
-// values through one L1 set). GGUF weights are dequantized to this layout: into a thread's scratch block by block
-// for one chunk of rows, or (several chunks: a prefill step) a slab of blocks at a time into a buffer both threads
-// fill and every chunk reads in place (kSlabBytes);
+// values through one L1 set). GGUF weights are dequantized to this layout: into a thread's scratch block by block,
+// the next block while the current one multiplies (NextBlockSlices), or (several chunks of rows and an input wider
+// than a panel) a slab of blocks at a time into a buffer both threads fill and every chunk reads (kSlabBytes);
 // packed bfloat16 weights are already in it ([out / 16][in / 32][16][32]) and are read in place, prefetched as
 // the row count makes worth it (kPrefetchRowTiles). The activations are the B operand in the pair-interleaved
 // layout TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in
@@ -74,11 +74,14 @@ constexpr int64_t kStreamAheadPieces = 8;
 // (the default model's head at 64 rows: 2.9 -> 2.5 ms); a decode step's other outputs (64 rows x 576-3072) are
 // read back at once from the cache by the next op.
 constexpr int64_t kStreamRows = 256;
-// GGUF weights multiplied by more than one chunk of rows (a prefill step's) are dequantized once per call, a slab of
-// blocks at a time, into a buffer of at most this many bytes that every chunk then reads in place, not once per
-// chunk as a decode step's few rows take them. The 1B Q4_K_M file's layer at 2048 rows: 278 -> 225 ms (qkv 27 -> 19,
-// down 75 -> 60). The slab holds a whole 1B down projection (2048 x 8192, 32 MiB): with a quarter of it, each slab
-// took its units a few blocks at a time and re-read the activations' panels per unit, and down ran 75 -> 100 ms.
+// GGUF weights wider than one panel (a down projection) multiplied by more than one chunk of rows (a prefill step)
+// are dequantized once per call, a slab of blocks at a time, into a buffer of at most this many bytes that every
+// chunk then reads in place, not once per chunk and panel. The 1B Q4_K_M file's down projection (Q6_K, 2048 x 8192)
+// at 2048 rows: 75 -> 60 ms alone, 70 -> 64 ms per call in the engine's prefill step (benchmarks/RESULTS.md, s18).
+// The slab holds that whole projection (32 MiB): with a quarter of it, each slab took its units a few blocks at a
+// time and re-read the activations' panels per unit (75 -> 100 ms). Inputs of one panel keep the per-chunk path:
+// slabs made those products faster alone (gate/up 150 -> 133 ms) but not in the engine, where the weights come
+// from memory rather than the cache (1.67 -> 1.70-1.80 s per prefill step of 2048 rows).
 constexpr int64_t kSlabBytes = int64_t{32} << 20;
 constexpr int64_t kStreamBytes = int64_t{1} << 20;
 
@@ -191,11 +194,15 @@ inline void prefetch_piece(const BlockTiles& ahead, int64_t kt) {
 // Four accumulators c [4][16][16] float32 (2 j + i: A tile i x B tile j) for A tiles a0, a1 ([k tiles][16][32]
 // each: 16 rows of 32 values per k tile) and B tiles b0, b1 (the same, pair-interleaved), summed onto what c holds
 // unless `first`; the second A or B tile only where kTwoA / kTwoB. The tiles of `ahead` prefetched on the way;
-// `meanwhile` called once the products are issued, before their results are stored: the tile unit works through
+// `each_step` called after each k tile's products are issued (vector work the core does while the tile unit
+// multiplies, spread over the loop so that both stay busy: a call after the loop waits for the reorder buffer to
+// drain of tile instructions first), `meanwhile` once the products are issued, before their results are stored:
+// the tile unit works through
 // them while the core runs it (the previous pair's stores to y).
-template <bool kTwoA, bool kTwoB, typename Meanwhile>
+template <bool kTwoA, bool kTwoB, typename Meanwhile, typename EachStep>
 void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloat16* b0, const c10::BFloat16* b1,
-              int64_t k_tiles, bool first, const BlockTiles& ahead, float* c, const Meanwhile& meanwhile) {
+              int64_t k_tiles, bool first, const BlockTiles& ahead, float* c, const Meanwhile& meanwhile,
+              const EachStep& each_step) {
   if (first) {
     _tile_zero(0);
     if (kTwoA) _tile_zero(1);
@@ -219,6 +226,7 @@ void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloa
       _tile_dpbf16ps(2, 4, 7);
       if (kTwoA) _tile_dpbf16ps(3, 5, 7);
     }
+    each_step();
   }
   meanwhile();  // vector work while the tile unit finishes the products above
   _tile_stored(0, c, 64);
@@ -229,23 +237,65 @@ void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloa
 
 // GGUF weights: each block dequantized by `weight_row` into the thread's scratch [2][panel k tiles][16][32], the A
 // operand (the activations pair-interleaved as B, the accumulators [weight rows][activation rows]).
+// A block is dequantized in slices (one row's columns of the panel each), so that the next block's slices can be
+// spread over the current block's products (product's loop).
 struct DequantizedRows {
   static constexpr bool kWeightsAsB = false;
   static constexpr bool kReadsInPlace = false;
+  // One row of the panel per slice: slices of 256 values called weight_row 8x as often, and 16 rows took longer
+  // than dequantizing each block all at once (gate 8192 x 2048 Q4_K: 1.39 -> 1.65 ms; whole rows: 1.31 ms).
+  static constexpr int64_t kSliceValues = kPanelValues;
   const WeightRow& weight_row;
   int64_t out_features;
 
-  BlockTiles block(int64_t nb, int64_t k0, int64_t kc, c10::BFloat16* scratch) const {
+  static int64_t slices(int64_t kc) { return kBlockN * ((kc + kSliceValues - 1) / kSliceValues); }
+
+  // Slices [from, to) of block nb over columns k0..k0 + kc - 1 -> scratch (row by row, kSliceValues at a time).
+  void dequantize(int64_t nb, int64_t k0, int64_t kc, c10::BFloat16* scratch, int64_t from, int64_t to) const {
     const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0), panel_tiles = kc / kTileK;
-    for (int64_t i = 0; i < kBlockN; ++i) {
-      c10::BFloat16* dst = scratch + (i / kTile) * panel_tiles * kTileValues + (i % kTile) * kTileK;
+    const int64_t per_row = (kc + kSliceValues - 1) / kSliceValues;
+    for (int64_t slice = from; slice < to; ++slice) {
+      const int64_t i = slice / per_row, first = slice % per_row * kSliceValues;
+      const int64_t count = std::min(kSliceValues, kc - first);
+      c10::BFloat16* dst = scratch + (i / kTile) * panel_tiles * kTileValues + (i % kTile) * kTileK +
+                           first / kTileK * kTileValues;
       if (i < n) {
-        weight_row(n0 + i, k0, kc, dst);
+        weight_row(n0 + i, k0 + first, count, dst);
       } else {  // rows past the last: zeros (their results are not stored)
-        for (int64_t kt = 0; kt < panel_tiles; ++kt) std::memset(dst + kt * kTileValues, 0, kTileK * 2);
+        for (int64_t kt = 0; kt < count / kTileK; ++kt) std::memset(dst + kt * kTileValues, 0, kTileK * 2);
       }
     }
-    return {scratch, scratch + panel_tiles * kTileValues};
+  }
+
+  static BlockTiles tiles(const c10::BFloat16* scratch, int64_t kc) {
+    return {scratch, scratch + kc / kTileK * kTileValues};
+  }
+
+  BlockTiles block(int64_t nb, int64_t k0, int64_t kc, c10::BFloat16* scratch) const {
+    dequantize(nb, k0, kc, scratch, 0, slices(kc));
+    return tiles(scratch, kc);
+  }
+};
+
+// The next block of a thread's work dequantized into the other scratch buffer, a share of its slices after each k
+// tile's products are issued, while the tile unit multiplies the current block: the vector work and the tile
+// products overlap instead of taking turns. gguf_linear_amx on the 1B Q4_K_M file's gate (8192 x 2048) at 64 rows:
+// 2.13 -> 1.88 ms, 128 rows 3.14 -> 2.85; a decode step's fused gate/up in the engine 4.8 -> 4.2-4.4 ms per call.
+struct NextBlockSlices {
+  const DequantizedRows* source = nullptr;  // null: nothing to dequantize
+  int64_t nb = 0, k0 = 0, kc = 0;
+  c10::BFloat16* scratch = nullptr;
+  int64_t done = 0, total = 0, steps = 1, step = 0;
+
+  void operator()() {  // one k tile's share
+    if (source == nullptr) return;
+    const int64_t target = std::min(total, (++step * total + steps - 1) / steps);
+    if (target > done) source->dequantize(nb, k0, kc, scratch, done, target);
+    done = std::max(done, target);
+  }
+  void finish() {
+    if (source != nullptr && done < total) source->dequantize(nb, k0, kc, scratch, done, total);
+    done = total;
   }
 };
 
@@ -365,15 +415,10 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
       output == Output::kSiluGate ? std::max<int64_t>(2, blocks_per_unit / 2 * 2) : blocks_per_unit;
   const int64_t units_per_chunk = (n_blocks + unit_blocks - 1) / unit_blocks;
   const int64_t units = (rows + chunk_rows - 1) / chunk_rows * units_per_chunk;
-  // Where unit `unit` starts: its first block over the first panel (in place: what to prefetch next).
-  const auto unit_start = [&](int64_t unit) -> BlockTiles {
-    if (!kReadsInPlace || unit >= units) return {nullptr, nullptr};
-    return weight_source.block(unit % units_per_chunk * unit_blocks, 0, panel_values, nullptr);
-  };
   // One parallel region per call, its units (a chunk of rows x unit_blocks weight blocks, chunk by chunk) taken
-  // in turn by whichever thread is free (each claims its next unit before it starts one, to prefetch it), each
-  // thread packing the chunk it works on itself: no barrier inside a call, so that on a shared machine a thread
-  // waiting for its core holds up no other.
+  // in turn by whichever thread is free (each claims its next unit before it starts one, to prefetch or dequantize
+  // its first block meanwhile), each thread packing the chunk it works on itself: no barrier inside a call, so
+  // that on a shared machine a thread waiting for its core holds up no other.
   const int64_t y_width = y_stride > 0 ? y_stride : output == Output::kSiluGate ? out_features / 2 : out_features;
   const bool stream = (rows >= kStreamRows || rows * y_width * 2 >= kStreamBytes) &&
                       (output == Output::kProduct ||
@@ -385,7 +430,11 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
     thread_local TileBuffer<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
     thread_local TileBuffer<c10::BFloat16> staged;     // kSiluGate, streamed: [chunk pairs][2][16][16]
     packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
-    if (!kReadsInPlace) scratch.resize(2 * (panel_values / kTileK) * kTileValues);
+    const int64_t block_values = 2 * (panel_values / kTileK) * kTileValues;  // one block over one panel
+    if (!kReadsInPlace) scratch.resize(2 * block_values);  // the block multiplied, and the next one
+    c10::BFloat16* const buffers[2] = {scratch.data(), scratch.data() + block_values};
+    int current = 0;             // the buffer holding the block multiplied now
+    bool current_ready = false;  // whether it was dequantized while the previous block multiplied
     sums.resize((panels > 1 ? unit_blocks : 1) * chunk_pairs * pair_floats);
     staged.resize(output == Output::kSiluGate && stream ? chunk_pairs * 2 * kTile * kTile : 0);
     const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
@@ -426,17 +475,33 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
         const int64_t panel_tiles = kc / kTileK;
         for (int64_t nb = g0; nb < g_end; ++nb) {
           const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0);
-          const BlockTiles w = weight_source.block(nb, k0, kc, scratch.data());
-          BlockTiles ahead{nullptr, nullptr};  // what this thread reads next, where it reads in place
-          if (kReadsInPlace) {
-            if (nb + 1 < g_end) {
-              ahead = weight_source.block(nb + 1, k0, kc, nullptr);
-            } else if (p + 1 < panels) {
-              ahead = weight_source.block(g0, k0 + kPanelValues, kc, nullptr);
-            } else {
-              ahead = unit_start(following);
+          // The block this thread takes next: the unit's next one, the unit's first over the next panel, or the
+          // following unit's first (-1: none).
+          int64_t next_nb = -1, next_k0 = 0;
+          if (nb + 1 < g_end) {
+            next_nb = nb + 1;
+            next_k0 = k0;
+          } else if (p + 1 < panels) {
+            next_nb = g0;
+            next_k0 = k0 + kPanelValues;
+          } else if (following < units) {
+            next_nb = following % units_per_chunk * unit_blocks;
+          }
+          const int64_t next_kc = std::min(kPanelValues, in_features - next_k0);
+          BlockTiles w{nullptr, nullptr}, ahead{nullptr, nullptr};  // ahead: what to prefetch, read in place
+          NextBlockSlices next_slices;  // dequantized meanwhile, into the other buffer
+          if constexpr (kReadsInPlace) {
+            w = weight_source.block(nb, k0, kc, nullptr);
+            if (next_nb >= 0) ahead = weight_source.block(next_nb, next_k0, next_kc, nullptr);
+          } else {
+            if (!current_ready) weight_source.block(nb, k0, kc, buffers[current]);
+            w = DequantizedRows::tiles(buffers[current], kc);
+            if (next_nb >= 0) {
+              next_slices = {&weight_source, next_nb, next_k0, next_kc, buffers[1 - current], 0,
+                             DequantizedRows::slices(next_kc), pairs * panel_tiles, 0};
             }
           }
+          const auto each_step = [&] { next_slices(); };
           const bool first = p == 0, last = p == panels - 1;
           for (int64_t t = 0; t < row_tiles; t += 2) {
             const c10::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
@@ -451,18 +516,27 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             // The accumulators of the pair of row tiles t, t + 1 over this block.
             float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
             if (kWeightsAsB && two) {  // A: activation tiles, B: weight tiles
-              multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, prefetch, c, store_pending);
+              multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, prefetch, c, store_pending,
+                                   each_step);
             } else if (kWeightsAsB) {
-              multiply<false, true>(x0, nullptr, w.first, w.second, panel_tiles, first, prefetch, c, store_pending);
+              multiply<false, true>(x0, nullptr, w.first, w.second, panel_tiles, first, prefetch, c, store_pending,
+                                   each_step);
             } else if (two) {  // A: weight tiles, B: activation tiles
-              multiply<true, true>(w.first, w.second, x0, x1, panel_tiles, first, prefetch, c, store_pending);
+              multiply<true, true>(w.first, w.second, x0, x1, panel_tiles, first, prefetch, c, store_pending,
+                                   each_step);
             } else {
-              multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c, store_pending);
+              multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c, store_pending,
+                                   each_step);
             }
             if (last) {
               pending = {c, two, m0 + t * kTile, n0, n,
                          staged.empty() ? nullptr : staged.data() + t / 2 * 2 * kTile * kTile};
             }
+          }
+          if constexpr (!kReadsInPlace) {
+            next_slices.finish();
+            current_ready = next_slices.source != nullptr;
+            if (current_ready) current = 1 - current;
           }
         }
       }
@@ -499,11 +573,12 @@ bool available() {
 void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
                   const WeightRow& weight_row, c10::BFloat16* y) {
   const DequantizedRows dequantized{weight_row, out_features};
-  if (rows <= chunk_rows_for(in_features)) {  // one chunk of rows: each block dequantized once as it is used
+  if (rows <= chunk_rows_for(in_features) || in_features <= kPanelValues) {  // each block dequantized as it is used
     product(x, rows, in_features, out_features, dequantized, y);
     return;
   }
-  // Several chunks: each slab of blocks dequantized once, by both threads, then multiplied by every chunk.
+  // Several chunks of an input wider than one panel: each slab of blocks dequantized once, by both threads, then
+  // multiplied by every chunk (kSlabBytes).
   const int64_t k_tiles = in_features / kTileK, block_values = 2 * k_tiles * kTileValues;
   const int64_t n_blocks = (out_features + kBlockN - 1) / kBlockN;
   const int64_t slab_blocks = std::max<int64_t>(1, kSlabBytes / (block_values * 2));

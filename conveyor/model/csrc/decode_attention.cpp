@@ -9,9 +9,9 @@
 // unrolled path keeps the scaled query rows and the output accumulators in registers; bfloat16 at head_dim 64
 // with a group of up to 4 (with AVX512_BF16) takes a leaner one (attend_item_bf16_64); any other shape or CPU
 // runs the portable loops. An int8 cache (kv_cache_dtype='int8', kv_int8.h) takes its own kernels, in
-// decode_attention_int8.cpp, reading its pages of codes and scales in place. Built at run time for the CPU it runs on (see
-// conveyor/model/native.py), with -ffast-math only for the compile step (vectorized expf where the inline exp is
-// not built).
+// decode_attention_int8.cpp, reading its pages of codes and scales in place. Built at run time for the CPU it runs
+// on (see conveyor/model/native.py), with -ffast-math only for the compile step (vectorized expf where the inline
+// exp is not built).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
