@@ -5,6 +5,7 @@
 #   micro:     gguf_linear_amx on the 1B Q4_K_M file's layer 0, main's kernels against base's (ab_gguf_prefill.py)
 #   steps:     step_kernels_probe.py, base and main alternating, two rounds
 #   w1q4:      1B Q4_K_M W1, main with llama.cpp in the same invocation, base alone, alternating, two rounds
+#   sync:      1B Q4_K_M W1's steps on the synchronous engine (w1_breakdown.py), base and main alternating, 3 rounds
 #   w1default: default-model W1 against OpenVINO GenAI, exact (bf16 against bf16) and int8 (against its u8) caches
 set -x
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/root/.cache/torch_extensions}
@@ -16,7 +17,7 @@ here=$MAIN/benchmarks/results/2026-12-03-s18
 M1B=${M1B:-/work/ckpt/llama-1b-q4_k_m.gguf}
 mkdir -p "$O"
 base_build=$(cd "$BASE" && PYTHONPATH=$BASE $PY -c "from conveyor.model.native import load_kernels as l; print(l().__name__)")
-parts=${*:-"micro steps w1q4 w1default"}
+parts=${*:-"micro steps w1q4 w1default sync"}
 for part in $parts; do
 case $part in
 micro)
@@ -41,6 +42,13 @@ w1q4)
       > "$O/w1q4_base_$r.txt" 2>&1)
     grep -h '"output_tokens_per_s"' "$O/w1q4_base_$r.txt"
   done ;;
+sync)
+  for r in 1 2 3; do for side in base main; do
+    d=$MAIN; [ $side = base ] && d=$BASE
+    (cd "$d" && PYTHONPATH=$d flock /work/bench.lock timeout 600 $PY benchmarks/w1_breakdown.py --async-batching false \
+      --model "$M1B" --input-len 32:128 --output-len 32 --max-model-len 1024 > "$O/sync_${side}_$r.txt" 2>&1)
+    echo "$side $r"; head -4 "$O/sync_${side}_$r.txt"
+  done; done ;;
 w1default)
   for kv in auto int8; do
     uptime
