@@ -5,6 +5,7 @@
 #   micro:     gguf_linear_amx on the 1B Q4_K_M file's layer 0, main's kernels against base's (ab_gguf_prefill.py)
 #   steps:     step_kernels_probe.py, base and main alternating, two rounds
 #   w1q4:      1B Q4_K_M W1, main with llama.cpp in the same invocation, base alone, alternating, two rounds
+#   w2q4:      1B Q4_K_M single request (W2-shaped) with llama.cpp in the same invocation
 #   sync:      1B Q4_K_M W1's steps on the synchronous engine (w1_breakdown.py), base and main alternating, 3 rounds
 #   w1default: default-model W1 against OpenVINO GenAI, exact (bf16 against bf16) and int8 (against its u8) caches
 set -x
@@ -42,6 +43,10 @@ w1q4)
       > "$O/w1q4_base_$r.txt" 2>&1)
     grep -h '"output_tokens_per_s"' "$O/w1q4_base_$r.txt"
   done ;;
+w2q4)
+  (cd "$MAIN" && flock /work/bench.lock timeout 900 $PY -m conveyor.cli bench latency --model "$M1B" --max-model-len 1024 \
+    --input-len 128 --output-len 32 --runs 3 --peer llama-cpp --results-dir "$O/w2q4" > "$O/w2q4.txt" 2>&1)
+  grep -h '"ttft_s"\|"tpot_s"' "$O/w2q4.txt" ;;
 sync)
   for r in 1 2 3; do for side in base main; do
     d=$MAIN; [ $side = base ] && d=$BASE
