@@ -195,10 +195,8 @@ inline void prefetch_piece(const BlockTiles& ahead, int64_t kt) {
 // each: 16 rows of 32 values per k tile) and B tiles b0, b1 (the same, pair-interleaved), summed onto what c holds
 // unless `first`; the second A or B tile only where kTwoA / kTwoB. The tiles of `ahead` prefetched on the way;
 // `each_step` called after each k tile's products are issued (vector work the core does while the tile unit
-// multiplies, spread over the loop so that both stay busy: a call after the loop waits for the reorder buffer to
-// drain of tile instructions first), `meanwhile` once the products are issued, before their results are stored:
-// the tile unit works through
-// them while the core runs it (the previous pair's stores to y).
+// multiplies, spread over the loop so that both stay busy), `meanwhile` once the products are issued, before their
+// results are stored: the tile unit works through them while the core runs it (the previous pair's stores to y).
 template <bool kTwoA, bool kTwoB, typename Meanwhile, typename EachStep>
 void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloat16* b0, const c10::BFloat16* b1,
               int64_t k_tiles, bool first, const BlockTiles& ahead, float* c, const Meanwhile& meanwhile,
@@ -280,7 +278,8 @@ struct DequantizedRows {
 // The next block of a thread's work dequantized into the other scratch buffer, a share of its slices after each k
 // tile's products are issued, while the tile unit multiplies the current block: the vector work and the tile
 // products overlap instead of taking turns. gguf_linear_amx on the 1B Q4_K_M file's gate (8192 x 2048) at 64 rows:
-// 2.13 -> 1.88 ms, 128 rows 3.14 -> 2.85; a decode step's fused gate/up in the engine 4.8 -> 4.2-4.4 ms per call.
+// 2.13 -> 1.88 ms, 128 rows 3.14 -> 2.85; a 64-row decode step's fused gate/up in the engine 4.7-4.9 -> 4.3-4.6 ms
+// per call (benchmarks/RESULTS.md, s18).
 struct NextBlockSlices {
   const DequantizedRows* source = nullptr;  // null: nothing to dequantize
   int64_t nb = 0, k0 = 0, kc = 0;
