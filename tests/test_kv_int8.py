@@ -94,8 +94,9 @@ def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ta
     out = []
     for i in range(q.shape[0]):
         ctx = int(lens[i])
-        k = kv_int8.read_blocks(k_cache, tables[i], head_dim, torch.float64, True).flatten(0, 1)[:ctx].transpose(0, 1)
-        v = kv_int8.read_blocks(v_cache, tables[i], head_dim, torch.float64, False).flatten(0, 1)[:ctx].transpose(0, 1)
+        k = kv_int8.read_blocks(k_cache, tables[i], head_dim, torch.float64, keys=True)  # [blocks, bs, kvh, d]
+        v = kv_int8.read_blocks(v_cache, tables[i], head_dim, torch.float64, keys=False)  # [blocks, bs, kvh, d]
+        k, v = (x.flatten(0, 1)[:ctx].transpose(0, 1) for x in (k, v))  # [kvh, ctx, d] each
         o = F.scaled_dot_product_attention(q[i].double()[:, None, :], k, v, scale=scale,
                                            enable_gqa=k.shape[0] != q.shape[1])
         out.append(o[:, 0])

@@ -264,8 +264,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
                 mask = chunk.window_masks.get(window)
                 if mask is None:
                     mask = chunk.window_masks[window] = _prefill_mask(chunk.num_tokens, ctx, window, q)
-            k_c = _gathered_context(k_cache, chunk.block_table, ctx, head_dim, q.dtype, True)  # [1, kv_heads, ctx, d]
-            v_c = _gathered_context(v_cache, chunk.block_table, ctx, head_dim, q.dtype, False)  # [1, kv_heads, ctx, d]
+            k_c = _gathered_context(k_cache, chunk.block_table, ctx, head_dim, q.dtype, keys=True)  # [1, kvh, ctx, d]
+            v_c = _gathered_context(v_cache, chunk.block_table, ctx, head_dim, q.dtype, keys=False)  # same shape
             o = attend(q_c, k_c, v_c, mask, scale, softcap)  # [1, heads, chunk, head_dim]
         out[rows] = o[0].transpose(0, 1)  # [chunk, heads, head_dim]
     return out.reshape(num_tokens, heads * head_dim)
@@ -275,7 +275,7 @@ def _gathered_context(cache: torch.Tensor, block_table: torch.Tensor, context_le
                       dtype: torch.dtype, keys: bool) -> torch.Tensor:
     """A prefill chunk's cached keys or values: cache [num_blocks, block_size, kv_heads, d] (or int8 pages),
     block_table [k] -> [1, kv_heads, context_len, d] in dtype (a view of one gathered copy)."""
-    blocks = read_blocks(cache, block_table, head_dim, dtype, keys)  # [k, block_size, kv_heads, d]
+    blocks = read_blocks(cache, block_table, head_dim, dtype, keys=keys)  # [k, block_size, kv_heads, d]
     gathered = blocks.flatten(0, 1).unsqueeze(0)  # [1, k * block_size, kv_heads, d]
     return gathered[:, :context_len].transpose(1, 2)
 
@@ -310,8 +310,8 @@ def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     """The torch reference for a decode group: gather its blocks, pad, mask, SDPA. -> [n, heads, head_dim]."""
     n, heads, head_dim = q_dec.shape
     flat = group.block_tables.view(-1)  # [n * max_blocks]
-    keys = read_blocks(k_cache, flat, head_dim, q_dec.dtype, True)  # [n * max_blocks, block_size, kv_heads, d]
-    values = read_blocks(v_cache, flat, head_dim, q_dec.dtype, False)  # [n * max_blocks, block_size, kv_heads, d]
+    keys = read_blocks(k_cache, flat, head_dim, q_dec.dtype, keys=True)  # [n * max_blocks, block_size, kvh, d]
+    values = read_blocks(v_cache, flat, head_dim, q_dec.dtype, keys=False)  # [n * max_blocks, block_size, kvh, d]
     kv_heads = keys.shape[2]
     mask = group.mask if window is None else group.window_masks.get(window)
     if mask is None:
