@@ -18,7 +18,9 @@ from parity import Reference, compare
 from conveyor import LLM, SamplingParams
 from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
-from conveyor.model.gguf_projection import ROWS_MAX, GGUFProjection
+from conveyor.model import gguf_projection
+from conveyor.model.gguf_projection import PACKED_ROWS_MIN, ROWS_MAX, GGUFProjection, GGUFSiluGate
+from conveyor.model.layers import interleave_gate_up, pack_bf16_tiles
 from conveyor.model.gguf_quant import FORMATS, INT8_DOT_TYPES, QuantizedWeight, RowStack, cat_rows, quantize
 
 BF16_TIE_GAP = 0.5  # as in test_parity_bf16: bfloat16 activations against a float32 reference
@@ -166,6 +168,79 @@ def test_amx_prefill_slabs_give_the_chunk_by_chunk_bits(request: pytest.FixtureR
     exact = x.double() @ w.t()  # [300, 2085]
     magnitude = x.double().abs() @ w.abs().t()
     assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()
+
+
+def test_packed_tiles_are_the_dequantized_weights_in_the_bf16_layout(request: pytest.FixtureRequest) -> None:
+    """gguf_pack_tiles over a mixed stack (Q4_K, Q6_K, Q8_0 and Q5_K's float path; 96 rows, some padded past the
+    last tile): exactly pack_bf16_tiles of the reference dequantization rounded to bfloat16, plain and with the gate
+    and up halves interleaved (interleave_gate_up); a tiles tensor of the wrong shape is refused by name."""
+    kernels = _amx(request)
+    in_features = 512
+    parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in
+             (("Q4_K", 40), ("Q6_K", 24), ("Q8_0", 16), ("Q5_K", 16))]
+    blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
+    dense = torch.cat([p.dequantize() for p in parts]).bfloat16()  # [96, in]
+    for gate_up, weight in ((False, dense), (True, interleave_gate_up(dense)), (False, dense[:80])):
+        expected = pack_bf16_tiles(weight)  # [6, 16, 16, 32]
+        got = torch.full_like(expected, float("nan"))
+        stack = (blocks, kinds) if weight.shape[0] == 96 else (blocks[:3], kinds[:3])
+        kernels.gguf_pack_tiles(*stack, in_features, gate_up, got)
+        assert torch.equal(got.view(torch.int16), expected.view(torch.int16)), gate_up
+    with pytest.raises(RuntimeError, match=r"tiles must be a contiguous CPU bfloat16 tensor \[6, 16, 16, 32\]"):
+        kernels.gguf_pack_tiles(blocks, kinds, in_features, False, torch.empty(4, 16, 16, 32, dtype=torch.bfloat16))
+
+
+def test_prompt_step_products_on_packed_tiles_give_the_per_chunk_bits(request: pytest.FixtureRequest) -> None:
+    """From PACKED_ROWS_MIN rows the projection multiplies the weights dequantized once into packed tiles
+    (bf16_linear_amx), and a SiLU MLP's gate/up applies the activation inside that product (bf16_silu_gate_amx):
+    the same bits as the per-chunk AMX product (and the separate silu_and_mul), for a mixed stack two panels wide."""
+    kernels = _amx(request)
+    in_features = 2048 + 256
+    parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in (("Q4_K", 48), ("Q6_K", 16))]
+    stack = RowStack(tuple(parts))  # type: ignore[arg-type]
+    blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
+    projection = GGUFProjection(stack, None, kernels)
+    gate = GGUFSiluGate(projection)
+    assert GGUFSiluGate.applies(projection) and gate.inner == 32
+    for rows in (PACKED_ROWS_MIN, PACKED_ROWS_MIN + 37):
+        x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]
+        per_chunk = kernels.gguf_linear_amx_parts(x, blocks, kinds, in_features)  # [rows, 64]
+        assert torch.equal(projection(x), per_chunk)
+        assert torch.equal(gate(x), kernels.silu_and_mul(per_chunk))
+    few = torch.randn(9, in_features, generator=torch.Generator().manual_seed(9)).bfloat16()  # [9, in]
+    assert torch.equal(gate(few), kernels.silu_and_mul(kernels.gguf_linear_amx_parts(few, blocks, kinds, in_features)))
+
+
+def test_engine_prompt_steps_on_packed_tiles_give_the_per_chunk_tokens(tiny_f32_gguf: str, tmp_path: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       request: pytest.FixtureRequest) -> None:
+    """A Q4_K_M-style file (Q4_K and Q6_K) in bfloat16 with one prompt step of ~900 tokens (the packed path for every
+    projection) against the same engine with that path switched off: the same tokens and the same logprobs."""
+    kernels = _amx(request)
+    del kernels
+    path = _quantized_file(tiny_f32_gguf, _MIXED, str(tmp_path))
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(2, 512, size=n).tolist() for n in (200, 230, 250, 221)]
+    common: dict[str, Any] = dict(model=path, kv_cache_memory="32MiB", max_model_len=512, dtype="bfloat16",
+                                  kernels="native", gguf_weights="compact")
+    packs: list[bool] = []  # gate_up of each packing, to see that the path ran
+    original = gguf_projection.packed_tiles
+
+    def counted(*args: Any) -> torch.Tensor:
+        packs.append(args[-1])
+        return original(*args)
+    monkeypatch.setattr(gguf_projection, "packed_tiles", counted)
+    results = []
+    for packed_from in (PACKED_ROWS_MIN, 10 ** 9):
+        monkeypatch.setattr(gguf_projection, "PACKED_ROWS_MIN", packed_from)
+        llm = LLM(**common)
+        results.append([(o.token_ids, [lp.top for lp in o.logprobs or []]) for o in _greedy(llm, prompts, logprobs=2)])
+        llm.engine.check_idle()
+        layers = len(llm.engine.runner.model.layers)
+        # the first run: one prompt step of all prompts, every layer's QKV, O and down plain, gate/up fused
+        assert (packs.count(False), packs.count(True)) == ((3 * layers, layers) if packed_from < 10 ** 9 else (0, 0))
+        packs.clear()
+    assert results[0] == results[1]
 
 
 @pytest.mark.parametrize("kind", list(FORMATS))
@@ -341,7 +416,7 @@ def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(kind: st
     for dtype, gap in (("float32", F32_TIE_GAP), ("bfloat16", BF16_TIE_GAP)):
         ours = LLM(dtype=dtype, kernels="native", gguf_weights="compact", **common)
         model = ours.engine.runner.model
-        assert isinstance(model.embed, QuantizedWeight) and isinstance(model.layers[0].gate_up, GGUFProjection)
+        assert isinstance(model.embed, QuantizedWeight) and isinstance(model.layers[0].silu_gate, GGUFSiluGate)
         assert all(isinstance(p, QuantizedWeight) for p in model.layers[0].qkv.parts)  # no float copy
         got = [_greedy(ours, [p])[0].token_ids for p in prompts[:2]] + \
             [o.token_ids for o in _greedy(ours, prompts)[2:]]
@@ -358,7 +433,7 @@ def test_hf_folder_quantized_at_load_keeps_the_blocks(tiny_f32_gguf: str, tmp_pa
     build_tiny_model("llama", folder, hidden_size=256, intermediate_size=512, initializer_range=0.05)
     llm = LLM(model=folder, quantization="q4_k", kv_cache_memory="16MiB", max_model_len=256)
     model = llm.engine.runner.model
-    assert model.layers[0].gate_up.parts[0].kind == "Q4_K" and model.lm_head.parts[0].kind == "Q8_0"
+    assert model.layers[0].silu_gate.projection.parts[0].kind == "Q4_K" and model.lm_head.parts[0].kind == "Q8_0"
     out = _greedy(llm, [[3, 4, 5, 6]])[0]
     assert len(out.token_ids) == NEW_TOKENS
     llm.engine.check_idle()

@@ -7,12 +7,19 @@ rows (prefill chunks, busy decode steps) of bfloat16 activations to the AMX kern
 csrc/amx_product.cpp), again all parts of a row stack (a fused QKV of Q4_K and Q6_K) in one call, else (no
 AMX, or float32 activations) to the one that dequantizes a tile of weights at a time into a thread's scratch
 and runs torch's GEMM on it, part by part. Which one is logged once per process.
+
+From PACKED_ROWS_MIN rows on (a prompt step), the AMX path first dequantizes the whole stack into bfloat16 tiles
+in the layout of a bfloat16 checkpoint's packed weights (csrc/gguf_linear.cpp's gguf_pack_tiles, into a scratch
+each forward thread reuses for every projection) and multiplies them with the bfloat16 checkpoint's kernel; a
+SiLU MLP's gate/up stack then also applies the activation inside that product (GGUFSiluGate), as SiluGateProjection
+does for bfloat16 weights. The same bits as the per-chunk path (tests/test_gguf_amx.py).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import threading
 
 import torch
 
@@ -24,7 +31,38 @@ ROWS_MAX = 4
 """Activation rows up to which the row kernel is used (see benchmarks/RESULTS.md, GGUF kernels)."""
 
 
+PACKED_ROWS_MIN = 768
+"""Activation rows from which a bfloat16 AMX product first dequantizes the weights into packed bfloat16 tiles
+(once per call) instead of once per 256-row chunk of rows inside the product. The 1B Q4_K_M file's fused gate/up
+with SiLU (16384 x 2048, Q4_K; benchmarks/RESULTS.md, session s19), per call: 512 rows 24.7 ms per chunk against
+25.8 packed; 1024 rows 53.2 against 47.4; 2048 rows 139.2 against 86.5 (the packing itself 6.6 ms)."""
+
+
 logger = logging.getLogger(__name__)
+
+
+class _PackScratch(threading.local):
+    """The bfloat16 tiles a forward thread dequantizes a projection's weights into (grown to the largest stack,
+    reused by every projection: one product at a time per thread)."""
+
+    buffer: torch.Tensor | None = None
+
+
+_scratch = _PackScratch()
+
+
+def packed_tiles(kernels: NativeKernels, blocks: list[torch.Tensor], kinds: list[int], in_features: int,
+                 out_features: int, gate_up: bool) -> torch.Tensor:
+    """The stack dequantized into this thread's scratch as pack_bf16_tiles lays it out (interleave_gate_up's rows
+    where gate_up): -> tiles [rows / 16 rounded up to even, in / 32, 16, 32], valid until the next call here."""
+    row_tiles = -(-out_features // 32) * 2
+    numel = row_tiles * in_features * 16
+    if _scratch.buffer is None or _scratch.buffer.numel() < numel:
+        _scratch.buffer = None  # the old one freed before the larger is taken
+        _scratch.buffer = torch.empty(numel, dtype=torch.bfloat16)
+    tiles = _scratch.buffer[:numel].view(row_tiles, in_features // 32, 16, 32)
+    kernels.gguf_pack_tiles(blocks, kinds, in_features, gate_up, tiles)
+    return tiles
 
 
 @functools.cache
@@ -72,7 +110,11 @@ class GGUFProjection:
             y = self.kernels.gguf_linear_rows_parts(x, *self.stacked, self.in_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
         if self.stacked is not None and x.dtype == torch.bfloat16 and amx_rows(self.kernels):
-            y = self.kernels.gguf_linear_amx_parts(x, *self.stacked, self.in_features)  # [tokens, out]
+            if x.shape[0] >= PACKED_ROWS_MIN:
+                tiles = packed_tiles(self.kernels, *self.stacked, self.in_features, self.out_features, False)
+                y = self.kernels.bf16_linear_amx(x, tiles, self.out_features)  # [tokens, out]
+            else:
+                y = self.kernels.gguf_linear_amx_parts(x, *self.stacked, self.in_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
         outs = [self._part(p, x) for p in self.parts]  # each [tokens, part rows]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # [tokens, out]
@@ -83,3 +125,36 @@ class GGUFProjection:
         the int8 dot products of bfloat16 activations round the activations, not these)."""
         return torch.cat([p.dequantize() if isinstance(p, QuantizedWeight) else p.unpacked().float()
                           for p in self.parts])
+
+
+class GGUFSiluGate:
+    """silu(x Wg^T) * (x Wu^T) for a SiLU MLP's stacked [Wg; Wu] in GGUF blocks: from PACKED_ROWS_MIN bfloat16 rows
+    on (AMX), dequantized into packed tiles with the gate and up rows interleaved and multiplied with the activation
+    applied inside the product (bf16_silu_gate_amx: no [tokens, 2 inner] output written and read back); otherwise
+    the projection, then the native silu_and_mul, as the layer computes it without this. The same bits either way
+    (the fused product rounds as bf16_linear_amx then silu_and_mul would)."""
+
+    def __init__(self, projection: GGUFProjection) -> None:
+        self.projection = projection
+        self.kernels = projection.kernels
+        self.inner = projection.out_features // 2
+        self.in_features = projection.in_features
+
+    @staticmethod
+    def applies(projection: GGUFProjection) -> bool:
+        """All parts in blocks, no bias, and halves that split into 16-row tiles."""
+        return (projection.stacked is not None and projection.bias is None
+                and projection.out_features % 32 == 0)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, hidden] -> [tokens, inner]."""
+        p = self.projection
+        if x.dtype == torch.bfloat16 and x.shape[0] >= PACKED_ROWS_MIN and amx_rows(self.kernels):
+            assert p.stacked is not None
+            tiles = packed_tiles(self.kernels, *p.stacked, self.in_features, p.out_features, True)
+            return self.kernels.bf16_silu_gate_amx(x.contiguous(), tiles, self.inner)
+        return self.kernels.silu_and_mul(p(x))
+
+    def unpacked(self) -> torch.Tensor:
+        """-> [Wg; Wu] [2 inner, hidden] float32 (GGUFProjection.unpacked)."""
+        return self.projection.unpacked()

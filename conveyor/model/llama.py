@@ -8,12 +8,13 @@ import torch
 
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.decode_stack import DecodeStack
+from conveyor.model.gguf_projection import GGUFProjection, GGUFSiluGate
 from conveyor.model.native import NativeKernels
-from conveyor.model.layers import SiluGateProjection, apply_rotary, gelu_tanh_and_mul, rms_norm
+from conveyor.model.layers import Projection, SiluGateProjection, apply_rotary, gelu_tanh_and_mul, rms_norm
 from conveyor.model.rope import RotaryEmbedding
 from conveyor.model.ops import layer_ops
 from conveyor.model.gguf_quant import embedding_rows, place_weights
-from conveyor.model.quant import make_lm_head, make_projection
+from conveyor.model.quant import Int4Projection, make_lm_head, make_projection
 from conveyor.model.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -122,10 +123,9 @@ class _Layer:
         self.post_norm = w[prefix + "post_norm"]
         self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization, kernels)
         self.o_proj = make_projection(w[prefix + "o_proj"], w.get(prefix + "o_proj_bias"), quantization, kernels)
-        gate_up = w[prefix + "gate_up"]
-        self.silu_gate = _silu_gate(gate_up, activation, quantization, kernels)
-        """SiLU MLPs with bfloat16 weights on our AMX kernel: gate/up product and activation in one."""
-        self.gate_up = make_projection(gate_up, None, quantization, kernels) if self.silu_gate is None else None
+        self.silu_gate, self.gate_up = _mlp_input(w[prefix + "gate_up"], activation, quantization, kernels)
+        """silu_gate: SiLU MLPs with bfloat16 weights on our AMX kernel, or in GGUF blocks: gate/up product and
+        activation in one (GGUF: for prompt steps); gate_up: the plain projection otherwise."""
         self.down = make_projection(w[prefix + "down"], None, quantization, kernels)
         self.attn_out_norm = w.get(prefix + "attn_out_norm")
         self.mlp_out_norm = w.get(prefix + "mlp_out_norm")
@@ -133,10 +133,17 @@ class _Layer:
         self.k_norm = w.get(prefix + "k_norm")
 
 
-def _silu_gate(gate_up: object, activation: str, quantization: str | None,
-               kernels: NativeKernels | None) -> SiluGateProjection | None:
-    """The fused gate/up product where it applies: a SiLU MLP, dense weights kept as they are (no quantization
-    asked), and our AMX kernel for them; else None (the plain projection and the separate activation op)."""
-    if activation != "silu" or quantization is not None or not isinstance(gate_up, torch.Tensor) or kernels is None:
-        return None
-    return SiluGateProjection(gate_up, kernels) if SiluGateProjection.applies(gate_up, kernels) else None
+def _mlp_input(gate_up: object, activation: str, quantization: str | None, kernels: NativeKernels | None
+               ) -> tuple[SiluGateProjection | GGUFSiluGate | None, Projection | Int4Projection | GGUFProjection | None]:
+    """(the fused gate/up product and activation, or None; the plain gate/up projection, or None where fused).
+    Fused for a SiLU MLP whose weights are either dense and kept as they are (no quantization asked) on our AMX
+    kernel (SiluGateProjection), or in GGUF blocks (GGUFSiluGate: fused for prompt steps); else the plain projection
+    and the separate activation op."""
+    dense_kept = isinstance(gate_up, torch.Tensor) and quantization is None
+    if activation == "silu" and kernels is not None and dense_kept and SiluGateProjection.applies(gate_up, kernels):
+        return SiluGateProjection(gate_up, kernels), None
+    projection = make_projection(gate_up, None, quantization, kernels)
+    if (activation == "silu" and kernels is not None and isinstance(projection, GGUFProjection)
+            and GGUFSiluGate.applies(projection)):
+        return GGUFSiluGate(projection), None
+    return None, projection

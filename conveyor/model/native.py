@@ -196,6 +196,13 @@ class NativeKernels(Protocol):
         call: one packing of x, one output [rows, sum out_i]."""
         ...
 
+    def gguf_pack_tiles(self, blocks: list[torch.Tensor], kinds: list[int], in_features: int, gate_up: bool,
+                        tiles: torch.Tensor) -> None:
+        """A row stack of GGUF matrices (as gguf_linear_amx_parts) dequantized to bfloat16 into `tiles` [rows / 16
+        (rounded up to even), in / 32, 16, 32], laid out as pack_bf16_tiles (of interleave_gate_up's rows where
+        gate_up) lays them out, for bf16_linear_amx / bf16_silu_gate_amx; the values gguf_linear_amx multiplies."""
+        ...
+
 
 _HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h",
                                                                               "gguf_amx.h", "gguf_dequant.h",

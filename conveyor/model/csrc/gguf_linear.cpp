@@ -11,8 +11,12 @@
 //   gguf_linear_amx:   many rows of bfloat16 activations on AMX tiles (amx_product.cpp), each thread dequantizing
 //                      its weight rows to bfloat16 itself, once per call (no GEMM library call per tile);
 //                      gguf_linear_amx_parts: the same for a row stack of mixed types, in one call;
+//   gguf_pack_tiles:   a row stack dequantized to bfloat16 in the tile layout of bf16_linear.cpp's products, into
+//                      the caller's scratch (a prompt step's many rows: dequantized once, multiplied as a
+//                      bfloat16 checkpoint's weights are, see conveyor/model/gguf_projection.py);
 //   gguf_dequantize:   whole rows to float32 (embedding lookups, reference checks).
-// The weights stay as the file stores them, [N rows][K / block blocks]: no float copy is ever kept.
+// The weights stay as the file stores them, [N rows][K / block blocks]: no float copy is kept beyond one call's
+// (gguf_pack_tiles' scratch is reused by every projection).
 //
 // Block layouts and their dequantization are ggml's (gguf_dequant.h), for the types named by their GGML
 // type ids; conveyor.model.gguf_quant holds the same table.
@@ -252,45 +256,105 @@ torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blo
 
 bool gguf_amx_available() { return conveyor_amx::available(); }
 
-torch::Tensor gguf_linear_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
-                                    const std::vector<int64_t>& kinds, int64_t in_features) {
-  TORCH_CHECK(!blocks.empty() && blocks.size() == kinds.size(), "gguf_linear_amx_parts needs one type id per "
-              "block matrix and at least one matrix, got ", blocks.size(), " matrices and ", kinds.size(), " ids");
+namespace {
+
+// The parts of a row stack of GGUF matrices (checked against in_features) and, in out_features, its rows.
+std::vector<Part> stack_parts(const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& kinds,
+                              int64_t in_features, const char* op, int64_t* out_features) {
+  TORCH_CHECK(!blocks.empty() && blocks.size() == kinds.size(), op, " needs one type id per block matrix and at "
+              "least one matrix, got ", blocks.size(), " matrices and ", kinds.size(), " ids");
   std::vector<Part> parts;
-  int64_t out_features = 0;
+  *out_features = 0;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const Format f = checked_format(blocks[i], kinds[i], in_features);
-    parts.push_back({blocks[i].data_ptr<uint8_t>(), kinds[i], blocks[i].size(1), out_features, f});
-    out_features += blocks[i].size(0);
+    parts.push_back({blocks[i].data_ptr<uint8_t>(), kinds[i], blocks[i].size(1), *out_features, f});
+    *out_features += blocks[i].size(0);
   }
+  return parts;
+}
+
+// Values first..first + count - 1 of output row n of a row stack -> bfloat16 pieces at out (amx_product.h's
+// WeightRow), rounded as dequantize_row_bf16 rounds.
+void dequantize_stack_row(const std::vector<Part>& parts, int64_t n, int64_t first, int64_t count,
+                          c10::BFloat16* out) {
+  size_t p = parts.size() - 1;
+  while (n < parts[p].first) --p;  // the part holding output row n
+  const Part& part = parts[p];
+  const uint8_t* blocks_from = part.blocks + (n - part.first) * part.row_bytes +
+                               first / part.format.block * part.format.bytes;
+  if (conveyor_amx::tile_kind(part.kind)) {
+    conveyor_amx::dequantize_tile_row(part.kind, blocks_from, count, out);
+    return;
+  }
+  thread_local std::vector<float> w;  // [count]: the float path (Q4_1, Q5_0, Q5_1, Q5_K)
+  w.resize(count);
+  dequant_row(part.format, blocks_from, count, w.data());
+  for (int64_t k = 0; k < count; ++k) out[k / 32 * conveyor_amx::kTilePieceStride + k % 32] = c10::BFloat16(w[k]);
+}
+
+void check_amx(const char* op) {
+  TORCH_CHECK(conveyor_amx::available(), op, " needs AMX-BF16 (Intel Sapphire Rapids or later) and a kernel that "
+              "grants tile data; this CPU or build has none: use gguf_linear_tiles");
+}
+
+}  // namespace
+
+torch::Tensor gguf_linear_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
+                                    const std::vector<int64_t>& kinds, int64_t in_features) {
+  int64_t out_features = 0;
+  const std::vector<Part> parts = stack_parts(blocks, kinds, in_features, "gguf_linear_amx_parts", &out_features);
   check_x(x, in_features);
   TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "gguf_linear_amx multiplies bfloat16 activations, got ",
               x.scalar_type(), "; use gguf_linear_tiles for float32 ones");
-  TORCH_CHECK(conveyor_amx::available(), "gguf_linear_amx needs AMX-BF16 (Intel Sapphire Rapids or later) and a "
-              "kernel that grants tile data; this CPU or build has none: use gguf_linear_tiles");
+  check_amx("gguf_linear_amx");
   const int64_t rows = x.size(0);
   const torch::Tensor xc = x.contiguous();  // [rows, in]
   auto y = torch::empty({rows, out_features}, x.options());  // [rows, out]
   if (rows == 0 || out_features == 0) return y;
   conveyor_amx::product_bf16(
       xc.data_ptr<c10::BFloat16>(), rows, in_features, out_features,
-      [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {  // -> 32-value pieces
-        size_t p = parts.size() - 1;
-        while (n < parts[p].first) --p;  // the part holding output row n
-        const Part& part = parts[p];
-        const uint8_t* blocks_from = part.blocks + (n - part.first) * part.row_bytes +
-                                     first / part.format.block * part.format.bytes;
-        if (conveyor_amx::tile_kind(part.kind)) {
-          conveyor_amx::dequantize_tile_row(part.kind, blocks_from, count, out);
-          return;
-        }
-        thread_local std::vector<float> w;  // [count]: the float path (Q4_1, Q5_0, Q5_1, Q5_K)
-        w.resize(count);
-        dequant_row(part.format, blocks_from, count, w.data());
-        for (int64_t k = 0; k < count; ++k) out[k / 32 * conveyor_amx::kTilePieceStride + k % 32] = c10::BFloat16(w[k]);
+      [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {
+        dequantize_stack_row(parts, n, first, count, out);
       },
       y.data_ptr<c10::BFloat16>());
   return y;
+}
+
+void gguf_pack_tiles(const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& kinds,
+                     int64_t in_features, bool gate_up, torch::Tensor& tiles) {
+  int64_t out_features = 0;
+  const std::vector<Part> parts = stack_parts(blocks, kinds, in_features, "gguf_pack_tiles", &out_features);
+  check_amx("gguf_pack_tiles");
+  constexpr int64_t kRows = 16, kValues = conveyor_amx::kTilePieceStride;  // a tile: 16 rows x 32 values
+  const int64_t k_tiles = in_features / 32, row_tiles = (out_features + 2 * kRows - 1) / (2 * kRows) * 2;
+  TORCH_CHECK(tiles.device().is_cpu() && tiles.scalar_type() == torch::kBFloat16 && tiles.is_contiguous() &&
+              tiles.dim() == 4 && tiles.size(0) == row_tiles && tiles.size(1) == k_tiles && tiles.size(2) == kRows &&
+              tiles.size(3) == 32, "tiles must be a contiguous CPU bfloat16 tensor [", row_tiles, ", ", k_tiles,
+              ", 16, 32] for ", out_features, " rows of ", in_features, " weights, got ", tiles.sizes(), " ",
+              tiles.scalar_type());
+  TORCH_CHECK(in_features % 32 == 0, "gguf_pack_tiles needs an input width that is a multiple of 32, got ",
+              in_features);
+  const int64_t inner = out_features / 2;
+  TORCH_CHECK(!gate_up || inner % kRows == 0 && out_features % 2 == 0, "gate/up rows interleave 16 and 16: ",
+              out_features, " rows are not two halves of a multiple of 16");
+  c10::BFloat16* const out = tiles.data_ptr<c10::BFloat16>();
+  at::parallel_for(0, row_tiles, 1, [&](int64_t begin, int64_t end) {
+    thread_local conveyor_amx::TileBuffer<c10::BFloat16> pieces;  // [k tiles][16 rows][32]: one row tile
+    pieces.resize(k_tiles * kValues);
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t r = 0; r < kRows; ++r) {
+        // interleave_gate_up's order: tile 2 j holds gate rows 16 j.., tile 2 j + 1 the up rows 16 j..
+        const int64_t n = gate_up ? t % 2 * inner + t / 2 * kRows + r : t * kRows + r;
+        if (n < out_features) {
+          dequantize_stack_row(parts, n, 0, in_features, pieces.data() + r * 32);
+        } else {  // rows past the last: zeros, as pack_bf16_tiles pads
+          for (int64_t kt = 0; kt < k_tiles; ++kt) std::memset(pieces.data() + kt * kValues + r * 32, 0, 64);
+        }
+      }
+      for (int64_t kt = 0; kt < k_tiles; ++kt)
+        conveyor_amx::pieces_to_pairs(pieces.data() + kt * kValues, out + (t * k_tiles + kt) * kValues);
+    }
+  });
 }
 
 torch::Tensor gguf_linear_amx(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind,
