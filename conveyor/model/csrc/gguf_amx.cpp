@@ -24,7 +24,7 @@ inline float half_at(const uint8_t* p) {
 inline __m256i bf16_bits(__m512 v) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)); }
 
 inline void store_piece(c10::BFloat16* out, __m512 first, __m512 second) {  // 32 floats -> one piece
-  _mm512_storeu_si512(out, _mm512_inserti64x4(_mm512_castsi256_si512(bf16_bits(first)), bf16_bits(second), 1));
+  _mm512_storeu_si512(out, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(second, first)));
 }
 
 // 32 codes (0..15, one per 16-bit lane) looked up in a table of 16 bfloat16 values -> one piece.
@@ -34,16 +34,11 @@ inline void store_lookup(c10::BFloat16* out, __m512i codes, __m512 table) {
 
 inline __m512 iota16() { return _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0); }
 
-inline __m512i ints16(const uint8_t* p) {  // 16 bytes -> 16 int32 lanes
-  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
 void tiles_q8_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[32] int8: q d
   const __m512 d = _mm512_set1_ps(half_at(b));
-  const __m512i q = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)));
-  const __m512 first = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(q)));
-  const __m512 second = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(q, 1)));
-  store_piece(out, _mm512_mul_ps(d, first), _mm512_mul_ps(d, second));
+  const __m512i first = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
+  const __m512i second = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
+  store_piece(out, _mm512_mul_ps(d, _mm512_cvtepi32_ps(first)), _mm512_mul_ps(d, _mm512_cvtepi32_ps(second)));
 }
 
 void tiles_q4_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[16]: (q - 8) d; low nibbles first
@@ -56,47 +51,50 @@ void tiles_q4_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[16]: (q - 8) d
 using conveyor_gguf::scale_min_k4;  // ggml's get_scale_min_k4
 
 // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32 = 8 pieces; sub-block 2j the low nibbles of qs[32j..32j+31],
-// 2j + 1 the high ones; each value d sc q - dmin m, looked up among its sub-block's 16.
+// 2j + 1 the high ones; each value d sc q - dmin m, looked up among its sub-block's 16. The two sub-blocks of a j
+// share one table register (2j's values in words 0-15, 2j + 1's in 16-31: one conversion for both).
 void tiles_q4_k(const uint8_t* b, c10::BFloat16* out) {
   const float d = half_at(b), dmin = half_at(b + 2);
-  const __m512i low4 = _mm512_set1_epi16(0xF);
+  const __m512i low4 = _mm512_set1_epi16(0xF), second_table = _mm512_set1_epi16(16);
   for (int j = 0; j < 4; ++j) {
     const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * j)));
-    for (int h = 0; h < 2; ++h) {
-      int sc, m;
-      scale_min_k4(2 * j + h, b + 4, &sc, &m);
-      const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(d * sc), iota16(), _mm512_set1_ps(-dmin * m));
-      const __m512i codes = h == 0 ? _mm512_and_si512(q, low4) : _mm512_srli_epi16(q, 4);
-      store_lookup(out + (2 * j + h) * kTilePieceStride, codes, table);
-    }
+    int sc0, m0, sc1, m1;
+    scale_min_k4(2 * j, b + 4, &sc0, &m0);
+    scale_min_k4(2 * j + 1, b + 4, &sc1, &m1);
+    const __m512 first = _mm512_fmadd_ps(_mm512_set1_ps(d * sc0), iota16(), _mm512_set1_ps(-dmin * m0));
+    const __m512 second = _mm512_fmadd_ps(_mm512_set1_ps(d * sc1), iota16(), _mm512_set1_ps(-dmin * m1));
+    const __m512i tables = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(second, first));  // [32] bf16
+    _mm512_storeu_si512(out + 2 * j * kTilePieceStride, _mm512_permutexvar_epi16(_mm512_and_si512(q, low4), tables));
+    _mm512_storeu_si512(out + (2 * j + 1) * kTilePieceStride,
+                        _mm512_permutexvar_epi16(_mm512_or_si512(_mm512_srli_epi16(q, 4), second_table), tables));
   }
+}
+
+// 16 signed codes (bytes) -> floats times `scale`: as the float path computes d sc (q - 32).
+inline __m512 scaled16(__m128i codes, float scale) {
+  return _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)));
 }
 
 // ql[128], qh[64], scales[16] int8, d: value l + 32 i of half n (l < 32, i < 4) is d sc[8 n + l / 16 + 2 i]
 // (q - 32) with q's low 4 bits from ql[64 n + l + 32 (i & 1)] (high nibble for i >= 2) and high 2 from
-// qh[32 n + l] >> 2 i: piece 4 n + i.
+// qh[32 n + l] >> 2 i: piece 4 n + i. The codes are assembled 32 at a time in bytes.
 void tiles_q6_k(const uint8_t* b, c10::BFloat16* out) {
   const float d = half_at(b + 208);
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const __m512i low4 = _mm512_set1_epi32(0xF), low2 = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
+  const __m256i low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
   for (int n = 0; n < 2; ++n) {
-    const uint8_t* ql = b + 64 * n;
-    const uint8_t* qh = b + 128 + 32 * n;
-    __m512 values[4][2];
-    for (int h = 0; h < 2; ++h) {
-      const __m512i l0 = ints16(ql + 16 * h), l1 = ints16(ql + 32 + 16 * h), hb = ints16(qh + 16 * h);
-      const __m512i q[4] = {
-          _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_slli_epi32(_mm512_and_si512(hb, low2), 4)),
-          _mm512_or_si512(_mm512_and_si512(l1, low4),
-                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hb, 2), low2), 4)),
-          _mm512_or_si512(_mm512_srli_epi32(l0, 4),
-                          _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hb, 4), low2), 4)),
-          _mm512_or_si512(_mm512_srli_epi32(l1, 4), _mm512_slli_epi32(_mm512_srli_epi32(hb, 6), 4))};
-      for (int i = 0; i < 4; ++i)
-        values[i][h] = _mm512_mul_ps(_mm512_set1_ps(d * sc[8 * n + h + 2 * i]),
-                                     _mm512_cvtepi32_ps(_mm512_sub_epi32(q[i], off)));
+    const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * n));       // l, i = 0, 2
+    const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * n + 32));  // i = 1, 3
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * n));
+    for (int i = 0; i < 4; ++i) {
+      const __m256i ql = i & 1 ? ql1 : ql0;
+      const __m256i low = _mm256_and_si256(i >= 2 ? _mm256_srli_epi16(ql, 4) : ql, low4);
+      const __m256i high = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), low2), 4);
+      const __m256i codes = _mm256_sub_epi8(_mm256_or_si256(low, high), off);  // [32] q - 32
+      store_piece(out + (4 * n + i) * kTilePieceStride,
+                  scaled16(_mm256_castsi256_si128(codes), d * sc[8 * n + 2 * i]),
+                  scaled16(_mm256_extracti128_si256(codes, 1), d * sc[8 * n + 1 + 2 * i]));
     }
-    for (int i = 0; i < 4; ++i) store_piece(out + (4 * n + i) * kTilePieceStride, values[i][0], values[i][1]);
   }
 }
 
