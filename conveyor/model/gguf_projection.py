@@ -34,8 +34,9 @@ ROWS_MAX = 4
 PACKED_ROWS_MIN = 768
 """Activation rows from which a bfloat16 AMX product first dequantizes the weights into packed bfloat16 tiles
 (once per call) instead of once per 256-row chunk of rows inside the product. The 1B Q4_K_M file's fused gate/up
-with SiLU (16384 x 2048, Q4_K; benchmarks/RESULTS.md, session s19), per call: 512 rows 24.7 ms per chunk against
-25.8 packed; 1024 rows 53.2 against 47.4; 2048 rows 139.2 against 86.5 (the packing itself 6.6 ms)."""
+with SiLU (16384 x 2048, Q4_K; benchmarks/RESULTS.md, session s19), ms per call, per chunk against packed: 512 rows
+22.3 / 25.4, 768 32.9 / 33.6, 1024 61.2 / 44.1, 2048 127.4 / 93.1 (the packing itself 6.8 ms); its QKV and down
+gain from 512 rows on."""
 
 
 logger = logging.getLogger(__name__)
