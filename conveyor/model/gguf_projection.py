@@ -12,7 +12,7 @@ From PACKED_ROWS_MIN rows on (a prompt step), the AMX path first dequantizes the
 in the layout of a bfloat16 checkpoint's packed weights (csrc/gguf_linear.cpp's gguf_pack_tiles, into a scratch
 each forward thread reuses for every projection) and multiplies them with the bfloat16 checkpoint's kernel; a
 SiLU MLP's gate/up stack then also applies the activation inside that product (GGUFSiluGate), as SiluGateProjection
-does for bfloat16 weights. The same bits as the per-chunk path (tests/test_gguf_amx.py).
+does for bfloat16 weights. The same bits as the per-chunk path (tests/test_gguf_quant.py).
 """
 
 from __future__ import annotations

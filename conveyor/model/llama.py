@@ -134,7 +134,8 @@ class _Layer:
 
 
 def _mlp_input(gate_up: object, activation: str, quantization: str | None, kernels: NativeKernels | None
-               ) -> tuple[SiluGateProjection | GGUFSiluGate | None, Projection | Int4Projection | GGUFProjection | None]:
+               ) -> tuple[SiluGateProjection | GGUFSiluGate | None,
+                          Projection | Int4Projection | GGUFProjection | None]:
     """(the fused gate/up product and activation, or None; the plain gate/up projection, or None where fused).
     Fused for a SiLU MLP whose weights are either dense and kept as they are (no quantization asked) on our AMX
     kernel (SiluGateProjection), or in GGUF blocks (GGUFSiluGate: fused for prompt steps); else the plain projection

@@ -117,7 +117,8 @@ void pieces_to_pairs(const c10::BFloat16* rows, c10::BFloat16* pairs) {
     u[4 * g + 3] = _mm512_unpackhi_epi64(low[1], low[3]);
   }
   for (int c = 0; c < 4; ++c) {
-    const __m512i w_low = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), w_high = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i w_low = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+    const __m512i w_high = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
     const __m512i z_low = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
     const __m512i z_high = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
     _mm512_storeu_si512(pairs + 32 * (c + 0), _mm512_shuffle_i32x4(w_low, z_low, 0x88));

@@ -335,7 +335,7 @@ void gguf_pack_tiles(const std::vector<torch::Tensor>& blocks, const std::vector
   TORCH_CHECK(in_features % 32 == 0, "gguf_pack_tiles needs an input width that is a multiple of 32, got ",
               in_features);
   const int64_t inner = out_features / 2;
-  TORCH_CHECK(!gate_up || inner % kRows == 0 && out_features % 2 == 0, "gate/up rows interleave 16 and 16: ",
+  TORCH_CHECK(!gate_up || (inner % kRows == 0 && out_features % 2 == 0), "gate/up rows interleave 16 and 16: ",
               out_features, " rows are not two halves of a multiple of 16");
   c10::BFloat16* const out = tiles.data_ptr<c10::BFloat16>();
   at::parallel_for(0, row_tiles, 1, [&](int64_t begin, int64_t end) {
