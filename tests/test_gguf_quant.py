@@ -216,8 +216,7 @@ def test_engine_prompt_steps_on_packed_tiles_give_the_per_chunk_tokens(tiny_f32_
                                                                        request: pytest.FixtureRequest) -> None:
     """A Q4_K_M-style file (Q4_K and Q6_K) in bfloat16 with one prompt step of ~900 tokens (the packed path for every
     projection) against the same engine with that path switched off: the same tokens and the same logprobs."""
-    kernels = _amx(request)
-    del kernels
+    _amx(request)
     path = _quantized_file(tiny_f32_gguf, _MIXED, str(tmp_path))
     rng = np.random.default_rng(11)
     prompts = [rng.integers(2, 512, size=n).tolist() for n in (200, 230, 250, 221)]

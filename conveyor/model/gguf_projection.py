@@ -110,16 +110,27 @@ class GGUFProjection:
         if self.stacked is not None and x.shape[0] <= ROWS_MAX:
             y = self.kernels.gguf_linear_rows_parts(x, *self.stacked, self.in_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
+        if self.packs(x):
+            y = self.kernels.bf16_linear_amx(x, self.packed(gate_up=False), self.out_features)  # [tokens, out]
+            return y if self.bias is None else y + self.bias
         if self.stacked is not None and x.dtype == torch.bfloat16 and amx_rows(self.kernels):
-            if x.shape[0] >= PACKED_ROWS_MIN:
-                tiles = packed_tiles(self.kernels, *self.stacked, self.in_features, self.out_features, False)
-                y = self.kernels.bf16_linear_amx(x, tiles, self.out_features)  # [tokens, out]
-            else:
-                y = self.kernels.gguf_linear_amx_parts(x, *self.stacked, self.in_features)  # [tokens, out]
+            y = self.kernels.gguf_linear_amx_parts(x, *self.stacked, self.in_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
         outs = [self._part(p, x) for p in self.parts]  # each [tokens, part rows]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)  # [tokens, out]
         return y if self.bias is None else y + self.bias
+
+    def packs(self, x: torch.Tensor) -> bool:
+        """Whether a product with x takes the packed path: all parts in blocks, PACKED_ROWS_MIN bfloat16 rows or
+        more, AMX here."""
+        return (self.stacked is not None and x.dtype == torch.bfloat16 and x.shape[0] >= PACKED_ROWS_MIN
+                and amx_rows(self.kernels))
+
+    def packed(self, gate_up: bool) -> torch.Tensor:
+        """The stack in this thread's scratch of packed tiles (packed_tiles), gate and up rows interleaved where
+        gate_up."""
+        assert self.stacked is not None
+        return packed_tiles(self.kernels, *self.stacked, self.in_features, self.out_features, gate_up)
 
     def unpacked(self) -> torch.Tensor:
         """-> W [out, in] float32, dequantized by the `gguf` package (the values the float paths multiply by;
@@ -137,9 +148,7 @@ class GGUFSiluGate:
 
     def __init__(self, projection: GGUFProjection) -> None:
         self.projection = projection
-        self.kernels = projection.kernels
         self.inner = projection.out_features // 2
-        self.in_features = projection.in_features
 
     @staticmethod
     def applies(projection: GGUFProjection) -> bool:
@@ -150,11 +159,9 @@ class GGUFSiluGate:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, hidden] -> [tokens, inner]."""
         p = self.projection
-        if x.dtype == torch.bfloat16 and x.shape[0] >= PACKED_ROWS_MIN and amx_rows(self.kernels):
-            assert p.stacked is not None
-            tiles = packed_tiles(self.kernels, *p.stacked, self.in_features, p.out_features, True)
-            return self.kernels.bf16_silu_gate_amx(x.contiguous(), tiles, self.inner)
-        return self.kernels.silu_and_mul(p(x))
+        if p.packs(x):
+            return p.kernels.bf16_silu_gate_amx(x.contiguous(), p.packed(gate_up=True), self.inner)
+        return p.kernels.silu_and_mul(p(x))
 
     def unpacked(self) -> torch.Tensor:
         """-> [Wg; Wu] [2 inner, hidden] float32 (GGUFProjection.unpacked)."""
