@@ -8,10 +8,8 @@ the same bits. Median ms per call.
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
-from typing import Any, Callable
+from pathlib import Path
 
 import conveyor  # noqa: F401  (sets the OpenMP spin count before torch loads)
 import gguf
@@ -20,17 +18,8 @@ import torch
 
 from conveyor.model.native import load_kernels
 
-
-def medians(arms: dict[str, Callable[[], Any]], repeats: int = 6) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    names = list(arms)
-    for rep in range(repeats + 1):  # the first round warms up
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            start = time.perf_counter()
-            arms[name]()
-            if rep:
-                times[name].append(time.perf_counter() - start)
-    return {name: round(statistics.median(t) * 1e3, 2) for name, t in times.items()}
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: the alternating-arms timer
+from ab_gguf_prefill import medians  # noqa: E402
 
 
 def main() -> None:
@@ -66,7 +55,8 @@ def main() -> None:
 
             same = torch.equal(per_chunk().view(torch.int16), packed().view(torch.int16))
             got = medians({"per_chunk": per_chunk, "packed": packed,
-                           "pack_only": lambda: kernels.gguf_pack_tiles(blocks, kinds, in_features, gate, tiles)})
+                           "pack_only": lambda: kernels.gguf_pack_tiles(blocks, kinds, in_features, gate, tiles)},
+                          repeats=6)
             print(f"{name} {out_features}x{in_features} types {kinds} rows {rows}: same bits {same}, {got}", flush=True)
 
 
