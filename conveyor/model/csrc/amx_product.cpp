@@ -81,7 +81,10 @@ constexpr int64_t kStreamRows = 256;
 // The slab holds that whole projection (32 MiB): with a quarter of it, each slab took its units a few blocks at a
 // time and re-read the activations' panels per unit (75 -> 100 ms). Inputs of one panel keep the per-chunk path:
 // slabs made those products faster alone (gate/up 150 -> 133 ms) but not in the engine, where the weights come
-// from memory rather than the cache (1.67 -> 1.70-1.80 s per prefill step of 2048 rows).
+// from memory rather than the cache (1.67 -> 1.70-1.80 s per prefill step of 2048 rows). Since s19 the engine's
+// GGUF products of PACKED_ROWS_MIN (768) rows or more take conveyor/model/gguf_projection.py's packed path instead
+// (dequantized once into the bfloat16 checkpoint's tile layout, faster still: down at 512 rows 17.2 -> 15.3 ms),
+// so slabs serve the 257-767-row products of wide inputs; one mechanism for both is left to do (RESULTS.md, s19).
 constexpr int64_t kSlabBytes = int64_t{32} << 20;
 constexpr int64_t kStreamBytes = int64_t{1} << 20;
 
