@@ -115,6 +115,21 @@ struct Part {
   Format format;
 };
 
+// The parts of a row stack of GGUF matrices (checked against in_features) and, in out_features, its rows.
+std::vector<Part> stack_parts(const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& kinds,
+                              int64_t in_features, const char* op, int64_t* out_features) {
+  TORCH_CHECK(!blocks.empty() && blocks.size() == kinds.size(), op, " needs one type id per block matrix and at "
+              "least one matrix, got ", blocks.size(), " matrices and ", kinds.size(), " ids");
+  std::vector<Part> parts;
+  *out_features = 0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const Format f = checked_format(blocks[i], kinds[i], in_features);
+    parts.push_back({blocks[i].data_ptr<uint8_t>(), kinds[i], blocks[i].size(1), *out_features, f});
+    *out_features += blocks[i].size(0);
+  }
+  return parts;
+}
+
 // y[m, n] for one output row n of `part` (row bytes `row`) and every activation row m, through `store`.
 template <typename Store>
 inline void row_products(const Part& part, const uint8_t* row, int64_t n, int64_t rows, int64_t in_features,
@@ -145,17 +160,10 @@ inline void row_products(const Part& part, const uint8_t* row, int64_t n, int64_
 
 torch::Tensor gguf_linear_rows_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
                                      const std::vector<int64_t>& kinds, int64_t in_features) {
-  TORCH_CHECK(!blocks.empty() && blocks.size() == kinds.size(), "gguf_linear_rows_parts needs one type id per "
-              "block matrix and at least one matrix, got ", blocks.size(), " matrices and ", kinds.size(), " ids");
-  check_x(x, in_features);
-  std::vector<Part> parts;
   int64_t out_features = 0, total_bytes = 0;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const Format f = checked_format(blocks[i], kinds[i], in_features);
-    parts.push_back({blocks[i].data_ptr<uint8_t>(), kinds[i], blocks[i].size(1), out_features, f});
-    out_features += blocks[i].size(0);
-    total_bytes += blocks[i].numel();
-  }
+  const std::vector<Part> parts = stack_parts(blocks, kinds, in_features, "gguf_linear_rows_parts", &out_features);
+  check_x(x, in_features);
+  for (const torch::Tensor& b : blocks) total_bytes += b.numel();
   const int64_t rows = x.size(0);
   const bool bf16 = x.scalar_type() == torch::kBFloat16;
   const torch::Tensor xc = x.contiguous();  // [rows, in]
@@ -257,21 +265,6 @@ torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blo
 bool gguf_amx_available() { return conveyor_amx::available(); }
 
 namespace {
-
-// The parts of a row stack of GGUF matrices (checked against in_features) and, in out_features, its rows.
-std::vector<Part> stack_parts(const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& kinds,
-                              int64_t in_features, const char* op, int64_t* out_features) {
-  TORCH_CHECK(!blocks.empty() && blocks.size() == kinds.size(), op, " needs one type id per block matrix and at "
-              "least one matrix, got ", blocks.size(), " matrices and ", kinds.size(), " ids");
-  std::vector<Part> parts;
-  *out_features = 0;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const Format f = checked_format(blocks[i], kinds[i], in_features);
-    parts.push_back({blocks[i].data_ptr<uint8_t>(), kinds[i], blocks[i].size(1), *out_features, f});
-    *out_features += blocks[i].size(0);
-  }
-  return parts;
-}
 
 // Values first..first + count - 1 of output row n of a row stack -> bfloat16 pieces at out (amx_product.h's
 // WeightRow), rounded as dequantize_row_bf16 rounds.
