@@ -32,10 +32,12 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128, help="tokens per request (the 1B W1: 32)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto or int8")
+    parser.add_argument("--gguf-weights", default="auto", help="auto, compact or dequantize")
     args = parser.parse_args()
     mode = {"true": True, "false": False}.get(args.async_batching, args.async_batching)
     extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
-    engine = Engine(EngineConfig(model=args.model, async_batching=mode, kv_cache_dtype=args.kv_cache_dtype, **extra))
+    engine = Engine(EngineConfig(model=args.model, async_batching=mode, kv_cache_dtype=args.kv_cache_dtype,
+                                gguf_weights=args.gguf_weights, **extra))
     low, high = (int(v) for v in args.input_len.split(":"))
     workload = random_workload(64, (low, high), (args.output_len, args.output_len), engine.spec.vocab_size, seed=0)
     engine.add_request(workload.prompts[0][:8], workload.params[0].clone(max_tokens=2))

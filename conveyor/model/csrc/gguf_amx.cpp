@@ -48,6 +48,14 @@ void tiles_q4_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[16]: (q - 8) d
   store_lookup(out, _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1), table);
 }
 
+void tiles_q4_1(const uint8_t* b, c10::BFloat16* out) {  // d, m, qs[16]: q d + m (a product, then a sum)
+  const __m512 d = _mm512_set1_ps(half_at(b)), m = _mm512_set1_ps(half_at(b + 2));
+  const __m512 table = _mm512_add_ps(_mm512_mul_ps(iota16(), d), m);
+  const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)));  // [16]
+  const __m256i low = _mm256_and_si256(q, _mm256_set1_epi16(0xF)), high = _mm256_srli_epi16(q, 4);
+  store_lookup(out, _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1), table);
+}
+
 using conveyor_gguf::scale_min_k4;  // ggml's get_scale_min_k4
 
 // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32 = 8 pieces; sub-block 2j the low nibbles of qs[32j..32j+31],
@@ -128,13 +136,14 @@ void pieces_to_pairs(const c10::BFloat16* rows, c10::BFloat16* pairs) {
   }
 }
 
-bool tile_kind(int64_t kind) { return kind == 2 || kind == 8 || kind == 12 || kind == 14; }
+bool tile_kind(int64_t kind) { return kind == 2 || kind == 3 || kind == 8 || kind == 12 || kind == 14; }
 
 void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10::BFloat16* out) {
   constexpr int64_t piece = kTilePieceStride;
   const uint8_t* b = blocks;
   switch (kind) {
     case 2: for (int64_t k = 0; k < count; k += 32, b += 18, out += piece) tiles_q4_0(b, out); break;
+    case 3: for (int64_t k = 0; k < count; k += 32, b += 20, out += piece) tiles_q4_1(b, out); break;
     case 8: for (int64_t k = 0; k < count; k += 32, b += 34, out += piece) tiles_q8_0(b, out); break;
     case 12: for (int64_t k = 0; k < count; k += 256, b += 144, out += 8 * piece) tiles_q4_k(b, out); break;
     default: for (int64_t k = 0; k < count; k += 256, b += 210, out += 8 * piece) tiles_q6_k(b, out); break;

@@ -6,7 +6,7 @@
 
 namespace conveyor_amx {
 
-// Whether dequantize_tile_row reads GGML type id `kind` (Q4_0, Q8_0, Q4_K, Q6_K where AMX is built).
+// Whether dequantize_tile_row reads GGML type id `kind` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K where AMX is built).
 bool tile_kind(int64_t kind);
 
 // `count` weights of type `kind` (tile_kind) from the block at `blocks` on -> bfloat16 pieces at `out` (as
