@@ -164,15 +164,50 @@ void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFl
   }
 }
 
-// An accumulator tile C [16 weight rows][16 activation rows] -> y[m0 + j, n0 + i] for the valid i < n, j < m.
-void store_transposed(const float* c, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features) {
-  const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                            _mm512_set1_epi32(kTile));
-  const __mmask16 mask = n >= kTile ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+// A 16 x 16 float32 tile in 16 registers, rows -> columns: r[i][j] becomes r[j][i].
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+    r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
+  }
+}
+
+// Two accumulator tiles C [16 weight rows][16 activation rows], weight rows 0..15 (c0) and 16..31 (c1) of a block,
+// -> y[j, i] for the valid i < n (up to 32), j < m: both transposed in registers, then one 64-byte store per row.
+void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y,
+                           int64_t out_features) {
+  __m512 first[16], second[16];
+  for (int i = 0; i < 16; ++i) first[i] = _mm512_load_ps(c0 + i * kTile);
+  transpose16(first);
+  if (n > kTile) {
+    for (int i = 0; i < 16; ++i) second[i] = _mm512_load_ps(c1 + i * kTile);
+    transpose16(second);
+  } else {
+    for (int i = 0; i < 16; ++i) second[i] = _mm512_setzero_ps();
+  }
+  const __mmask32 mask = n >= 2 * kTile ? ~__mmask32{0} : static_cast<__mmask32>((1u << n) - 1);
   for (int64_t j = 0; j < m; ++j) {
-    const __m512 values = _mm512_i32gather_ps(column, c + j, 4);  // C[0..15][j]
-    _mm256_mask_storeu_epi16(reinterpret_cast<void*>(y + j * out_features), mask,
-                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(values)));
+    _mm512_mask_storeu_epi16(y + j * out_features, mask,
+                             reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(second[j], first[j])));
   }
 }
 
@@ -383,11 +418,8 @@ void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t
       store_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, to, y_width, stream && whole_lines);
       continue;
     }
-    for (int64_t i = 0; i < 2; ++i) {  // weight tile
-      const int64_t n_valid = std::min(kTile, n - i * kTile);
-      if (n_valid <= 0) continue;
-      store_transposed(c + (2 * j + i) * kTile * kTile, n_valid, m, y + m_tile * y_width + n0 + i * kTile, y_width);
-    }
+    store_transposed_pair(c + 2 * j * kTile * kTile, c + (2 * j + 1) * kTile * kTile, n, m,
+                          y + m_tile * y_width + n0, y_width);
   }
 }
 
