@@ -150,24 +150,37 @@ def test_amx_products_do_not_depend_on_how_the_work_is_split(in_features: int,
     assert torch.equal(got, torch.cat(pieces))
 
 
-def test_amx_prefill_slabs_give_the_chunk_by_chunk_bits(request: pytest.FixtureRequest) -> None:
-    """Many rows (two chunks of 256 at 8192 columns) take the weights dequantized once, a slab of blocks at a time
-    (amx_product.cpp: 32 MiB, 64 blocks of 32 rows x 8192 here), not once per chunk: a stack of 2085 rows (Q4_K,
-    Q6_K and Q5_K's float path; 66 blocks: two slabs, the second of two blocks, the last partial) gives exactly what
-    the same rows give a chunk at a time (the per-chunk path), within the float64 bound."""
+@pytest.mark.parametrize("in_features", [2048, 8192])
+def test_prompt_sized_products_take_the_packed_path_from_its_row_count(in_features: int,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       request: pytest.FixtureRequest) -> None:
+    """The projection dequantizes a stack once into packed tiles from packed_rows_min rows (fewer for an input wider
+    than one 2048-column panel, which the per-chunk product would dequantize once per chunk of 256 rows), not one row
+    before; either way the per-chunk product's bits, within the float64 bound (a stack of Q4_K, Q6_K and Q5_K's
+    float path, 2085 rows, the last block partial)."""
     kernels = _amx(request)
-    in_features = 8192
+    first = gguf_projection.packed_rows_min(in_features)
+    assert first == (gguf_projection.PACKED_ROWS_MIN_WIDE if in_features > 2048 else PACKED_ROWS_MIN)
     parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in (("Q4_K", 2048), ("Q6_K", 30), ("Q5_K", 7))]
+    projection = GGUFProjection(RowStack(tuple(parts)), None, kernels)  # type: ignore[arg-type]
     blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
-    x = torch.randn(300, in_features, generator=torch.Generator().manual_seed(5)).bfloat16()  # [300, in]
-    got = kernels.gguf_linear_amx_parts(x, blocks, kinds, in_features)  # [300, 2085]
-    chunks = [kernels.gguf_linear_amx_parts(x[a:b].contiguous(), blocks, kinds, in_features)
-              for a, b in ((0, 256), (256, 300))]
-    assert got.shape == (300, 2085) and torch.equal(got, torch.cat(chunks))
+    packs: list[bool] = []
+    original = gguf_projection.packed_tiles
+
+    def counted(*args: Any) -> torch.Tensor:
+        packs.append(args[-1])
+        return original(*args)
+    monkeypatch.setattr(gguf_projection, "packed_tiles", counted)
     w = torch.cat([p.dequantize() for p in parts]).bfloat16().double()  # [2085, in]
-    exact = x.double() @ w.t()  # [300, 2085]
-    magnitude = x.double().abs() @ w.abs().t()
-    assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()
+    for rows in (first - 1, first):
+        x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]
+        got = projection(x)  # [rows, 2085]
+        assert packs == ([False] if rows == first else [])
+        packs.clear()
+        assert torch.equal(got, kernels.gguf_linear_amx_parts(x, blocks, kinds, in_features))
+        exact = x.double() @ w.t()  # [rows, 2085]
+        magnitude = x.double().abs() @ w.abs().t()
+        assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()
 
 
 def test_packed_tiles_are_the_dequantized_weights_in_the_bf16_layout(request: pytest.FixtureRequest) -> None:
@@ -192,7 +205,7 @@ def test_packed_tiles_are_the_dequantized_weights_in_the_bf16_layout(request: py
 
 
 def test_prompt_step_products_on_packed_tiles_give_the_per_chunk_bits(request: pytest.FixtureRequest) -> None:
-    """From PACKED_ROWS_MIN rows the projection multiplies the weights dequantized once into packed tiles
+    """From packed_rows_min rows the projection multiplies the weights dequantized once into packed tiles
     (bf16_linear_amx), and a SiLU MLP's gate/up applies the activation inside that product (bf16_silu_gate_amx):
     the same bits as the per-chunk AMX product (and the separate silu_and_mul), for a mixed stack two panels wide."""
     kernels = _amx(request)
@@ -232,7 +245,7 @@ def test_engine_prompt_steps_on_packed_tiles_give_the_per_chunk_tokens(tiny_f32_
     monkeypatch.setattr(gguf_projection, "packed_tiles", counted)
     results = []
     for packed_from in (PACKED_ROWS_MIN, 10 ** 9):
-        monkeypatch.setattr(gguf_projection, "PACKED_ROWS_MIN", packed_from)
+        monkeypatch.setattr(gguf_projection, "packed_rows_min", lambda in_features, rows=packed_from: rows)
         llm = LLM(**common)
         results.append([(o.token_ids, [lp.top for lp in o.logprobs or []]) for o in _greedy(llm, prompts, logprobs=2)])
         llm.engine.check_idle()

@@ -8,11 +8,12 @@ csrc/amx_product.cpp), again all parts of a row stack (a fused QKV of Q4_K and Q
 AMX, or float32 activations) to the one that dequantizes a tile of weights at a time into a thread's scratch
 and runs torch's GEMM on it, part by part. Which one is logged once per process.
 
-From PACKED_ROWS_MIN rows on (a prompt step), the AMX path first dequantizes the whole stack into bfloat16 tiles
-in the layout of a bfloat16 checkpoint's packed weights (csrc/gguf_linear.cpp's gguf_pack_tiles, into a scratch
-each forward thread reuses for every projection) and multiplies them with the bfloat16 checkpoint's kernel; a
-SiLU MLP's gate/up stack then also applies the activation inside that product (GGUFSiluGate), as SiluGateProjection
-does for bfloat16 weights. The same bits as the per-chunk path (tests/test_gguf_quant.py).
+From PACKED_ROWS_MIN rows on (PACKED_ROWS_MIN_WIDE for inputs wider than 2048; prompt steps), the AMX path first
+dequantizes the whole stack into bfloat16 tiles in the layout of a bfloat16 checkpoint's packed weights
+(csrc/gguf_linear.cpp's gguf_pack_tiles, into a scratch each forward thread reuses for every projection) and
+multiplies them with the bfloat16 checkpoint's kernel; a SiLU MLP's gate/up stack then also applies the activation
+inside that product (GGUFSiluGate), as SiluGateProjection does for bfloat16 weights. The same bits as the per-chunk
+path (tests/test_gguf_quant.py).
 """
 
 from __future__ import annotations
@@ -31,12 +32,25 @@ ROWS_MAX = 4
 """Activation rows up to which the row kernel is used (see benchmarks/RESULTS.md, GGUF kernels)."""
 
 
-PACKED_ROWS_MIN = 768
-"""Activation rows from which a bfloat16 AMX product first dequantizes the weights into packed bfloat16 tiles
-(once per call) instead of once per 256-row chunk of rows inside the product. The 1B Q4_K_M file's fused gate/up
-with SiLU (16384 x 2048, Q4_K; benchmarks/RESULTS.md, session s19), ms per call, per chunk against packed: 512 rows
-22.3 / 25.4, 768 32.9 / 33.6, 1024 61.2 / 44.1, 2048 127.4 / 93.1 (the packing itself 6.8 ms); its QKV and down
-gain from 512 rows on."""
+PACKED_ROWS_MIN = 512
+"""Activation rows from which a bfloat16 AMX product of an input up to PANEL_COLUMNS wide first dequantizes the
+weights into packed bfloat16 tiles (once per call) instead of once per 256-row chunk of rows inside the product
+(benchmarks/RESULTS.md, session s20; ms per call, per chunk against packed): the 1B Q4_K_M file's fused gate/up
+(16384 x 2048, Q4_K) 384 rows 12.9 / 13.2 (packed slower), 512 17.6 / 16.3, 768 25.7 / 23.3; its QKV 512 rows 3.6 /
+3.2; the default model's Q4_1 gate/up (3072 x 576) 512 rows 1.33 / 1.09, down 0.70 / 0.50."""
+
+PACKED_ROWS_MIN_WIDE = 257
+"""The same for inputs wider than PANEL_COLUMNS (a down projection): from two chunks of rows on, where the product
+would dequantize every block once per chunk. The 1B Q4_K_M file's down (2048 x 8192, Q6_K), per chunk against
+packed: 257 rows 8.0 / 7.0 ms, 512 12.1 / 10.0, 767 17.3 / 14.0 (RESULTS.md, s20)."""
+
+PANEL_COLUMNS = 2048
+"""Input columns the AMX product takes at a time (amx_product.cpp's kPanelValues)."""
+
+
+def packed_rows_min(in_features: int) -> int:
+    """Activation rows from which a product with this input width takes the packed path."""
+    return PACKED_ROWS_MIN_WIDE if in_features > PANEL_COLUMNS else PACKED_ROWS_MIN
 
 
 logger = logging.getLogger(__name__)
@@ -121,10 +135,10 @@ class GGUFProjection:
         return y if self.bias is None else y + self.bias
 
     def packs(self, x: torch.Tensor) -> bool:
-        """Whether a product with x takes the packed path: all parts in blocks, PACKED_ROWS_MIN bfloat16 rows or
+        """Whether a product with x takes the packed path: all parts in blocks, packed_rows_min bfloat16 rows or
         more, AMX here."""
-        return (self.stacked is not None and x.dtype == torch.bfloat16 and x.shape[0] >= PACKED_ROWS_MIN
-                and amx_rows(self.kernels))
+        return (self.stacked is not None and x.dtype == torch.bfloat16
+                and x.shape[0] >= packed_rows_min(self.in_features) and amx_rows(self.kernels))
 
     def packed(self, gate_up: bool) -> torch.Tensor:
         """The stack in this thread's scratch of packed tiles (packed_tiles), gate and up rows interleaved where
@@ -140,7 +154,7 @@ class GGUFProjection:
 
 
 class GGUFSiluGate:
-    """silu(x Wg^T) * (x Wu^T) for a SiLU MLP's stacked [Wg; Wu] in GGUF blocks: from PACKED_ROWS_MIN bfloat16 rows
+    """silu(x Wg^T) * (x Wu^T) for a SiLU MLP's stacked [Wg; Wu] in GGUF blocks: from packed_rows_min bfloat16 rows
     on (AMX), dequantized into packed tiles with the gate and up rows interleaved and multiplied with the activation
     applied inside the product (bf16_silu_gate_amx: no [tokens, 2 inner] output written and read back); otherwise
     the projection, then the native silu_and_mul, as the layer computes it without this. The same bits either way

@@ -7,8 +7,8 @@
 // The weight rows are the A operand, 32 of them (kBlockN, two tiles) at a time, laid out tile by tile
 // ([2][in / 32][16 rows][32 k], 1 KiB per tile: rows 64 bytes apart, so a tile load never strides a row of `in`
 // values through one L1 set). GGUF weights are dequantized to this layout: into a thread's scratch block by block,
-// the next block while the current one multiplies (NextBlockSlices), or (several chunks of rows and an input wider
-// than a panel) a slab of blocks at a time into a buffer both threads fill and every chunk reads (kSlabBytes);
+// the next block while the current one multiplies (NextBlockSlices; from a few chunks of rows on, the GGUF
+// projection dequantizes the whole matrix once per call into the packed layout instead: gguf_projection.py);
 // packed bfloat16 weights are already in it ([out / 16][in / 32][16][32]) and are read in place, prefetched as
 // the row count makes worth it (kPrefetchRowTiles). The activations are the B operand in the pair-interleaved
 // layout TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in
@@ -74,18 +74,6 @@ constexpr int64_t kStreamAheadPieces = 8;
 // (the default model's head at 64 rows: 2.9 -> 2.5 ms); a decode step's other outputs (64 rows x 576-3072) are
 // read back at once from the cache by the next op.
 constexpr int64_t kStreamRows = 256;
-// GGUF weights wider than one panel (a down projection) multiplied by more than one chunk of rows (a prefill step)
-// are dequantized once per call, a slab of blocks at a time, into a buffer of at most this many bytes that every
-// chunk then reads in place, not once per chunk and panel. The 1B Q4_K_M file's down projection (Q6_K, 2048 x 8192)
-// at 2048 rows: 75 -> 60 ms alone, 70 -> 64 ms per call in the engine's prefill step (benchmarks/RESULTS.md, s18).
-// The slab holds that whole projection (32 MiB): with a quarter of it, each slab took its units a few blocks at a
-// time and re-read the activations' panels per unit (75 -> 100 ms). Inputs of one panel keep the per-chunk path:
-// slabs made those products faster alone (gate/up 150 -> 133 ms) but not in the engine, where the weights come
-// from memory rather than the cache (1.67 -> 1.70-1.80 s per prefill step of 2048 rows). Since s19 the engine's
-// GGUF products of PACKED_ROWS_MIN (768) rows or more take conveyor/model/gguf_projection.py's packed path instead
-// (dequantized once into the bfloat16 checkpoint's tile layout, faster still: down at 512 rows 17.2 -> 15.3 ms),
-// so slabs serve the 257-767-row products of wide inputs; one mechanism for both is left to do (RESULTS.md, s19).
-constexpr int64_t kSlabBytes = int64_t{32} << 20;
 constexpr int64_t kStreamBytes = int64_t{1} << 20;
 
 constexpr int kArchReqXcompPerm = 0x1023;
@@ -336,26 +324,12 @@ struct NextBlockSlices {
   }
 };
 
-// Blocks of 32 weight rows laid out tile by tile over the whole input, [blocks][2][in / 32][16][32], read in place
-// and prefetched: block nb's tiles over the panel starting at column k0.
+// Blocks of 32 weight rows laid out tile by tile over the whole input, [blocks][2][in / 32][16][32] (PackedTiles),
+// read in place and prefetched: block nb's tiles over the panel starting at column k0.
 inline BlockTiles tiles_in_place(const c10::BFloat16* tiles, int64_t k_tiles, int64_t nb, int64_t k0) {
   const c10::BFloat16* first = tiles + (2 * nb * k_tiles + k0 / kTileK) * kTileValues;
   return {first, first + k_tiles * kTileValues};
 }
-
-// GGUF weights dequantized ahead, a slab of blocks at a time (product_bf16 with many chunks of rows): the A operand
-// as in DequantizedRows, but read in place from a buffer both threads filled, so that each block is dequantized once
-// per call rather than once per chunk of rows.
-struct DequantizedSlab {
-  static constexpr bool kWeightsAsB = false;
-  static constexpr bool kReadsInPlace = true;
-  const c10::BFloat16* tiles;  // [slab blocks][2][in / 32][16][32]
-  int64_t k_tiles;
-
-  BlockTiles block(int64_t nb, int64_t k0, int64_t, c10::BFloat16*) const {
-    return tiles_in_place(tiles, k_tiles, nb, k0);
-  }
-};
 
 // bfloat16 weights packed at load, pair-interleaved ([out / 16][in / 32][16 k pairs][16 rows][2]): read in place
 // as the B operand (the activations as A, the accumulators [activation rows][weight rows], stored straight).
@@ -423,7 +397,6 @@ void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t
   }
 }
 
-// y_stride: y's row stride in values (0: y's width, out_features or inner), for a slab of the output's columns.
 // Rows of activations packed at a time: one panel of them fills kPackedBytes.
 int64_t chunk_rows_for(int64_t in_features) {
   const int64_t panel_values = std::min(in_features, kPanelValues);
@@ -432,7 +405,7 @@ int64_t chunk_rows_for(int64_t in_features) {
 
 template <typename Weights>
 void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-             const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct, int64_t y_stride = 0) {
+             const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct) {
   constexpr bool kWeightsAsB = Weights::kWeightsAsB, kReadsInPlace = Weights::kReadsInPlace;
   const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
   const int64_t panel_values = std::min(in_features, kPanelValues), chunk_rows = chunk_rows_for(in_features);
@@ -453,7 +426,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // in turn by whichever thread is free (each claims its next unit before it starts one, to prefetch or dequantize
   // its first block meanwhile), each thread packing the chunk it works on itself: no barrier inside a call, so
   // that on a shared machine a thread waiting for its core holds up no other.
-  const int64_t y_width = y_stride > 0 ? y_stride : output == Output::kSiluGate ? out_features / 2 : out_features;
+  const int64_t y_width = output == Output::kSiluGate ? out_features / 2 : out_features;
   const bool stream = (rows >= kStreamRows || rows * y_width * 2 >= kStreamBytes) &&
                       (output == Output::kProduct ||
                        (y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
@@ -606,28 +579,7 @@ bool available() {
 
 void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
                   const WeightRow& weight_row, c10::BFloat16* y) {
-  const DequantizedRows dequantized{weight_row, out_features};
-  if (rows <= chunk_rows_for(in_features) || in_features <= kPanelValues) {  // each block dequantized as it is used
-    product(x, rows, in_features, out_features, dequantized, y);
-    return;
-  }
-  // Several chunks of an input wider than one panel: each slab of blocks dequantized once, by both threads, then
-  // multiplied by every chunk (kSlabBytes).
-  const int64_t k_tiles = in_features / kTileK, block_values = 2 * k_tiles * kTileValues;
-  const int64_t n_blocks = (out_features + kBlockN - 1) / kBlockN;
-  const int64_t slab_blocks = std::max<int64_t>(1, kSlabBytes / (block_values * 2));
-  thread_local TileBuffer<c10::BFloat16> slab;  // the calling thread's: [slab blocks][2][k tiles][16][32]
-  slab.resize(std::min(slab_blocks, n_blocks) * block_values);
-  c10::BFloat16* const tiles = slab.data();  // (a thread_local named in the region would be each thread's own)
-  for (int64_t b0 = 0; b0 < n_blocks; b0 += slab_blocks) {
-    const int64_t count = std::min(slab_blocks, n_blocks - b0);
-    at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) dequantized.block(b0 + i, 0, in_features, tiles + i * block_values);
-    });
-    const int64_t n0 = b0 * kBlockN;
-    product(x, rows, in_features, std::min(count * kBlockN, out_features - n0), DequantizedSlab{tiles, k_tiles},
-            y + n0, Output::kProduct, out_features);
-  }
+  product(x, rows, in_features, out_features, DequantizedRows{weight_row, out_features}, y);
 }
 
 void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
