@@ -184,23 +184,24 @@ def test_prompt_sized_products_take_the_packed_path_from_its_row_count(in_featur
 
 
 def test_packed_tiles_are_the_dequantized_weights_in_the_bf16_layout(request: pytest.FixtureRequest) -> None:
-    """gguf_pack_tiles over a mixed stack (Q4_K, Q6_K, Q8_0, Q4_0, Q4_1 and Q5_K's float path; 128 rows, some
-    padded past the last tile): exactly pack_bf16_tiles of the reference dequantization rounded to bfloat16, plain
-    and with the gate and up halves interleaved (interleave_gate_up); a tiles tensor of the wrong shape is refused
-    by name."""
+    """gguf_pack_tiles over a stack of every kept-compact type (160 rows, some padded past the last tile): exactly
+    pack_bf16_tiles of the reference dequantization rounded to bfloat16, plain and with the gate and up halves
+    interleaved (interleave_gate_up); a tiles tensor of the wrong shape is refused by name."""
     kernels = _amx(request)
     in_features = 512
     parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in
-             (("Q4_K", 40), ("Q6_K", 24), ("Q8_0", 16), ("Q4_0", 15), ("Q4_1", 17), ("Q5_K", 16))]
+             (("Q4_K", 40), ("Q6_K", 24), ("Q8_0", 16), ("Q4_0", 15), ("Q4_1", 17), ("Q5_0", 9), ("Q5_1", 23),
+              ("Q5_K", 16))]
+    assert {p.kind for p in parts} == set(FORMATS)
     blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
-    dense = torch.cat([p.dequantize() for p in parts]).bfloat16()  # [128, in]
-    for gate_up, weight in ((False, dense), (True, interleave_gate_up(dense)), (False, dense[:112])):
-        expected = pack_bf16_tiles(weight)  # [8, 16, 16, 32]
+    dense = torch.cat([p.dequantize() for p in parts]).bfloat16()  # [160, in]
+    for gate_up, weight in ((False, dense), (True, interleave_gate_up(dense)), (False, dense[:144])):
+        expected = pack_bf16_tiles(weight)  # [10, 16, 16, 32]
         got = torch.full_like(expected, float("nan"))
-        stack = (blocks, kinds) if weight.shape[0] == 128 else (blocks[:5], kinds[:5])
+        stack = (blocks, kinds) if weight.shape[0] == 160 else (blocks[:7], kinds[:7])
         kernels.gguf_pack_tiles(*stack, in_features, gate_up, got)
         assert torch.equal(got.view(torch.int16), expected.view(torch.int16)), gate_up
-    with pytest.raises(RuntimeError, match=r"tiles must be a contiguous CPU bfloat16 tensor \[8, 16, 16, 32\]"):
+    with pytest.raises(RuntimeError, match=r"tiles must be a contiguous CPU bfloat16 tensor \[10, 16, 16, 32\]"):
         kernels.gguf_pack_tiles(blocks, kinds, in_features, False, torch.empty(4, 16, 16, 32, dtype=torch.bfloat16))
 
 

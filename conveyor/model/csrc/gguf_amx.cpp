@@ -56,6 +56,38 @@ void tiles_q4_1(const uint8_t* b, c10::BFloat16* out) {  // d, m, qs[16]: q d + 
   store_lookup(out, _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1), table);
 }
 
+inline __m512 iota16_hi() { return _mm512_add_ps(iota16(), _mm512_set1_ps(16.f)); }
+
+// 32 codes (0..31, one per 16-bit lane) looked up in a table of 32 values (16 and 16 floats) -> one piece.
+inline void store_lookup32(c10::BFloat16* out, __m512i codes, __m512 first, __m512 second) {
+  const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(second, first));  // [32] bf16
+  _mm512_storeu_si512(out, _mm512_permutexvar_epi16(codes, table));
+}
+
+// qs[16] (low nibbles: values 0-15, high: 16-31) with bit i of qh as value i's fifth bit -> 32 codes 0..31.
+inline __m512i codes_q5(const uint8_t* qs, uint32_t qh) {
+  const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));  // [16]
+  const __m256i low = _mm256_and_si256(q, _mm256_set1_epi16(0xF)), high = _mm256_srli_epi16(q, 4);
+  const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+  return _mm512_mask_add_epi16(codes, static_cast<__mmask32>(qh), codes, _mm512_set1_epi16(16));  // bit 4 is clear
+}
+
+void tiles_q5_0(const uint8_t* b, c10::BFloat16* out) {  // d, qh, qs[16]: (q - 16) d
+  const __m512 d = _mm512_set1_ps(half_at(b)), sixteen = _mm512_set1_ps(16.f);
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, sizeof(qh));
+  store_lookup32(out, codes_q5(b + 6, qh), _mm512_mul_ps(_mm512_sub_ps(iota16(), sixteen), d),
+                 _mm512_mul_ps(_mm512_sub_ps(iota16_hi(), sixteen), d));
+}
+
+void tiles_q5_1(const uint8_t* b, c10::BFloat16* out) {  // d, m, qh, qs[16]: q d + m (a product, then a sum)
+  const __m512 d = _mm512_set1_ps(half_at(b)), m = _mm512_set1_ps(half_at(b + 2));
+  uint32_t qh;
+  std::memcpy(&qh, b + 4, sizeof(qh));
+  store_lookup32(out, codes_q5(b + 8, qh), _mm512_add_ps(_mm512_mul_ps(iota16(), d), m),
+                 _mm512_add_ps(_mm512_mul_ps(iota16_hi(), d), m));
+}
+
 using conveyor_gguf::scale_min_k4;  // ggml's get_scale_min_k4
 
 // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32 = 8 pieces; sub-block 2j the low nibbles of qs[32j..32j+31],
@@ -75,6 +107,27 @@ void tiles_q4_k(const uint8_t* b, c10::BFloat16* out) {
     _mm512_storeu_si512(out + 2 * j * kTilePieceStride, _mm512_permutexvar_epi16(_mm512_and_si512(q, low4), tables));
     _mm512_storeu_si512(out + (2 * j + 1) * kTilePieceStride,
                         _mm512_permutexvar_epi16(_mm512_or_si512(_mm512_srli_epi16(q, 4), second_table), tables));
+  }
+}
+
+// d, dmin, scales[12], qh[32], qs[128]: as Q4_K, with bit 2j (2j + 1) of qh[l] the fifth bit of sub-block 2j's
+// (2j + 1's) value l; each value d sc q - dmin m (a product, then a difference), looked up among its sub-block's 32.
+void tiles_q5_k(const uint8_t* b, c10::BFloat16* out) {
+  const float d = half_at(b), dmin = half_at(b + 2);
+  const __m512i low4 = _mm512_set1_epi16(0xF), fifth = _mm512_set1_epi16(16);
+  const __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));  // [32]
+  for (int j = 0; j < 4; ++j) {
+    const __m512i q = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * j)));
+    for (int h = 0; h < 2; ++h) {  // sub-block 2 j + h: low nibbles, then high ones
+      int sc, m;
+      scale_min_k4(2 * j + h, b + 4, &sc, &m);
+      const __m512 scale = _mm512_set1_ps(d * sc), minimum = _mm512_set1_ps(dmin * m);
+      const __m512i bits = _mm512_and_si512(_mm512_slli_epi16(_mm512_srli_epi16(qh, 2 * j + h), 4), fifth);
+      const __m512i codes = _mm512_or_si512(_mm512_and_si512(h == 0 ? q : _mm512_srli_epi16(q, 4), low4), bits);
+      store_lookup32(out + (2 * j + h) * kTilePieceStride, codes,
+                     _mm512_sub_ps(_mm512_mul_ps(scale, iota16()), minimum),
+                     _mm512_sub_ps(_mm512_mul_ps(scale, iota16_hi()), minimum));
+    }
   }
 }
 
@@ -136,7 +189,12 @@ void pieces_to_pairs(const c10::BFloat16* rows, c10::BFloat16* pairs) {
   }
 }
 
-bool tile_kind(int64_t kind) { return kind == 2 || kind == 3 || kind == 8 || kind == 12 || kind == 14; }
+bool tile_kind(int64_t kind) {
+  switch (kind) {
+    case 2: case 3: case 6: case 7: case 8: case 12: case 13: case 14: return true;
+    default: return false;
+  }
+}
 
 void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10::BFloat16* out) {
   constexpr int64_t piece = kTilePieceStride;
@@ -144,8 +202,11 @@ void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10
   switch (kind) {
     case 2: for (int64_t k = 0; k < count; k += 32, b += 18, out += piece) tiles_q4_0(b, out); break;
     case 3: for (int64_t k = 0; k < count; k += 32, b += 20, out += piece) tiles_q4_1(b, out); break;
+    case 6: for (int64_t k = 0; k < count; k += 32, b += 22, out += piece) tiles_q5_0(b, out); break;
+    case 7: for (int64_t k = 0; k < count; k += 32, b += 24, out += piece) tiles_q5_1(b, out); break;
     case 8: for (int64_t k = 0; k < count; k += 32, b += 34, out += piece) tiles_q8_0(b, out); break;
     case 12: for (int64_t k = 0; k < count; k += 256, b += 144, out += 8 * piece) tiles_q4_k(b, out); break;
+    case 13: for (int64_t k = 0; k < count; k += 256, b += 176, out += 8 * piece) tiles_q5_k(b, out); break;
     default: for (int64_t k = 0; k < count; k += 256, b += 210, out += 8 * piece) tiles_q6_k(b, out); break;
   }
 }

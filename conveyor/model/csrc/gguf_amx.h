@@ -6,7 +6,8 @@
 
 namespace conveyor_amx {
 
-// Whether dequantize_tile_row reads GGML type id `kind` (Q4_0, Q4_1, Q8_0, Q4_K, Q6_K where AMX is built).
+// Whether dequantize_tile_row reads GGML type id `kind` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+// where AMX is built).
 bool tile_kind(int64_t kind);
 
 // `count` weights of type `kind` (tile_kind) from the block at `blocks` on -> bfloat16 pieces at `out` (as

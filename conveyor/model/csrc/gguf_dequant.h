@@ -1,6 +1,6 @@
 // GGUF blocks dequantized to float32, one block at a time, exactly as ggml does it (ggml-quants.c,
 // dequantize_row_*): the reference every native GGUF product is checked against, and the float path of the
-// types without a vectorized one (gguf_linear.cpp's row and tile kernels, gguf_amx.cpp's Q4_1/Q5_0/Q5_1/Q5_K).
+// types without a vectorized one (gguf_linear.cpp's row and tile kernels).
 // Types are named by their GGML type ids; conveyor.model.gguf_quant holds the same table.
 #pragma once
 

@@ -279,7 +279,7 @@ void dequantize_stack_row(const std::vector<Part>& parts, int64_t n, int64_t fir
     conveyor_amx::dequantize_tile_row(part.kind, blocks_from, count, out);
     return;
   }
-  thread_local std::vector<float> w;  // [count]: the float path (Q4_1, Q5_0, Q5_1, Q5_K)
+  thread_local std::vector<float> w;  // [count]: the float path (a type without a tile dequantizer)
   w.resize(count);
   dequant_row(part.format, blocks_from, count, w.data());
   for (int64_t k = 0; k < count; ++k) out[k / 32 * conveyor_amx::kTilePieceStride + k % 32] = c10::BFloat16(w[k]);
