@@ -10,10 +10,11 @@ writes, skipping any that already exist:
     OUT_DIR/llama-1b-q8_0.gguf     convert_hf_to_gguf.py --outtype q8_0
     OUT_DIR/llama-1b-q4_k_m.gguf   llama_model_quantize(bf16 file, LLAMA_FTYPE_MOSTLY_Q4_K_M)
     OUT_DIR/llama-1b-q4_0.gguf     llama_model_quantize(bf16 file, LLAMA_FTYPE_MOSTLY_Q4_0)
+    OUT_DIR/llama-1b-q5_k_m.gguf   llama_model_quantize(bf16 file, LLAMA_FTYPE_MOSTLY_Q5_K_M)
 
 The converter comes from the llama-cpp-python 0.3.36 sdist on PyPI (cached by tests/gguf_convert.py); the
 quantizer needs llama-cpp-python itself (`bash scripts/install_llama_cpp.sh`). Every file is written under a
-temporary name and renamed when complete, so a reader never sees half a file. About 3 minutes and 6 GB of disk.
+temporary name and renamed when complete, so a reader never sees half a file. About 4 minutes and 7 GB of disk.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # llama.cpp's quantization types (enum llama_ftype in llama.h)
-QUANTIZED = {"q4_k_m": 15, "q4_0": 2}
+QUANTIZED = {"q4_k_m": 15, "q4_0": 2, "q5_k_m": 17}
 
 
 def _converted(folder: str, target: str, outtype: str) -> None:

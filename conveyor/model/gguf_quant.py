@@ -37,10 +37,11 @@ FORMATS = {"Q4_0": QuantFormat(2, 32, 18), "Q4_1": QuantFormat(3, 32, 20), "Q5_0
            "Q5_1": QuantFormat(7, 32, 24), "Q8_0": QuantFormat(8, 32, 34), "Q4_K": QuantFormat(12, 256, 144),
            "Q5_K": QuantFormat(13, 256, 176), "Q6_K": QuantFormat(14, 256, 210)}
 """GGML weight types kept compact, by GGML's name."""
-INT8_DOT_TYPES = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
+INT8_DOT_TYPES = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 """Types whose few-rows products with bfloat16 activations quantize the activations to int8 and use integer dot
-products (csrc/gguf_vnni.cpp), with the columns that share one activation scale (Q4_K and Q6_K: a super-block,
-as ggml's Q8_K, so their sub-block scales apply in integers); the others, and float32 activations, dequantize exactly."""
+products (csrc/gguf_vnni.cpp), with the columns that share one activation scale (the K types: a super-block, as
+ggml's Q8_K, so their sub-block scales apply in integers): every kept-compact type; float32 activations dequantize
+exactly."""
 QUANTIZATIONS = tuple(name.lower() for name in FORMATS)
 """`quantization=` values that quantize an HF folder at load into one of FORMATS."""
 

@@ -1,10 +1,10 @@
 // Integer dot products of GGUF blocks with int8-quantized activations (AVX-512 VNNI), llama.cpp's approach
 // for few activation rows: each activation row is quantized once to int8 with a float scale per 32 columns
-// (and, for Q4_K and Q6_K, per 256: ggml's Q8_K) (round to nearest, scale = max |x| / 127). The 32-weight
+// (and, for Q4_K, Q5_K and Q6_K, per 256: ggml's Q8_K) (round to nearest, scale = max |x| / 127). The 32-weight
 // types run vpdpbusd (unsigned weight codes x signed activations, four products per 32-bit lane) and apply each
-// block's scale in float; Q4_K and Q6_K run vpmaddubsw (16-bit pair sums) then vpdpwssd by the 16-bit sub-block
+// block's scale in float; Q4_K, Q5_K and Q6_K run vpmaddubsw (16-bit pair sums) then vpdpwssd by the 16-bit sub-block
 // scale, so that a whole super-block is summed in integers, and unpack each weight block once for up to
-// kDotRowsMax activation rows. Types: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K (the others take gguf_linear.cpp's float path).
+// kDotRowsMax activation rows. Types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (every kept-compact one).
 // Also whole rows dequantized straight to bfloat16 with AVX-512 (Q8_0, Q4_0, Q4_K, Q6_K) for the tiles of
 // gguf_linear_tiles (rounded as torch rounds: to nearest even).
 //
@@ -78,6 +78,31 @@ float dot_q4_01(const uint8_t* row, int64_t blocks, const QuantizedActivations& 
   return total;
 }
 
+// Q5_0 (w = d (q - 16)) and Q5_1 (w = d q + m): codes 0..31, the nibbles as in Q4_0 / Q4_1 with bit i of the
+// 32-bit qh as column i's fifth bit.
+template <bool kMin>
+float dot_q5_01(const uint8_t* row, int64_t blocks, const QuantizedActivations& x) {
+  constexpr int64_t kBytes = kMin ? 24 : 22;
+  const __m128i low4 = _mm_set1_epi8(0xF);
+  const __m256i fifth = _mm256_set1_epi8(16);
+  float total = 0.f;
+  for (int64_t b = 0; b < blocks; ++b, row += kBytes) {
+    uint32_t qh;
+    std::memcpy(&qh, row + (kMin ? 4 : 2), sizeof(qh));
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (kMin ? 8 : 6)));
+    const __m256i nibbles =
+        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
+    const __m256i q = _mm256_mask_add_epi8(nibbles, static_cast<__mmask32>(qh), nibbles, fifth);  // bit 4 is clear
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * b));
+    const int32_t dot = hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv));
+    const int32_t xsum = x.sum16[2 * b] + x.sum16[2 * b + 1];
+    const float d = half_at(row);
+    total += kMin ? x.scale[b] * (d * static_cast<float>(dot) + half_at(row + 2) * static_cast<float>(xsum))
+                  : x.scale[b] * d * static_cast<float>(dot - 16 * xsum);
+  }
+  return total;
+}
+
 // The 6-bit scale and minimum of sub-block j of a Q4_K block (ggml's get_scale_min_k4).
 inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
   if (j < 4) {
@@ -96,9 +121,13 @@ inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
 // 4p + 3, which is why the activations come in that order (q256_k4). vpmaddubsw multiplies codes and
 // activations into 16-bit pair sums (at most 2 * 15 * 127), vpdpwssd those by the 16-bit sub-block scale into
 // 32-bit sums: two single-uop instructions per 64 columns. The weights are unpacked once for all `M` rows.
-template <int M>
+//
+// Q5_K (kFifth) is the same with 32 bytes of qh after the scales (the codes 48 bytes on): bit s of qh[l] is the fifth
+// bit of sub-block s's column l, so codes go up to 31 (pair sums at most 2 * 31 * 127).
+template <int M, bool kFifth = false>
 void dot_q4_k(const uint8_t* row, int64_t blocks, const QuantizedActivations* x, float* out) {
-  const __m512i low4 = _mm512_set1_epi8(0xF);
+  constexpr int64_t kBytes = kFifth ? 176 : 144, kCodes = kFifth ? 48 : 16;
+  const __m512i low4 = _mm512_set1_epi8(0xF), one = _mm512_set1_epi8(1);
   // shuffle controls: 128-bit lanes 0-1 take byte a of the scales as 16-bit words, lanes 2-3 byte b (0x80: zero)
   const auto pick = [](uint64_t a, uint64_t b) {
     const uint64_t words = 0x8000800080008000u, ones = 0x0001000100010001u;
@@ -115,10 +144,11 @@ void dot_q4_k(const uint8_t* row, int64_t blocks, const QuantizedActivations* x,
   __m512 acc[M];
   __m128 acc_min[M];
   for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps(), acc_min[m] = _mm_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b, row += 144) {
+  for (int64_t b = 0; b < blocks; ++b, row += kBytes) {
     _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 64, _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 128, _MM_HINT_T0);
+    if (kFifth) _mm_prefetch(reinterpret_cast<const char*>(row) + kPrefetchBytes + 175, _MM_HINT_T0);
     const float d = half_at(row), dmin = half_at(row + 2);
     // the 12 bytes b of scales and minima -> 8 scales (bytes 0-7) and 8 minima (bytes 8-15) at once, as ggml's
     // get_scale_min_k4: sub-block j < 4 has b[j] & 63 and b[j + 4] & 63; j >= 4 a nibble of b[j + 4] (low: the
@@ -133,10 +163,24 @@ void dot_q4_k(const uint8_t* row, int64_t blocks, const QuantizedActivations* x,
     const __m128i minima16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scales_minima, scales_minima));  // [8] int16
     __m512i sum[M];  // [16] int32 each: sc_j (q . x) over 4 columns
     for (int m = 0; m < M; ++m) sum[m] = _mm512_setzero_si512();
+    // Q5_K: qh twice over (bytes 0-31 of a 64-byte load pair with qh[0-31], bytes 32-63 too)
+    const __m512i qh = kFifth ? _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16)))
+                              : _mm512_setzero_si512();
     for (int p = 0; p < 2; ++p) {
-      const __m512i packed = _mm512_loadu_si512(row + 16 + 64 * p);
-      const __m512i low = _mm512_and_si512(packed, low4);
-      const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+      const __m512i packed = _mm512_loadu_si512(row + kCodes + 64 * p);
+      __m512i low = _mm512_and_si512(packed, low4);
+      __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
+      if (kFifth) {  // sub-blocks 4p, 4p + 2 (low nibbles of bytes 0-31, 32-63) and 4p + 1, 4p + 3 (high ones):
+        // bits 4p (+ 1) of qh for the first 32 bytes, 4p + 2 (+ 3) for the last; a 16-bit shift then a mask of
+        // each byte's bit 0 takes bit s of both bytes of a word
+        const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<int16_t>(4 * p)),
+                                                 _mm256_set1_epi16(static_cast<int16_t>(4 * p + 2)), 1);
+        const __m512i bits_low = _mm512_and_si512(_mm512_srlv_epi16(qh, shift), one);
+        const __m512i bits_high = _mm512_and_si512(_mm512_srlv_epi16(qh, _mm512_add_epi16(shift, _mm512_set1_epi16(1))),
+                                                   one);
+        low = _mm512_or_si512(low, _mm512_slli_epi16(bits_low, 4));
+        high = _mm512_or_si512(high, _mm512_slli_epi16(bits_high, 4));
+      }
       const __m512i scale_low = _mm512_shuffle_epi8(all_scales, pick_scale[2 * p]);
       const __m512i scale_high = _mm512_shuffle_epi8(all_scales, pick_scale[2 * p + 1]);
       for (int m = 0; m < M; ++m) {
@@ -297,7 +341,12 @@ void dequantize_row_bf16(int64_t kind, const uint8_t* row, int64_t in_features, 
   }
 }
 
-bool vnni_kind(int64_t kind) { return kind == 2 || kind == 3 || kind == 8 || kind == 12 || kind == 14; }
+bool vnni_kind(int64_t kind) {
+  switch (kind) {
+    case 2: case 3: case 6: case 7: case 8: case 12: case 13: case 14: return true;
+    default: return false;
+  }
+}
 
 namespace {
 
@@ -350,6 +399,8 @@ float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const Quan
   switch (kind) {
     case 2: return dot_q4_01<false>(row, in_features / 32, x);
     case 3: return dot_q4_01<true>(row, in_features / 32, x);
+    case 6: return dot_q5_01<false>(row, in_features / 32, x);
+    case 7: return dot_q5_01<true>(row, in_features / 32, x);
     case 8: return dot_q8_0(row, in_features / 32, x);
     default: {
       float out;
@@ -362,6 +413,7 @@ float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const Quan
 template <int M>
 void dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x, float* out) {
   if (kind == 12) return dot_q4_k<M>(row, in_features / 256, x, out);
+  if (kind == 13) return dot_q4_k<M, true>(row, in_features / 256, x, out);
   return dot_q6_k<M>(row, in_features / 256, x, out);
 }
 
@@ -369,7 +421,7 @@ void dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const Quant
 
 void vnni_dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x,
                    int64_t rows, float* out) {
-  if (kind != 12 && kind != 14) {
+  if (kind != 12 && kind != 13 && kind != 14) {
     for (int64_t m = 0; m < rows; ++m) out[m] = vnni_dot(kind, row, in_features, x[m]);
     return;
   }
