@@ -3,7 +3,9 @@ for the gate/up stack, bf16_silu_gate_amx) against the per-chunk AMX product (gg
 silu_and_mul for gate/up), on the 1B file's layer 0, arms alternating in one process; checks first that both give
 the same bits. Median ms per call.
 
-    .venv/bin/python benchmarks/results/2026-12-03-s19/pack_probe.py /work/ckpt/llama-1b-q4_k_m.gguf
+    .venv/bin/python benchmarks/results/2026-12-03-s19/pack_probe.py /work/ckpt/llama-1b-q4_k_m.gguf [ROWS,ROWS,...]
+
+(The row counts, 512,768,1024,2048 unless given, were added in session s20.)
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from conveyor.model.native import load_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/: the alternating-arms timer
 from ab_gguf_prefill import medians  # noqa: E402
+
+
+ROWS = tuple(int(r) for r in sys.argv[2].split(",")) if len(sys.argv) > 2 else (512, 768, 1024, 2048)
 
 
 def main() -> None:
@@ -40,7 +45,7 @@ def main() -> None:
         out_features = sum(b.shape[0] for b in blocks)
         gate = name == "gate_up"
         tiles = torch.empty(-(-out_features // 32) * 2, in_features // 32, 16, 32, dtype=torch.bfloat16)
-        for rows in (512, 768, 1024, 2048):
+        for rows in ROWS:
             x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()
 
             def per_chunk() -> torch.Tensor:
