@@ -59,46 +59,29 @@ float dot_q8_0(const uint8_t* row, int64_t blocks, const QuantizedActivations& x
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// Q4_0 (w = d (q - 8)) and Q4_1 (w = d q + m): codes 0..15, low nibbles columns 0..15, high ones 16..31.
-template <bool kMin>
-float dot_q4_01(const uint8_t* row, int64_t blocks, const QuantizedActivations& x) {
-  constexpr int64_t kBytes = kMin ? 20 : 18;
+// The 32-weight types with codes in nibbles: Q4_0 (w = d (q - 8)), Q4_1 (w = d q + m), and with a fifth bit (kFifth)
+// Q5_0 (w = d (q - 16)) and Q5_1 (w = d q + m). Low nibbles are columns 0..15, high ones 16..31; Q5's 32-bit qh
+// (before the nibbles) holds column i's fifth bit at bit i.
+template <bool kMin, bool kFifth>
+float dot_nibbles(const uint8_t* row, int64_t blocks, const QuantizedActivations& x) {
+  constexpr int64_t kHigh = kMin ? 4 : 2, kCodes = kHigh + (kFifth ? 4 : 0), kBytes = kCodes + 16;
+  constexpr int32_t kOffset = kFifth ? 16 : 8;
   const __m128i low4 = _mm_set1_epi8(0xF);
   float total = 0.f;
   for (int64_t b = 0; b < blocks; ++b, row += kBytes) {
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (kMin ? 4 : 2)));
-    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + kCodes));
+    __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
+    if (kFifth) {
+      uint32_t qh;
+      std::memcpy(&qh, row + kHigh, sizeof(qh));
+      q = _mm256_mask_add_epi8(q, static_cast<__mmask32>(qh), q, _mm256_set1_epi8(16));  // bit 4 is clear
+    }
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * b));
     const int32_t dot = hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv));
     const int32_t xsum = x.sum16[2 * b] + x.sum16[2 * b + 1];
     const float d = half_at(row);
     total += kMin ? x.scale[b] * (d * static_cast<float>(dot) + half_at(row + 2) * static_cast<float>(xsum))
-                  : x.scale[b] * d * static_cast<float>(dot - 8 * xsum);
-  }
-  return total;
-}
-
-// Q5_0 (w = d (q - 16)) and Q5_1 (w = d q + m): codes 0..31, the nibbles as in Q4_0 / Q4_1 with bit i of the
-// 32-bit qh as column i's fifth bit.
-template <bool kMin>
-float dot_q5_01(const uint8_t* row, int64_t blocks, const QuantizedActivations& x) {
-  constexpr int64_t kBytes = kMin ? 24 : 22;
-  const __m128i low4 = _mm_set1_epi8(0xF);
-  const __m256i fifth = _mm256_set1_epi8(16);
-  float total = 0.f;
-  for (int64_t b = 0; b < blocks; ++b, row += kBytes) {
-    uint32_t qh;
-    std::memcpy(&qh, row + (kMin ? 4 : 2), sizeof(qh));
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (kMin ? 8 : 6)));
-    const __m256i nibbles =
-        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
-    const __m256i q = _mm256_mask_add_epi8(nibbles, static_cast<__mmask32>(qh), nibbles, fifth);  // bit 4 is clear
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q + 32 * b));
-    const int32_t dot = hsum_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xv));
-    const int32_t xsum = x.sum16[2 * b] + x.sum16[2 * b + 1];
-    const float d = half_at(row);
-    total += kMin ? x.scale[b] * (d * static_cast<float>(dot) + half_at(row + 2) * static_cast<float>(xsum))
-                  : x.scale[b] * d * static_cast<float>(dot - 16 * xsum);
+                  : x.scale[b] * d * static_cast<float>(dot - kOffset * xsum);
   }
   return total;
 }
@@ -397,10 +380,10 @@ namespace {
 // One weight row of GGML type `kind` (vnni_kind) times one quantized activation row.
 float vnni_dot(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x) {
   switch (kind) {
-    case 2: return dot_q4_01<false>(row, in_features / 32, x);
-    case 3: return dot_q4_01<true>(row, in_features / 32, x);
-    case 6: return dot_q5_01<false>(row, in_features / 32, x);
-    case 7: return dot_q5_01<true>(row, in_features / 32, x);
+    case 2: return dot_nibbles<false, false>(row, in_features / 32, x);
+    case 3: return dot_nibbles<true, false>(row, in_features / 32, x);
+    case 6: return dot_nibbles<false, true>(row, in_features / 32, x);
+    case 7: return dot_nibbles<true, true>(row, in_features / 32, x);
     case 8: return dot_q8_0(row, in_features / 32, x);
     default: {
       float out;
