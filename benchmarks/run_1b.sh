@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The 1B-class workloads (issue 16), Conveyor beside its peers on the same files, one command:
 #
-#     bash benchmarks/run_1b.sh [FORMATS...]        # default: bf16 q8_0 q4_k_m
+#     bash benchmarks/run_1b.sh [FORMATS...]        # default: bf16 q8_0 q4_k_m q5_k_m
 #
 # Models: $CKPT/llama-1b-<format>.gguf (default CKPT=/work/ckpt), made by scripts/make_1b_benchmark_models.py
 # (random-weight Llama-3.2-1B shape, llama.cpp's converter and quantizer; nothing downloaded). Peers:
@@ -31,7 +31,7 @@ run() {
     # shellcheck disable=SC2068
     flock "$BENCH_LOCK" timeout 3600 .venv/bin/conveyor $@ --results-dir "$OUT"
 }
-for format in "${@:-bf16 q8_0 q4_k_m}"; do
+for format in "${@:-bf16 q8_0 q4_k_m q5_k_m}"; do
     for f in $format; do
         model="$CKPT/llama-1b-$f.gguf"
         [ -f "$model" ] || { echo "missing $model: run scripts/make_1b_benchmark_models.py" >&2; exit 1; }
