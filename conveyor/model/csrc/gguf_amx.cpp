@@ -1,8 +1,11 @@
 // GGUF blocks dequantized to bfloat16 tile pieces for the AMX product (amx_product.cpp): prefill chunks and busy
 // decode steps of kept-compact GGUF weights (gguf_linear_amx in gguf_linear.cpp). Each 32-value piece is one row
-// of a weight tile (amx_product.h's kTilePieceStride apart), rounded as gguf_vnni's dequantize_row_bf16 rounds.
+// of a weight tile (amx_product.h's kTilePieceStride apart): the float path's values (gguf_dequant.h) rounded to
+// nearest even.
 #include "gguf_amx.h"
 #include "gguf_dequant.h"
+
+#include <c10/util/Exception.h>
 
 #include <cstring>
 
@@ -41,19 +44,21 @@ void tiles_q8_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[32] int8: q d
   store_piece(out, _mm512_mul_ps(d, _mm512_cvtepi32_ps(first)), _mm512_mul_ps(d, _mm512_cvtepi32_ps(second)));
 }
 
-void tiles_q4_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[16]: (q - 8) d; low nibbles first
-  const __m512 table = _mm512_mul_ps(_mm512_set1_ps(half_at(b)), _mm512_sub_ps(iota16(), _mm512_set1_ps(8.f)));
-  const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));  // [16]
+// qs[16] of a 32-weight block: low nibbles values 0-15, high ones 16-31 -> 32 codes 0..15, one per 16-bit lane.
+inline __m512i codes_q4(const uint8_t* qs) {
+  const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));  // [16]
   const __m256i low = _mm256_and_si256(q, _mm256_set1_epi16(0xF)), high = _mm256_srli_epi16(q, 4);
-  store_lookup(out, _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1), table);
+  return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+}
+
+void tiles_q4_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[16]: (q - 8) d
+  const __m512 table = _mm512_mul_ps(_mm512_set1_ps(half_at(b)), _mm512_sub_ps(iota16(), _mm512_set1_ps(8.f)));
+  store_lookup(out, codes_q4(b + 2), table);
 }
 
 void tiles_q4_1(const uint8_t* b, c10::BFloat16* out) {  // d, m, qs[16]: q d + m (a product, then a sum)
   const __m512 d = _mm512_set1_ps(half_at(b)), m = _mm512_set1_ps(half_at(b + 2));
-  const __m512 table = _mm512_add_ps(_mm512_mul_ps(iota16(), d), m);
-  const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)));  // [16]
-  const __m256i low = _mm256_and_si256(q, _mm256_set1_epi16(0xF)), high = _mm256_srli_epi16(q, 4);
-  store_lookup(out, _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1), table);
+  store_lookup(out, codes_q4(b + 4), _mm512_add_ps(_mm512_mul_ps(iota16(), d), m));
 }
 
 inline __m512 iota16_hi() { return _mm512_add_ps(iota16(), _mm512_set1_ps(16.f)); }
@@ -64,11 +69,9 @@ inline void store_lookup32(c10::BFloat16* out, __m512i codes, __m512 first, __m5
   _mm512_storeu_si512(out, _mm512_permutexvar_epi16(codes, table));
 }
 
-// qs[16] (low nibbles: values 0-15, high: 16-31) with bit i of qh as value i's fifth bit -> 32 codes 0..31.
+// codes_q4's nibbles with bit i of qh as value i's fifth bit -> 32 codes 0..31.
 inline __m512i codes_q5(const uint8_t* qs, uint32_t qh) {
-  const __m256i q = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));  // [16]
-  const __m256i low = _mm256_and_si256(q, _mm256_set1_epi16(0xF)), high = _mm256_srli_epi16(q, 4);
-  const __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+  const __m512i codes = codes_q4(qs);
   return _mm512_mask_add_epi16(codes, static_cast<__mmask32>(qh), codes, _mm512_set1_epi16(16));  // bit 4 is clear
 }
 
@@ -189,13 +192,6 @@ void pieces_to_pairs(const c10::BFloat16* rows, c10::BFloat16* pairs) {
   }
 }
 
-bool tile_kind(int64_t kind) {
-  switch (kind) {
-    case 2: case 3: case 6: case 7: case 8: case 12: case 13: case 14: return true;
-    default: return false;
-  }
-}
-
 void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10::BFloat16* out) {
   constexpr int64_t piece = kTilePieceStride;
   const uint8_t* b = blocks;
@@ -207,7 +203,8 @@ void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10
     case 8: for (int64_t k = 0; k < count; k += 32, b += 34, out += piece) tiles_q8_0(b, out); break;
     case 12: for (int64_t k = 0; k < count; k += 256, b += 144, out += 8 * piece) tiles_q4_k(b, out); break;
     case 13: for (int64_t k = 0; k < count; k += 256, b += 176, out += 8 * piece) tiles_q5_k(b, out); break;
-    default: for (int64_t k = 0; k < count; k += 256, b += 210, out += 8 * piece) tiles_q6_k(b, out); break;
+    case 14: for (int64_t k = 0; k < count; k += 256, b += 210, out += 8 * piece) tiles_q6_k(b, out); break;
+    default: TORCH_CHECK(false, "GGML type id ", kind, " has no tile dequantizer");  // stack_parts checked it
   }
 }
 
@@ -216,7 +213,6 @@ void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10
 #else
 
 namespace conveyor_amx {
-bool tile_kind(int64_t) { return false; }
 void dequantize_tile_row(int64_t, const uint8_t*, int64_t, c10::BFloat16*) {}
 void pieces_to_pairs(const c10::BFloat16*, c10::BFloat16*) {}
 }  // namespace conveyor_amx

@@ -6,12 +6,8 @@
 
 namespace conveyor_amx {
 
-// Whether dequantize_tile_row reads GGML type id `kind` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
-// where AMX is built).
-bool tile_kind(int64_t kind);
-
-// `count` weights of type `kind` (tile_kind) from the block at `blocks` on -> bfloat16 pieces at `out` (as
-// WeightRow), rounded as gguf_vnni's dequantize_row_bf16 rounds (the same float operations, then to nearest even).
+// `count` weights of GGML type `kind` (any of gguf_dequant.h's Kind) from the block at `blocks` on -> bfloat16
+// pieces at `out` (as WeightRow), rounded as the float path (gguf_dequant.h) then to nearest even.
 void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10::BFloat16* out);
 
 // One tile of 16 weight rows x 32 values as pieces (row r's values at rows + 32 r: the A operand's layout, what

@@ -267,7 +267,7 @@ bool gguf_amx_available() { return conveyor_amx::available(); }
 namespace {
 
 // Values first..first + count - 1 of output row n of a row stack -> bfloat16 pieces at out (amx_product.h's
-// WeightRow), rounded as dequantize_row_bf16 rounds.
+// WeightRow), the float path's values rounded to nearest even.
 void dequantize_stack_row(const std::vector<Part>& parts, int64_t n, int64_t first, int64_t count,
                           c10::BFloat16* out) {
   size_t p = parts.size() - 1;
@@ -275,14 +275,7 @@ void dequantize_stack_row(const std::vector<Part>& parts, int64_t n, int64_t fir
   const Part& part = parts[p];
   const uint8_t* blocks_from = part.blocks + (n - part.first) * part.row_bytes +
                                first / part.format.block * part.format.bytes;
-  if (conveyor_amx::tile_kind(part.kind)) {
-    conveyor_amx::dequantize_tile_row(part.kind, blocks_from, count, out);
-    return;
-  }
-  thread_local std::vector<float> w;  // [count]: the float path (a type without a tile dequantizer)
-  w.resize(count);
-  dequant_row(part.format, blocks_from, count, w.data());
-  for (int64_t k = 0; k < count; ++k) out[k / 32 * conveyor_amx::kTilePieceStride + k % 32] = c10::BFloat16(w[k]);
+  conveyor_amx::dequantize_tile_row(part.kind, blocks_from, count, out);  // every kept-compact type has tiles
 }
 
 void check_amx(const char* op) {
