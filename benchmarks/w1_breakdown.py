@@ -116,6 +116,13 @@ def profile_steps(engine: Engine, workload) -> None:
         model.ops.decode_attention = labelled.decode_attention
         if model.ops.prefill_attention is not None:
             model.ops.prefill_attention = labelled.prefill_attention
+        for layer in model.layers:  # the projections hold their own reference to the kernels
+            for part in vars(layer).values():
+                for holder in (part, getattr(part, "projection", None)):  # GGUFSiluGate wraps its projection
+                    if getattr(holder, "kernels", None) is model.kernels:
+                        holder.kernels = labelled
+        if getattr(model.lm_head, "kernels", None) is model.kernels:
+            model.lm_head.kernels = labelled
     engine.reset_prefix_cache()
     for prompt, params in zip(workload.prompts, workload.params):
         engine.add_request(prompt, params)

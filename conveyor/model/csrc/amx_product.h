@@ -50,11 +50,14 @@ constexpr int64_t kTilePieceStride = 512;
 // row's block size) dequantized to bfloat16 into pieces at `out`.
 using WeightRow = std::function<void(int64_t row, int64_t first, int64_t count, c10::BFloat16* out)>;
 
+// The same values' compact bytes requested from memory ahead of WeightRow's call (may be empty: none).
+using WeightRowPrefetch = std::function<void(int64_t row, int64_t first, int64_t count)>;
+
 // y [rows, out] = x [rows, in] W^T for bfloat16 x and W given by `weight_row` (in a multiple of 32):
 // bfloat16 products summed in float32 (AMX TDPBF16PS), rounded once to bfloat16. Runs on torch's intra-op
 // threads; only where available().
 void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                  const WeightRow& weight_row, c10::BFloat16* y);
+                  const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y);
 
 // W packed in tiles for the B operand: tiles [ceil(out / 32) * 2][in / 32][16 k pairs][16 rows][2], tile t's
 // piece kt holding rows 16 t..16 t + 15 x columns 32 kt..32 kt + 31, pair-interleaved (rows past out_features
