@@ -27,7 +27,7 @@ from test_data_parallel import wait_gone  # noqa: E402
 
 MODEL = "tiny-dp-server"
 ENGINE = dict(dtype="float32", kv_cache_memory=4 * 2**20, max_model_len=512)
-TIMEOUT = httpx.Timeout(60.0)
+TIMEOUT = 60.0  # seconds: a number, as every openai client takes it (openai 3.x runs on httpx2, not httpx)
 
 
 @pytest.fixture(scope="module")
