@@ -226,6 +226,29 @@ def test_prompt_step_products_on_packed_tiles_give_the_per_chunk_bits(request: p
     assert torch.equal(gate(few), kernels.silu_and_mul(kernels.gguf_linear_amx_parts(few, blocks, kinds, in_features)))
 
 
+def test_busy_decode_steps_fuse_the_silu_gate_into_the_block_product(request: pytest.FixtureRequest) -> None:
+    """Between ROWS_MAX + 1 and packed_rows_min rows (a busy decode step) a SiLU MLP's gate/up is dequantized block by
+    block in interleave_gate_up's order and the activation is applied as the product stores
+    (gguf_silu_gate_amx_parts): the same bits as the row product then silu_and_mul, for a stack of three types whose
+    gate and up halves each span two parts, an odd number of 32-row blocks, and inputs of one and of two panels."""
+    kernels = _amx(request)
+    for in_features in (512, 2048 + 256):
+        parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in (("Q4_K", 40), ("Q6_K", 24),
+                                                                             ("Q8_0", 32))]
+        blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
+        gate = GGUFSiluGate(GGUFProjection(RowStack(tuple(parts)), None, kernels))  # type: ignore[arg-type]
+        assert gate.inner == 48
+        for rows in (ROWS_MAX + 1, 64, 131):
+            x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]
+            expected = kernels.silu_and_mul(kernels.gguf_linear_amx_parts(x, blocks, kinds, in_features))  # [rows, 48]
+            fused = kernels.gguf_silu_gate_amx_parts(x, blocks, kinds, in_features)
+            assert torch.equal(fused.view(torch.int16), expected.view(torch.int16)), (in_features, rows)
+            assert torch.equal(gate(x).view(torch.int16), expected.view(torch.int16)), (in_features, rows)
+    x = torch.randn(8, 512).bfloat16()
+    with pytest.raises(RuntimeError, match=r"halves split into 16-row tiles; got 48 rows"):
+        kernels.gguf_silu_gate_amx_parts(x, [random_blocks("Q8_0", 48, 512, seed=1).blocks], [8], 512)
+
+
 def test_engine_prompt_steps_on_packed_tiles_give_the_per_chunk_tokens(tiny_f32_gguf: str, tmp_path: Any,
                                                                        monkeypatch: pytest.MonkeyPatch,
                                                                        request: pytest.FixtureRequest) -> None:

@@ -156,9 +156,11 @@ class GGUFProjection:
 class GGUFSiluGate:
     """silu(x Wg^T) * (x Wu^T) for a SiLU MLP's stacked [Wg; Wu] in GGUF blocks: from packed_rows_min bfloat16 rows
     on (AMX), dequantized into packed tiles with the gate and up rows interleaved and multiplied with the activation
-    applied inside the product (bf16_silu_gate_amx: no [tokens, 2 inner] output written and read back); otherwise
-    the projection, then the native silu_and_mul, as the layer computes it without this. The same bits either way
-    (the fused product rounds as bf16_linear_amx then silu_and_mul would)."""
+    applied inside the product (bf16_silu_gate_amx: no [tokens, 2 inner] output written and read back); from
+    ROWS_MAX + 1 rows below that (AMX), each block of weights dequantized in the same interleaved order and the
+    activation applied as the product stores (gguf_silu_gate_amx_parts); otherwise the projection, then the native
+    silu_and_mul, as the layer computes it without this. The same bits every way (the fused products round as
+    bf16_linear_amx / gguf_linear_amx_parts then silu_and_mul would)."""
 
     def __init__(self, projection: GGUFProjection) -> None:
         self.projection = projection
@@ -175,6 +177,9 @@ class GGUFSiluGate:
         p = self.projection
         if p.packs(x):
             return p.kernels.bf16_silu_gate_amx(x.contiguous(), p.packed(gate_up=True), self.inner)
+        if (p.stacked is not None and x.shape[0] > ROWS_MAX and x.dtype == torch.bfloat16
+                and amx_rows(p.kernels)):  # a busy decode step: dequantized block by block, the activation fused
+            return p.kernels.gguf_silu_gate_amx_parts(x.contiguous(), *p.stacked, p.in_features)
         return p.kernels.silu_and_mul(p(x))
 
     def unpacked(self) -> torch.Tensor:

@@ -199,6 +199,25 @@ void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t 
   }
 }
 
+// Two accumulator tiles C [16 weight rows][16 activation rows], a block's gate rows (gate_sums) and the matching up
+// rows (up_sums), -> y[j, 0..15] = silu(gate) * up for j < m: both transposed in registers, each sum rounded to
+// bfloat16 as a [gate | up] output would be, then silu and the product rounded as silu_and_mul does (store_silu_gate_rows
+// for the accumulators the other way round).
+void store_transposed_silu_pair(const float* gate_sums, const float* up_sums, int64_t m, c10::BFloat16* y,
+                                int64_t y_width) {
+  __m512 gate[16], up[16];
+  for (int i = 0; i < 16; ++i) {
+    gate[i] = _mm512_load_ps(gate_sums + i * kTile);
+    up[i] = _mm512_load_ps(up_sums + i * kTile);
+  }
+  transpose16(gate);
+  transpose16(up);
+  for (int64_t j = 0; j < m; ++j) {
+    const __m512 act = conveyor_vec::silu_times_bf16(conveyor_vec::round_bf16(gate[j]), conveyor_vec::round_bf16(up[j]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j * y_width), conveyor_vec::to_bf16(act));  // [16] bf16
+  }
+}
+
 // One block of 32 weight rows over one panel of columns: two A operands, tile kt of each at + kt * kTileValues.
 struct BlockTiles {
   const c10::BFloat16* first;   // rows 0..15 of the block
@@ -408,6 +427,11 @@ void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t
       store_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, to, y_width, stream && whole_lines);
       continue;
     }
+    if (output == Output::kSiluGate) {  // a block's 32 weight rows: 16 gate rows, then their 16 up rows
+      store_transposed_silu_pair(c + 2 * j * kTile * kTile, c + (2 * j + 1) * kTile * kTile, m,
+                                 y + m_tile * y_width + n0 / 2, y_width);
+      continue;
+    }
     store_transposed_pair(c + 2 * j * kTile * kTile, c + (2 * j + 1) * kTile * kTile, n, m,
                           y + m_tile * y_width + n0, y_width);
   }
@@ -445,7 +469,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   const int64_t y_width = output == Output::kSiluGate ? out_features / 2 : out_features;
   const bool stream = (rows >= kStreamRows || rows * y_width * 2 >= kStreamBytes) &&
                       (output == Output::kProduct ||
-                       (y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
+                       (kWeightsAsB && y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
   std::atomic<int64_t> next_unit{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
     thread_local TileBuffer<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
@@ -598,6 +622,11 @@ void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int
   product(x, rows, in_features, out_features, DequantizedRows{weight_row, prefetch_row, out_features}, y);
 }
 
+void product_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                            const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y) {
+  product(x, rows, in_features, 2 * inner, DequantizedRows{weight_row, prefetch_row, 2 * inner}, y, Output::kSiluGate);
+}
+
 void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
                          const c10::BFloat16* tiles, c10::BFloat16* y) {
   product(x, rows, in_features, out_features, PackedTiles{tiles, in_features / kTileK}, y);
@@ -617,6 +646,8 @@ bool available() { return false; }
 void configure_tiles() {}
 void product_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&, const WeightRowPrefetch&,
                   c10::BFloat16*) {}
+void product_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&,
+                            const WeightRowPrefetch&, c10::BFloat16*) {}
 void product_packed_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*) {}
 void product_packed_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*,
                                    c10::BFloat16*) {}

@@ -59,6 +59,13 @@ using WeightRowPrefetch = std::function<void(int64_t row, int64_t first, int64_t
 void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
                   const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y);
 
+// y [rows, inner] = silu(x Wg^T) * (x Wu^T) for the 2 inner rows of [Wg; Wu] given by `weight_row` in
+// interleave_gate_up's order (block b's rows 0..15 are gate rows 16 b.., rows 16..31 the matching up rows; the caller
+// maps them; inner a multiple of 16): each sum rounds to bfloat16 as product_bf16's would, then silu and the product
+// round as silu_and_mul does (the same function), so the same bits as product_bf16 followed by silu_and_mul.
+void product_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                            const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y);
+
 // W packed in tiles for the B operand: tiles [ceil(out / 32) * 2][in / 32][16 k pairs][16 rows][2], tile t's
 // piece kt holding rows 16 t..16 t + 15 x columns 32 kt..32 kt + 31, pair-interleaved (rows past out_features
 // zero; in a multiple of 32): conveyor.model.layers.pack_bf16_tiles.

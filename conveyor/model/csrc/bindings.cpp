@@ -43,6 +43,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gguf_linear_amx", &gguf_linear_amx, no_gil, "x @ W^T, W in GGUF blocks, bfloat16 x, on AMX tiles (CPU)");
   m.def("gguf_linear_amx_parts", &gguf_linear_amx_parts, no_gil,
         "x @ [W_1; W_2; ...]^T, each W in GGUF blocks of its own type, bfloat16 x, on AMX tiles, one call (CPU)");
+  m.def("gguf_silu_gate_amx_parts", &gguf_silu_gate_amx_parts, no_gil,
+        "silu(x Wg^T) * (x Wu^T) for a [Wg; Wu] stack in GGUF blocks, bfloat16 x, on AMX tiles, one call (CPU)");
   m.def("gguf_pack_tiles", &gguf_pack_tiles, no_gil,
         "A row stack of GGUF matrices -> bfloat16 AMX tiles as pack_bf16_tiles lays them out, into `tiles` (CPU)");
 }

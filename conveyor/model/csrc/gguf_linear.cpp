@@ -305,18 +305,23 @@ void check_amx(const char* op) {
               "grants tile data; this CPU or build has none: use gguf_linear_tiles");
 }
 
+// x checked for the AMX products of a row stack (bfloat16, in_features wide, AMX here) -> x contiguous [rows, in].
+torch::Tensor amx_input(const torch::Tensor& x, int64_t in_features, const char* op) {
+  check_x(x, in_features);
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, op, " multiplies bfloat16 activations, got ", x.scalar_type(),
+              "; use gguf_linear_tiles for float32 ones");
+  check_amx(op);
+  return x.contiguous();
+}
+
 }  // namespace
 
 torch::Tensor gguf_linear_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
                                     const std::vector<int64_t>& kinds, int64_t in_features) {
   int64_t out_features = 0;
   const std::vector<Part> parts = stack_parts(blocks, kinds, in_features, "gguf_linear_amx_parts", &out_features);
-  check_x(x, in_features);
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "gguf_linear_amx multiplies bfloat16 activations, got ",
-              x.scalar_type(), "; use gguf_linear_tiles for float32 ones");
-  check_amx("gguf_linear_amx");
-  const int64_t rows = x.size(0);
-  const torch::Tensor xc = x.contiguous();  // [rows, in]
+  const torch::Tensor xc = amx_input(x, in_features, "gguf_linear_amx");  // [rows, in]
+  const int64_t rows = xc.size(0);
   auto y = torch::empty({rows, out_features}, x.options());  // [rows, out]
   if (rows == 0 || out_features == 0) return y;
   conveyor_amx::product_bf16(
@@ -325,6 +330,28 @@ torch::Tensor gguf_linear_amx_parts(const torch::Tensor& x, const std::vector<to
         dequantize_stack_row(parts, n, first, count, out);
       },
       [&](int64_t n, int64_t first, int64_t count) { prefetch_stack_row(parts, n, first, count); },
+      y.data_ptr<c10::BFloat16>());
+  return y;
+}
+
+torch::Tensor gguf_silu_gate_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
+                                       const std::vector<int64_t>& kinds, int64_t in_features) {
+  int64_t out_features = 0;
+  const std::vector<Part> parts = stack_parts(blocks, kinds, in_features, "gguf_silu_gate_amx_parts", &out_features);
+  const torch::Tensor xc = amx_input(x, in_features, "gguf_silu_gate_amx_parts");  // [rows, in]
+  TORCH_CHECK(out_features % 32 == 0, "gguf_silu_gate_amx_parts takes a [gate; up] stack whose halves split into "
+              "16-row tiles; got ", out_features, " rows");
+  const int64_t rows = xc.size(0), inner = out_features / 2;
+  auto y = torch::empty({rows, inner}, x.options());  // [rows, inner]
+  if (rows == 0) return y;
+  // interleave_gate_up's order: the product's block b holds gate rows 16 b..16 b + 15, then the matching up rows
+  const auto stack_row_of = [inner](int64_t n) { return n / 32 * 16 + n % 16 + (n % 32 >= 16 ? inner : 0); };
+  conveyor_amx::product_silu_gate_bf16(
+      xc.data_ptr<c10::BFloat16>(), rows, in_features, inner,
+      [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {
+        dequantize_stack_row(parts, stack_row_of(n), first, count, out);
+      },
+      [&](int64_t n, int64_t first, int64_t count) { prefetch_stack_row(parts, stack_row_of(n), first, count); },
       y.data_ptr<c10::BFloat16>());
   return y;
 }

@@ -49,5 +49,7 @@ bool gguf_amx_available();
 torch::Tensor gguf_linear_amx(const torch::Tensor& x, const torch::Tensor& blocks, int64_t kind, int64_t in_features);
 torch::Tensor gguf_linear_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
                                     const std::vector<int64_t>& kinds, int64_t in_features);
+torch::Tensor gguf_silu_gate_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
+                                       const std::vector<int64_t>& kinds, int64_t in_features);
 void gguf_pack_tiles(const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& kinds,
                      int64_t in_features, bool gate_up, torch::Tensor& tiles);
