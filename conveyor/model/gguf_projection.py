@@ -127,7 +127,7 @@ class GGUFProjection:
         if self.packs(x):
             y = self.kernels.bf16_linear_amx(x, self.packed(gate_up=False), self.out_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
-        if self.stacked is not None and x.dtype == torch.bfloat16 and amx_rows(self.kernels):
+        if self.multiplies_blocks(x):
             y = self.kernels.gguf_linear_amx_parts(x, *self.stacked, self.in_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
         outs = [self._part(p, x) for p in self.parts]  # each [tokens, part rows]
@@ -139,6 +139,12 @@ class GGUFProjection:
         more, AMX here."""
         return (self.stacked is not None and x.dtype == torch.bfloat16
                 and x.shape[0] >= packed_rows_min(self.in_features) and amx_rows(self.kernels))
+
+    def multiplies_blocks(self, x: torch.Tensor) -> bool:
+        """Whether a product with x (short of packed_rows_min rows) dequantizes the stack block by block on AMX tiles
+        (gguf_linear_amx_parts): all parts in blocks, more than ROWS_MAX bfloat16 rows, AMX here."""
+        return (self.stacked is not None and x.shape[0] > ROWS_MAX and x.dtype == torch.bfloat16
+                and amx_rows(self.kernels))
 
     def packed(self, gate_up: bool) -> torch.Tensor:
         """The stack in this thread's scratch of packed tiles (packed_tiles), gate and up rows interleaved where
@@ -177,8 +183,7 @@ class GGUFSiluGate:
         p = self.projection
         if p.packs(x):
             return p.kernels.bf16_silu_gate_amx(x.contiguous(), p.packed(gate_up=True), self.inner)
-        if (p.stacked is not None and x.shape[0] > ROWS_MAX and x.dtype == torch.bfloat16
-                and amx_rows(p.kernels)):  # a busy decode step: dequantized block by block, the activation fused
+        if p.multiplies_blocks(x):  # a busy decode step: dequantized block by block, the activation fused
             return p.kernels.gguf_silu_gate_amx_parts(x.contiguous(), *p.stacked, p.in_features)
         return p.kernels.silu_and_mul(p(x))
 

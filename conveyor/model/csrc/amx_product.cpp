@@ -179,16 +179,20 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
+// An accumulator tile c [16][16] float32 -> r, transposed: r[j] holds column j of c.
+inline void load_transposed(const float* c, __m512 r[16]) {
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(c + i * kTile);
+  transpose16(r);
+}
+
 // Two accumulator tiles C [16 weight rows][16 activation rows], weight rows 0..15 (c0) and 16..31 (c1) of a block,
 // -> y[j, i] for the valid i < n (up to 32), j < m: both transposed in registers, then one 64-byte store per row.
 void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y,
                            int64_t out_features) {
   __m512 first[16], second[16];
-  for (int i = 0; i < 16; ++i) first[i] = _mm512_load_ps(c0 + i * kTile);
-  transpose16(first);
+  load_transposed(c0, first);
   if (n > kTile) {
-    for (int i = 0; i < 16; ++i) second[i] = _mm512_load_ps(c1 + i * kTile);
-    transpose16(second);
+    load_transposed(c1, second);
   } else {
     for (int i = 0; i < 16; ++i) second[i] = _mm512_setzero_ps();
   }
@@ -206,12 +210,8 @@ void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t 
 void store_transposed_silu_pair(const float* gate_sums, const float* up_sums, int64_t m, c10::BFloat16* y,
                                 int64_t y_width) {
   __m512 gate[16], up[16];
-  for (int i = 0; i < 16; ++i) {
-    gate[i] = _mm512_load_ps(gate_sums + i * kTile);
-    up[i] = _mm512_load_ps(up_sums + i * kTile);
-  }
-  transpose16(gate);
-  transpose16(up);
+  load_transposed(gate_sums, gate);
+  load_transposed(up_sums, up);
   for (int64_t j = 0; j < m; ++j) {
     const __m512 act = conveyor_vec::silu_times_bf16(conveyor_vec::round_bf16(gate[j]), conveyor_vec::round_bf16(up[j]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + j * y_width), conveyor_vec::to_bf16(act));  // [16] bf16
@@ -292,7 +292,7 @@ struct DequantizedRows {
   // a slice is one row's 2048 values, a few hundred nanoseconds of work, about a memory load's latency. Inputs
   // wider than a panel read a panel's share of each row (1152 of 4608 bytes for Q4_K at 8192), runs too short
   // for the hardware's prefetcher: the 1B Q4_K_M file's 16 down projections (2048 x 8192, Q4_K / Q6_K) at 64 rows,
-  // one after another as in a decode step, 41.2-42.7 -> 33.3-36.0 ms; the other projections unchanged (s21).
+  // one after another as in a decode step, 45.2-48.4 -> 36.0-37.4 ms; gate/up 52.5-54.2 -> 50.3-53.1 (s21).
   static constexpr int64_t kPrefetchSlices = 2;
   const WeightRow& weight_row;
   const WeightRowPrefetch& prefetch_row;

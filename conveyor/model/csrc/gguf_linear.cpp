@@ -305,55 +305,57 @@ void check_amx(const char* op) {
               "grants tile data; this CPU or build has none: use gguf_linear_tiles");
 }
 
-// x checked for the AMX products of a row stack (bfloat16, in_features wide, AMX here) -> x contiguous [rows, in].
-torch::Tensor amx_input(const torch::Tensor& x, int64_t in_features, const char* op) {
+// The AMX product of a row stack with x [rows, in] (bfloat16): y = x W^T [rows, out], or where `silu_gate` (W = [Wg; Wu],
+// halves of a multiple of 16 rows) silu(x Wg^T) * (x Wu^T) [rows, out / 2]. `op` names the operation in errors about
+// the stack, `input_op` in those about x.
+torch::Tensor stack_product_amx(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
+                                const std::vector<int64_t>& kinds, int64_t in_features, bool silu_gate, const char* op,
+                                const char* input_op) {
+  int64_t out_features = 0;
+  const std::vector<Part> parts = stack_parts(blocks, kinds, in_features, op, &out_features);
   check_x(x, in_features);
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, op, " multiplies bfloat16 activations, got ", x.scalar_type(),
-              "; use gguf_linear_tiles for float32 ones");
-  check_amx(op);
-  return x.contiguous();
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, input_op, " multiplies bfloat16 activations, got ",
+              x.scalar_type(), "; use gguf_linear_tiles for float32 ones");
+  check_amx(input_op);
+  TORCH_CHECK(!silu_gate || out_features % 32 == 0, op, " takes a [gate; up] stack whose halves split into 16-row "
+              "tiles; got ", out_features, " rows");
+  const torch::Tensor xc = x.contiguous();  // [rows, in]
+  const int64_t rows = xc.size(0), inner = out_features / 2;
+  auto y = torch::empty({rows, silu_gate ? inner : out_features}, x.options());  // [rows, out or inner]
+  if (rows == 0 || out_features == 0) return y;
+  // The product's weight row n: the stack's own, or in interleave_gate_up's order (block b: gate rows 16 b..16 b + 15,
+  // then the matching up rows).
+  const auto stack_row_of = [silu_gate, inner](int64_t n) {
+    return silu_gate ? n / 32 * 16 + n % 16 + (n % 32 >= 16 ? inner : 0) : n;
+  };
+  const conveyor_amx::WeightRow weight_row = [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {
+    dequantize_stack_row(parts, stack_row_of(n), first, count, out);
+  };
+  const conveyor_amx::WeightRowPrefetch prefetch_row = [&](int64_t n, int64_t first, int64_t count) {
+    prefetch_stack_row(parts, stack_row_of(n), first, count);
+  };
+  const c10::BFloat16* xp = xc.data_ptr<c10::BFloat16>();
+  if (silu_gate) {
+    conveyor_amx::product_silu_gate_bf16(xp, rows, in_features, inner, weight_row, prefetch_row,
+                                         y.data_ptr<c10::BFloat16>());
+  } else {
+    conveyor_amx::product_bf16(xp, rows, in_features, out_features, weight_row, prefetch_row,
+                               y.data_ptr<c10::BFloat16>());
+  }
+  return y;
 }
 
 }  // namespace
 
 torch::Tensor gguf_linear_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
                                     const std::vector<int64_t>& kinds, int64_t in_features) {
-  int64_t out_features = 0;
-  const std::vector<Part> parts = stack_parts(blocks, kinds, in_features, "gguf_linear_amx_parts", &out_features);
-  const torch::Tensor xc = amx_input(x, in_features, "gguf_linear_amx");  // [rows, in]
-  const int64_t rows = xc.size(0);
-  auto y = torch::empty({rows, out_features}, x.options());  // [rows, out]
-  if (rows == 0 || out_features == 0) return y;
-  conveyor_amx::product_bf16(
-      xc.data_ptr<c10::BFloat16>(), rows, in_features, out_features,
-      [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {
-        dequantize_stack_row(parts, n, first, count, out);
-      },
-      [&](int64_t n, int64_t first, int64_t count) { prefetch_stack_row(parts, n, first, count); },
-      y.data_ptr<c10::BFloat16>());
-  return y;
+  return stack_product_amx(x, blocks, kinds, in_features, false, "gguf_linear_amx_parts", "gguf_linear_amx");
 }
 
 torch::Tensor gguf_silu_gate_amx_parts(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks,
                                        const std::vector<int64_t>& kinds, int64_t in_features) {
-  int64_t out_features = 0;
-  const std::vector<Part> parts = stack_parts(blocks, kinds, in_features, "gguf_silu_gate_amx_parts", &out_features);
-  const torch::Tensor xc = amx_input(x, in_features, "gguf_silu_gate_amx_parts");  // [rows, in]
-  TORCH_CHECK(out_features % 32 == 0, "gguf_silu_gate_amx_parts takes a [gate; up] stack whose halves split into "
-              "16-row tiles; got ", out_features, " rows");
-  const int64_t rows = xc.size(0), inner = out_features / 2;
-  auto y = torch::empty({rows, inner}, x.options());  // [rows, inner]
-  if (rows == 0) return y;
-  // interleave_gate_up's order: the product's block b holds gate rows 16 b..16 b + 15, then the matching up rows
-  const auto stack_row_of = [inner](int64_t n) { return n / 32 * 16 + n % 16 + (n % 32 >= 16 ? inner : 0); };
-  conveyor_amx::product_silu_gate_bf16(
-      xc.data_ptr<c10::BFloat16>(), rows, in_features, inner,
-      [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {
-        dequantize_stack_row(parts, stack_row_of(n), first, count, out);
-      },
-      [&](int64_t n, int64_t first, int64_t count) { prefetch_stack_row(parts, stack_row_of(n), first, count); },
-      y.data_ptr<c10::BFloat16>());
-  return y;
+  return stack_product_amx(x, blocks, kinds, in_features, true, "gguf_silu_gate_amx_parts",
+                           "gguf_silu_gate_amx_parts");
 }
 
 void gguf_pack_tiles(const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& kinds,
