@@ -26,6 +26,9 @@ from conveyor.model.runner import ModelRunner, PreparedStep, StepOutput
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--profile", action="store_true", help="also profile one decode and one prefill step by op")
+    parser.add_argument("--profile-layers", action="store_true",
+                        help="profile the decode steps' layers kernel by kernel (the Python loop instead of the one "
+                             "native decode_layers call, so each kernel has its row; the W1 timing above is unchanged)")
     parser.add_argument("--async-batching", default="auto")
     parser.add_argument("--model", default=None)
     parser.add_argument("--input-len", default="32:256", help="prompt lengths, LO:HI (the 1B W1: 32:128)")
@@ -84,7 +87,7 @@ def main() -> None:
         print(f"    prefill step: {n} tokens ({d} decode rows) {s * 1e3:.1f} ms")
 
     if args.profile:
-        profile_steps(engine, workload)
+        profile_steps(engine, workload, decode_stack=not args.profile_layers)
     engine.close()
 
 
@@ -106,7 +109,7 @@ class _Labelled:
         return call
 
 
-def profile_steps(engine: Engine, workload) -> None:
+def profile_steps(engine: Engine, workload, decode_stack: bool = True) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     model = engine.runner.model
@@ -123,6 +126,12 @@ def profile_steps(engine: Engine, workload) -> None:
                         holder.kernels = labelled
         if getattr(model.lm_head, "kernels", None) is model.kernels:
             model.lm_head.kernels = labelled
+        if not decode_stack:  # the decode step's layers kernel by kernel, each in the table
+            model.decode_stack = None
+        if model.decode_stack is not None:  # the pure-decode steps' layers in one native call
+            model.decode_stack.kernels = labelled
+        if engine.runner.sampling_kernels is model.kernels:
+            engine.runner.sampling_kernels = labelled
     engine.reset_prefix_cache()
     for prompt, params in zip(workload.prompts, workload.params):
         engine.add_request(prompt, params)
