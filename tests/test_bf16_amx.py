@@ -192,3 +192,69 @@ def test_tiny_bf16_model_matches_float32_and_onednn_token_for_token(tmp_path: An
         assert first is None or refs[i].top2_gap[first] < BF16_TIE_GAP, (i, first)
     print(f"tiny bfloat16 on AMX tiles: {ties} of {len(prompts)} sequences diverged at a reference near-tie")
     ours.engine.check_idle()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17, 64, 100, 260])
+@pytest.mark.parametrize("out_features,in_features", [(37, 64), (50, 32), (96, 2048 + 96), (4099, 576)])
+def test_argmax_product_is_the_argmax_of_the_bfloat16_product(rows: int, out_features: int, in_features: int,
+                                                              amx: Any) -> None:
+    """bf16_linear_argmax_amx against torch's max(dim=-1).indices over bf16_linear_amx's output, on one thread and
+    two: small integer weights and inputs (the products are exact, so most rows hold many equal maxima: the first
+    must win), a weight row repeated far away (equal outputs in every row), and, where wide enough, columns of
+    +-inf and NaN (the first NaN wins) that differ row by row. The shapes cover blocks the output width leaves short
+    (37, 50, 4099), one 32-column tile, two input panels, and one to many chunks of rows."""
+    generator = torch.Generator().manual_seed(rows * 7 + out_features)
+    weight = torch.randint(-2, 3, (out_features, in_features), generator=generator).bfloat16()  # [out, in]
+    x = torch.randint(-2, 3, (rows, in_features), generator=generator).bfloat16()  # [rows, in]
+    weight[out_features - 1] = weight[out_features // 3]
+    if out_features > 64:
+        weight[out_features // 2, 5] = float("inf")  # +inf, -inf or (x = 0 there: inf * 0) NaN, row by row
+        weight[17, :2] = 3e38  # products past float32's range: +-inf or NaN, or finite, depending on the row
+    tiles = pack_bf16_tiles(weight)
+    reference = amx.bf16_linear_amx(x, tiles, out_features).max(dim=-1).indices  # [rows]
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            got = amx.bf16_linear_argmax_amx(x, tiles, out_features)  # [rows]
+            assert got.dtype == torch.int64 and torch.equal(got, reference), count
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(Projection(weight, None, amx).first_argmax(x), reference)
+    assert amx.bf16_linear_argmax_amx(x[:0], tiles, out_features).shape == (0,)
+    with pytest.raises(RuntimeError, match="do not hold"):
+        amx.bf16_linear_argmax_amx(x, tiles, out_features + 32)
+
+
+def test_greedy_steps_take_the_argmax_from_the_lm_head_product(tmp_path: Any, amx: Any, monkeypatch: Any) -> None:
+    """A tiny bfloat16 model's greedy requests (alone and batched, with prefill chunks) give the same tokens with the
+    LM head's argmax product as with the logits written and sampled; a request asking for logprobs, and a sampled
+    one, still take the logits."""
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder, tie_word_embeddings=True)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(2, 512, size=n).tolist() for n in (5, 17, 40, 64)]
+    llm = LLM(model=folder, dtype="bfloat16", kernels="native", kv_cache_memory="16MiB", max_model_len=256,
+              max_num_batched_tokens=48)
+    model = llm.engine.runner.model
+    assert model.lm_head.computes_argmax
+    calls = {"fused": 0}
+    fused = type(model).greedy_tokens
+
+    def counted(self: Any, hidden: torch.Tensor) -> Any:
+        tokens = fused(self, hidden)
+        calls["fused"] += tokens is not None
+        return tokens
+
+    monkeypatch.setattr(type(model), "greedy_tokens", counted)
+    got = [_greedy(llm, [p])[0].token_ids for p in prompts[:2]] + [o.token_ids for o in _greedy(llm, prompts)]
+    assert calls["fused"] > 0
+    monkeypatch.setattr(type(model), "greedy_tokens", lambda self, hidden: None)
+    expected = [_greedy(llm, [p])[0].token_ids for p in prompts[:2]] + [o.token_ids for o in _greedy(llm, prompts)]
+    assert got == expected
+    monkeypatch.setattr(type(model), "greedy_tokens", counted)
+    calls["fused"] = 0
+    with_logprobs = _greedy(llm, prompts[:1], logprobs=1)[0]
+    sampled = llm.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0.8, seed=3), use_tqdm=False)
+    assert calls["fused"] == 0 and with_logprobs.token_ids == expected[0] and len(sampled[0].outputs[0].token_ids) == 4
+    llm.engine.check_idle()

@@ -72,6 +72,20 @@ class Projection:
             return torch.addmm(self.bias, x, weight)
         return x @ weight
 
+    @property
+    def computes_argmax(self) -> bool:
+        """Whether first_argmax runs here: bfloat16 weights in AMX tiles on our kernel."""
+        return self.tiles is not None
+
+    def first_argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, in] -> [tokens] int64: each row's first largest value of self(x) (the first NaN where a row
+        has one: torch's max(dim=-1).indices), without writing self(x) (a greedy step's LM head: the logits are
+        never stored and read back). Only where computes_argmax."""
+        if self.tiles is None or self.kernels is None:
+            raise ValueError("first_argmax needs bfloat16 weights packed in AMX tiles on the native kernels; this "
+                             "projection keeps another layout: take the argmax of its output instead")
+        return self.kernels.bf16_linear_argmax_amx(x, self.tiles, self.out_features)
+
     def unpacked(self) -> torch.Tensor:
         """-> W [out, in] with the values this projection multiplies by (a view or a copy); raises for the
         opaque oneDNN pack."""

@@ -143,6 +143,11 @@ class NativeKernels(Protocol):
         rows; raises where bf16_amx_available() is false)."""
         ...
 
+    def bf16_linear_argmax_amx(self, x: torch.Tensor, tiles: torch.Tensor, out_features: int) -> torch.Tensor:
+        """The same operands as bf16_linear_amx -> [rows] int64: argmax_rows(bf16_linear_amx(x, tiles, out_features)),
+        the first NaN, else the first largest value of each row, without writing the product."""
+        ...
+
     def bf16_silu_gate_amx(self, x: torch.Tensor, tiles: torch.Tensor, inner: int) -> torch.Tensor:
         """x [rows, in] bfloat16, tiles of [Wg; Wu] [2 inner, in] from layers.pack_bf16_tiles(interleave_gate_up(W))
         -> silu(x Wg^T) * (x Wu^T) [rows, inner] bfloat16, rounded as bf16_linear_amx then silu_and_mul would."""

@@ -20,7 +20,8 @@ from conveyor.model.attention import DECODE_GROUP_SIZE, AttentionBatch, build_at
 from conveyor.model.llama import LlamaModel
 from conveyor.model.loader import LoadedModel
 from conveyor.model.native import resolve_kernels
-from conveyor.model.sampler import SampleOutput, SamplingKernels, SamplingTensors, raw_logprobs, sample
+from conveyor.model.sampler import (SampleOutput, SamplingKernels, SamplingTensors, plain_greedy, raw_logprobs,
+                                    sample)
 from conveyor.model.sampling_inputs import build_sampling_tensors
 from conveyor.device import DeviceInfo, available_memory
 from conveyor.structured.bitmask import DeferredBitmask
@@ -282,9 +283,14 @@ class ModelRunner:
             hidden = self.model.forward(input_ids, step.positions, step.batch, self.kv_caches)  # [num_tokens, hidden]
         sample_out = prompt_out = None
         if hidden is not None and step.sample_rows is not None and step.sampling is not None:
-            logits = self.model.logits(hidden[step.sample_rows])  # [num_sampled, vocab]
-            sample_out = sample(logits, step.sampling, self._grammar_mask(step), self.sampling_kernels,
-                                logits_owned=True)
+            tokens = self.model.greedy_tokens(hidden[step.sample_rows]) \
+                if step.grammar is None and plain_greedy(step.sampling) else None  # [num_sampled], or None
+            if tokens is not None:
+                sample_out = SampleOutput(tokens)
+            else:
+                logits = self.model.logits(hidden[step.sample_rows])  # [num_sampled, vocab]
+                sample_out = sample(logits, step.sampling, self._grammar_mask(step), self.sampling_kernels,
+                                    logits_owned=True)
         if hidden is not None and step.prompt_rows is not None and step.prompt_targets is not None:
             logits = self.model.logits(hidden[step.prompt_rows])  # [prompt_rows, vocab]
             prompt_out = raw_logprobs(logits, step.prompt_targets, step.prompt_top_n)

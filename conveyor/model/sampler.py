@@ -176,6 +176,12 @@ def _greedy_allowed(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Ten
     return tokens.index_copy_(0, rows, allowed)
 
 
+def plain_greedy(t: SamplingTensors) -> bool:
+    """Every row takes the raw argmax: greedy, with no bias, suppressed token, penalty or logprobs (a grammar is
+    the caller's to check)."""
+    return t.all_greedy and t.bias is None and t.suppress is None and t.penalties is None and t.num_logprobs is None
+
+
 def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor, torch.Tensor] | None = None,
            kernels: SamplingKernels | None = None, logits_owned: bool = False) -> SampleOutput:
     """logits: [rows, vocab] raw model logits, in the model's dtype -> sampled ids [rows] (+ raw
@@ -196,8 +202,7 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
     without writing the mask at all; else masked in place when `logits_owned` (the caller reads
     `logits` no more). Every argmax goes through the native `kernels` too where given (the same ids as
     torch's `max(dim=-1).indices`, ties and NaN included)."""
-    plain = t.bias is None and t.suppress is None and t.penalties is None and t.num_logprobs is None
-    if t.all_greedy and plain:
+    if plain_greedy(t):
         if grammar is not None:
             return SampleOutput(_greedy_allowed(logits, *grammar, kernels, logits_owned))
         return SampleOutput(_first_argmax(logits, kernels))

@@ -403,8 +403,64 @@ void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, c10::BFlo
 }
 
 // What a product writes: y = x W^T, or (weights packed in place, rows interleaved by interleave_gate_up) the gated
-// activation silu(x Wg^T) * (x Wu^T), half as wide.
-enum class Output { kProduct, kSiluGate };
+// activation silu(x Wg^T) * (x Wu^T), half as wide, or (weights packed in place) no y at all: each row's first
+// largest value of y, as argmax over the bfloat16 y would find it (RowArgmax).
+enum class Output { kProduct, kSiluGate, kArgmax };
+
+// Output::kArgmax: one thread's running argmax of each row of y, in 16 lanes per row ([rows][16] values and
+// indices): lane l holds the best of the columns l, l + 16, l + 32, ... the thread has seen so far, each value
+// rounded to bfloat16 first (the value y would hold). A thread sees a row's blocks in ascending order (its units
+// ascend), so a lane keeps the first of equal values by taking only a strictly larger one; a NaN (the largest for
+// torch's max) replaces any number and is never replaced. Index -1: nothing seen yet.
+struct RowArgmax {
+  float* values = nullptr;
+  int32_t* indices = nullptr;
+};
+
+// The lanes of every thread, [threads][rows][16] each, merged by product_packed_argmax_bf16 after the product.
+struct ArgmaxLanes {
+  float* values;
+  int32_t* indices;
+  int64_t rows;
+};
+
+// Lanes whose value is a NaN, from the bits (the sources compile with -ffast-math).
+inline __mmask16 nan_lanes(__m512 v) {
+  return _mm512_cmpgt_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)),
+                                 _mm512_set1_epi32(0x7F800000));
+}
+
+// 16 candidates (value, index), the `valid` lanes, folded into 16 running lanes (RowArgmax's rule).
+inline void fold_candidates(__m512& best, __m512i& best_index, __m512 value, __m512i index, __mmask16 valid) {
+  const __mmask16 unset = _mm512_cmplt_epi32_mask(best_index, _mm512_setzero_si512());
+  const __mmask16 larger = _mm512_cmp_ps_mask(value, best, _CMP_GT_OQ) | nan_lanes(value);
+  const __mmask16 take = valid & (unset | (larger & ~nan_lanes(best)));
+  best = _mm512_mask_mov_ps(best, take, value);
+  best_index = _mm512_mask_mov_epi32(best_index, take, index);
+}
+
+// Two accumulator tiles C [16 activation rows][16 weight rows], a block's columns n0..n0 + 15 (c0) and
+// n0 + 16..n0 + 31 (c1), of which the first n are real, -> rows row0..row0 + m - 1 of `best`.
+void fold_argmax_rows(const float* c0, const float* c1, int64_t n, int64_t m, int64_t row0, int64_t n0,
+                      const RowArgmax& best) {
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i first = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(n0)));
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(static_cast<int32_t>(kTile)));
+  const __mmask16 valid_first = conveyor_vec::tail_mask(n);
+  const __mmask16 valid_second = n > kTile ? conveyor_vec::tail_mask(n - kTile) : __mmask16{0};
+  for (int64_t j = 0; j < m; ++j) {
+    float* values = best.values + (row0 + j) * kTile;
+    int32_t* indices = best.indices + (row0 + j) * kTile;
+    __m512 v = _mm512_load_ps(values);
+    __m512i i = _mm512_load_si512(indices);
+    fold_candidates(v, i, conveyor_vec::round_bf16(_mm512_load_ps(c0 + j * kTile)), first, valid_first);
+    if (valid_second != 0) {
+      fold_candidates(v, i, conveyor_vec::round_bf16(_mm512_load_ps(c1 + j * kTile)), second, valid_second);
+    }
+    _mm512_store_ps(values, v);
+    _mm512_store_si512(indices, i);
+  }
+}
 
 // The accumulators of one pair of activation tiles (t, t + 1 where `two`) x one block of weights, the pair's
 // four tiles at c, -> y [rows, y_width] (rows m0 + 16 t.., the block's columns n0..n0 + n - 1, or n0 / 2..
@@ -413,9 +469,13 @@ enum class Output { kProduct, kSiluGate };
 // next, odd block's.
 template <bool kWeightsAsB>
 void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, c10::BFloat16* y,
-                int64_t y_width, bool stream, Output output, c10::BFloat16* staged) {
+                int64_t y_width, bool stream, Output output, c10::BFloat16* staged, const RowArgmax& best) {
   for (int64_t j = 0; j < (two ? 2 : 1); ++j) {  // activation tile
     const int64_t m_tile = m_first + j * kTile, m = std::min(kTile, rows - m_tile);
+    if (kWeightsAsB && output == Output::kArgmax) {
+      fold_argmax_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, m_tile, n0, best);
+      continue;
+    }
     if (kWeightsAsB && output == Output::kSiluGate) {
       store_silu_gate_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, m, y + m_tile * y_width + n0 / 2,
                            y_width, n0 / kBlockN % 2 == 1, stream ? staged + j * kTile * kTile : nullptr);
@@ -445,7 +505,8 @@ int64_t chunk_rows_for(int64_t in_features) {
 
 template <typename Weights>
 void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-             const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct) {
+             const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct,
+             const ArgmaxLanes* argmax = nullptr) {
   constexpr bool kWeightsAsB = Weights::kWeightsAsB, kReadsInPlace = Weights::kReadsInPlace;
   const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
   const int64_t panel_values = std::min(in_features, kPanelValues), chunk_rows = chunk_rows_for(in_features);
@@ -467,7 +528,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // its first block meanwhile), each thread packing the chunk it works on itself: no barrier inside a call, so
   // that on a shared machine a thread waiting for its core holds up no other.
   const int64_t y_width = output == Output::kSiluGate ? out_features / 2 : out_features;
-  const bool stream = (rows >= kStreamRows || rows * y_width * 2 >= kStreamBytes) &&
+  const bool stream = output != Output::kArgmax && (rows >= kStreamRows || rows * y_width * 2 >= kStreamBytes) &&
                       (output == Output::kProduct ||
                        (kWeightsAsB && y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
   std::atomic<int64_t> next_unit{0};
@@ -486,6 +547,11 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
     staged.resize(output == Output::kSiluGate && stream ? chunk_pairs * 2 * kTile * kTile : 0);
     const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
     int64_t packed_m0 = -1;  // the chunk packed_storage holds
+    RowArgmax best;  // Output::kArgmax: this thread's lanes
+    if (argmax != nullptr) {
+      const int64_t offset = at::get_thread_num() * argmax->rows * kTile;
+      best = {argmax->values + offset, argmax->indices + offset};
+    }
     configure_tiles();
     int64_t unit = next_unit++;
     while (unit < units) {
@@ -514,7 +580,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
       const auto store_pending = [&] {
         if (pending.sums == nullptr) return;
         store_pair<kWeightsAsB>(pending.sums, pending.two, pending.m_first, rows, pending.n0, pending.n, y, y_width,
-                             stream, output, pending.staged);
+                             stream, output, pending.staged, best);
         pending.sums = nullptr;
       };
       for (int64_t p = 0; p < panels; ++p) {
@@ -637,6 +703,50 @@ void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t
   product(x, rows, in_features, 2 * inner, PackedTiles{tiles, in_features / kTileK}, y, Output::kSiluGate);
 }
 
+namespace {
+
+inline bool is_nan(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return (bits & 0x7FFFFFFFu) > 0x7F800000u;
+}
+
+// Whether candidate (value, index) comes before the best so far (index -1: none) in torch's max(dim).indices
+// order: the first NaN, else the first largest value.
+inline bool comes_first(float value, int32_t index, float best, int32_t best_index) {
+  if (best_index < 0) return true;
+  const bool value_nan = is_nan(value), best_nan = is_nan(best);
+  if (value_nan != best_nan) return value_nan;
+  if (value_nan || value == best) return index < best_index;
+  return value > best;
+}
+
+}  // namespace
+
+void product_packed_argmax_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                                const c10::BFloat16* tiles, int64_t* tokens) {
+  const int64_t threads = at::get_num_threads();
+  TileBuffer<float> values(threads * rows * kTile, 0.f);
+  TileBuffer<int32_t> indices(threads * rows * kTile, -1);
+  const ArgmaxLanes lanes{values.data(), indices.data(), rows};
+  product(x, rows, in_features, out_features, PackedTiles{tiles, in_features / kTileK}, nullptr, Output::kArgmax,
+          &lanes);
+  for (int64_t r = 0; r < rows; ++r) {
+    float best = 0.f;
+    int32_t best_index = -1;
+    for (int64_t t = 0; t < threads; ++t) {
+      for (int64_t l = 0; l < kTile; ++l) {
+        const int64_t at = (t * rows + r) * kTile + l;
+        if (indices[at] >= 0 && comes_first(values[at], indices[at], best, best_index)) {
+          best = values[at];
+          best_index = indices[at];
+        }
+      }
+    }
+    tokens[r] = best_index;
+  }
+}
+
 }  // namespace conveyor_amx
 
 #else
@@ -651,6 +761,7 @@ void product_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, con
 void product_packed_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*) {}
 void product_packed_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*,
                                    c10::BFloat16*) {}
+void product_packed_argmax_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, int64_t*) {}
 }  // namespace conveyor_amx
 
 #endif

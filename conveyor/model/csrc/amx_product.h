@@ -82,4 +82,10 @@ void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_featur
 void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
                                    const c10::BFloat16* tiles, c10::BFloat16* y);
 
+// Each row's first largest value of x W^T for bfloat16 weights packed as for product_packed_bf16: tokens [rows]
+// = argmax over the bfloat16 product (the first NaN, else the first largest; torch's max(dim).indices), without
+// writing the product: a greedy decode step's LM head and argmax in one pass over the weights.
+void product_packed_argmax_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                                const c10::BFloat16* tiles, int64_t* tokens);
+
 }  // namespace conveyor_amx

@@ -4,6 +4,9 @@
 //                    summed in float32, rounded once to bfloat16 (as oneDNN's, up to the order of the sums).
 //   bf16_silu_gate_amx: act [rows, inner] = silu(x Wg^T) * (x Wu^T), the gated MLP's first half in one product,
 //                    for [Wg; Wu] packed with its rows interleaved (conveyor.model.layers.interleave_gate_up).
+//   bf16_linear_argmax_amx: tokens [rows] = argmax over y of each row (the first NaN, else the first largest of the
+//                    bfloat16 values bf16_linear_amx would return), y never written: a greedy step's LM head and
+//                    argmax in one pass over the weights.
 #include <torch/extension.h>
 
 #include "amx_product.h"
@@ -53,4 +56,21 @@ torch::Tensor bf16_linear_amx(const torch::Tensor& x, const torch::Tensor& tiles
   conveyor_amx::product_packed_bf16(xc.data_ptr<c10::BFloat16>(), rows, in_features, out_features,
                                     tiles.data_ptr<c10::BFloat16>(), y.data_ptr<c10::BFloat16>());
   return y;
+}
+
+torch::Tensor bf16_linear_argmax_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t out_features) {
+  constexpr int64_t rows_per_block = conveyor_amx::kPackedRowMultiple;
+  check_operands(x, tiles);
+  const int64_t padded_rows = tiles.size(0) * 16;
+  TORCH_CHECK(out_features > 0 && out_features > padded_rows - rows_per_block && out_features <= padded_rows,
+              "tiles of ", padded_rows, " rows (padded to a multiple of ", rows_per_block, ") do not hold ",
+              out_features, " output rows");
+  TORCH_CHECK(out_features <= INT32_MAX, "bf16_linear_argmax_amx takes at most 2^31 - 1 outputs, got ", out_features);
+  const int64_t rows = x.size(0), in_features = x.size(1);
+  const torch::Tensor xc = x.contiguous();  // [rows, in]
+  auto tokens = torch::empty({rows}, x.options().dtype(torch::kInt64));  // [rows]
+  if (rows == 0) return tokens;
+  conveyor_amx::product_packed_argmax_bf16(xc.data_ptr<c10::BFloat16>(), rows, in_features, out_features,
+                                           tiles.data_ptr<c10::BFloat16>(), tokens.data_ptr<int64_t>());
+  return tokens;
 }

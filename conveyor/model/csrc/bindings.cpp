@@ -29,6 +29,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Each row's first largest logit (the first NaN where there is one), as torch's max(dim=-1).indices (CPU)");
   m.def("bf16_amx_available", &bf16_amx_available, "Whether bf16_linear_amx can run here (AMX-BF16 granted)");
   m.def("bf16_linear_amx", &bf16_linear_amx, no_gil, "x @ W^T, W bfloat16 packed in AMX tiles at load (CPU)");
+  m.def("bf16_linear_argmax_amx", &bf16_linear_argmax_amx, no_gil,
+        "argmax over x @ W^T per row, W bfloat16 packed in AMX tiles, the product never written (CPU)");
   m.def("bf16_silu_gate_amx", &bf16_silu_gate_amx, no_gil,
         "silu(x @ Wg^T) * (x @ Wu^T), [Wg; Wu] bfloat16 packed in AMX tiles with rows interleaved (CPU)");
   m.def("decode_layers", &decode_layers, no_gil,

@@ -30,6 +30,7 @@ torch::Tensor argmax_rows(const torch::Tensor& logits);
 bool bf16_amx_available();
 torch::Tensor bf16_linear_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t out_features);
 torch::Tensor bf16_silu_gate_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t inner);
+torch::Tensor bf16_linear_argmax_amx(const torch::Tensor& x, const torch::Tensor& tiles, int64_t out_features);
 torch::Tensor decode_layers(torch::Tensor hidden, const std::vector<torch::Tensor>& input_norms,
                             const std::vector<torch::Tensor>& qkv_tiles, const std::vector<torch::Tensor>& o_tiles,
                             const std::vector<torch::Tensor>& post_norms,
