@@ -20,8 +20,8 @@ cost more in dispatch than in arithmetic. csrc/ holds:
     than torch's GEMM);
   - amx_product.cpp: the product on AMX tiles (Sapphire Rapids and later), for bfloat16 weights packed once
     at load (bf16_linear.cpp: every row count; 1.2-1.9x oneDNN's packed product over all linears of the
-    default model at 1-64 rows, slower on big prefill chunks: benchmarks/RESULTS.md) and for GGUF weights
-    dequantized on the fly;
+    default model at 1-64 rows, slower on big prefill chunks: benchmarks/RESULTS.md; and a greedy step's LM
+    head with its argmax, the logits never written) and for GGUF weights dequantized on the fly;
   - gguf_linear.cpp / gguf_vnni.cpp / gguf_amx.cpp / gguf_dequant.cpp: products with GGUF-quantized
     weights kept in their blocks (few rows: int8 dot products; many rows: AMX tiles where the CPU has them;
     ggml's scalar dequantizers as the reference and the float path);
