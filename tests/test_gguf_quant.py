@@ -281,6 +281,19 @@ def test_engine_prompt_steps_on_packed_tiles_give_the_per_chunk_tokens(tiny_f32_
 
 
 @pytest.mark.parametrize("kind", list(FORMATS))
+def test_tile_dequantization_is_exact(kind: str, request: pytest.FixtureRequest) -> None:
+    """gguf_linear_tiles (the many-rows product where AMX is absent) with one-hot activation rows returns the
+    bfloat16 weights its tiles hold: every type's reference dequantization rounded to bfloat16, whether the row
+    went through the vectorized bfloat16 dequantizer (gguf_bf16.cpp) or the float path."""
+    kernels = _kernels(request)
+    in_features = 3 * FORMATS[kind].block
+    weight = random_blocks(kind, 37, in_features, seed=9)
+    one_hot = torch.eye(in_features).bfloat16()  # [in, in]
+    got = kernels.gguf_linear_tiles(one_hot, weight.blocks, weight.type_id, in_features)  # [in, 37] = W^T
+    assert torch.equal(got, weight.dequantize().bfloat16().t())
+
+
+@pytest.mark.parametrize("kind", list(FORMATS))
 def test_amx_dequantization_is_exact(kind: str, request: pytest.FixtureRequest) -> None:
     """One-hot activation rows pick single weights: the AMX kernel's output is then its dequantized bfloat16
     weights themselves (one exact product, no sum), equal to the reference dequantization rounded to bfloat16,

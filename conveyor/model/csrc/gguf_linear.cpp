@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "gguf_amx.h"
+#include "gguf_bf16.h"
 #include "gguf_dequant.h"
 #include "gguf_vnni.h"
 
@@ -240,8 +241,8 @@ torch::Tensor gguf_linear_tiles(const torch::Tensor& x, const torch::Tensor& blo
       const int64_t n0 = t * tile_rows, n = std::min(tile_rows, out_features - n0);
       for (int64_t r = 0; r < n; ++r) {
         if (x.scalar_type() == torch::kBFloat16 && conveyor_gguf::bf16_kind(kind)) {
-          conveyor_gguf::dequantize_row_bf16(kind, bp + (n0 + r) * row_bytes, in_features,
-                                             tile.data_ptr<c10::BFloat16>() + r * in_features);
+          conveyor_gguf::dequantize_pieces(kind, bp + (n0 + r) * row_bytes, in_features,
+                                           tile.data_ptr<c10::BFloat16>() + r * in_features, 32);  // one row
           continue;
         }
         dequant_row(f, bp + (n0 + r) * row_bytes, in_features, w.data());

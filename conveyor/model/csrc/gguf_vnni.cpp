@@ -5,8 +5,7 @@
 // block's scale in float; Q4_K, Q5_K and Q6_K run vpmaddubsw (16-bit pair sums) then vpdpwssd by the 16-bit sub-block
 // scale, so that a whole super-block is summed in integers, and unpack each weight block once for up to
 // kDotRowsMax activation rows. Types: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (every kept-compact one).
-// Also whole rows dequantized straight to bfloat16 with AVX-512 (Q8_0, Q4_0, Q4_K, Q6_K) for the tiles of
-// gguf_linear_tiles (rounded as torch rounds: to nearest even).
+// (Rows dequantized to bfloat16 for gguf_linear_tiles' tiles: gguf_bf16.cpp.)
 //
 // An activation quantized so differs from x by at most half its block's step; gguf_linear_rows uses this
 // only for bfloat16 activations (float32 ones keep the exact float path), and the tests bound the error so.
@@ -244,85 +243,7 @@ void dot_q6_k(const uint8_t* row, int64_t blocks, const QuantizedActivations* x,
   for (int m = 0; m < M; ++m) out[m] = _mm512_reduce_add_ps(acc[m]);
 }
 
-inline void store_bf16(c10::BFloat16* dst, __m512 v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
-}
-
-inline __m512 bytes16(const uint8_t* p) {  // 16 unsigned bytes -> 16 int32 lanes (as integers)
-  return _mm512_castsi512_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-}
-
-inline __m512i ints16(const uint8_t* p) {
-  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-void bf16_q8_0(const uint8_t* b, c10::BFloat16* y) {
-  const __m512 d = _mm512_set1_ps(half_at(b));
-  for (int h = 0; h < 2; ++h)
-    store_bf16(y + 16 * h, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * h))))));
-}
-
-void bf16_q4_0(const uint8_t* b, c10::BFloat16* y) {
-  const __m512 d = _mm512_set1_ps(half_at(b));
-  const __m512i q = ints16(b + 2), low4 = _mm512_set1_epi32(0xF), eight = _mm512_set1_epi32(8);
-  store_bf16(y, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(q, low4), eight))));
-  store_bf16(y + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight))));
-}
-
-void bf16_q4_k(const uint8_t* b, c10::BFloat16* y) {
-  const float d = half_at(b), dmin = half_at(b + 2);
-  const __m512i low4 = _mm512_set1_epi32(0xF);
-  const uint8_t* q = b + 16;
-  for (int j = 0; j < 4; ++j, q += 32, y += 64) {
-    int sc, m;
-    scale_min_k4(2 * j, b + 4, &sc, &m);
-    const __m512 d1 = _mm512_set1_ps(d * sc), m1 = _mm512_set1_ps(-dmin * m);
-    scale_min_k4(2 * j + 1, b + 4, &sc, &m);
-    const __m512 d2 = _mm512_set1_ps(d * sc), m2 = _mm512_set1_ps(-dmin * m);
-    for (int h = 0; h < 2; ++h) {
-      const __m512i v = ints16(q + 16 * h);
-      store_bf16(y + 16 * h, _mm512_fmadd_ps(d1, _mm512_cvtepi32_ps(_mm512_and_si512(v, low4)), m1));
-      store_bf16(y + 32 + 16 * h, _mm512_fmadd_ps(d2, _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), m2));
-    }
-  }
-}
-
-void bf16_q6_k(const uint8_t* b, c10::BFloat16* y) {
-  const float d = half_at(b + 208);
-  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const __m512i low4 = _mm512_set1_epi32(0xF), low2 = _mm512_set1_epi32(3), off = _mm512_set1_epi32(32);
-  const uint8_t* ql = b;
-  const uint8_t* qh = b + 128;
-  for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128) {
-    for (int h = 0; h < 2; ++h) {
-      const __m512i l0 = ints16(ql + 16 * h), l1 = ints16(ql + 32 + 16 * h), hb = ints16(qh + 16 * h);
-      const __m512i q1 = _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_slli_epi32(_mm512_and_si512(hb, low2), 4));
-      const __m512i q2 = _mm512_or_si512(_mm512_and_si512(l1, low4),
-                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hb, 2), low2), 4));
-      const __m512i q3 = _mm512_or_si512(_mm512_srli_epi32(l0, 4),
-                                         _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(hb, 4), low2), 4));
-      const __m512i q4 = _mm512_or_si512(_mm512_srli_epi32(l1, 4), _mm512_slli_epi32(_mm512_srli_epi32(hb, 6), 4));
-      const __m512i qs[4] = {q1, q2, q3, q4};
-      for (int i = 0; i < 4; ++i)
-        store_bf16(y + 32 * i + 16 * h, _mm512_mul_ps(_mm512_set1_ps(d * sc[h + 2 * i]),
-                                                      _mm512_cvtepi32_ps(_mm512_sub_epi32(qs[i], off))));
-    }
-  }
-}
-
 }  // namespace
-
-bool bf16_kind(int64_t kind) { return kind == 2 || kind == 8 || kind == 12 || kind == 14; }
-
-void dequantize_row_bf16(int64_t kind, const uint8_t* row, int64_t in_features, c10::BFloat16* y) {
-  switch (kind) {
-    case 2: for (int64_t k = 0; k < in_features; k += 32, row += 18) bf16_q4_0(row, y + k); break;
-    case 8: for (int64_t k = 0; k < in_features; k += 32, row += 34) bf16_q8_0(row, y + k); break;
-    case 12: for (int64_t k = 0; k < in_features; k += 256, row += 144) bf16_q4_k(row, y + k); break;
-    default: for (int64_t k = 0; k < in_features; k += 256, row += 210) bf16_q6_k(row, y + k); break;
-  }
-}
 
 bool vnni_kind(int64_t kind) {
   switch (kind) {
@@ -423,8 +344,6 @@ void vnni_dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const 
 #else  // no AVX-512 VNNI: gguf_linear_rows takes the float path for every type
 
 namespace conveyor_gguf {
-bool bf16_kind(int64_t) { return false; }
-void dequantize_row_bf16(int64_t, const uint8_t*, int64_t, c10::BFloat16*) {}
 bool vnni_kind(int64_t) { return false; }
 QuantizedActivations quantize_activations(const float*, int64_t, const ActivationBuffer&) { return {}; }
 void vnni_dot_rows(int64_t, const uint8_t*, int64_t, const QuantizedActivations*, int64_t, float*) {}

@@ -48,10 +48,4 @@ constexpr int64_t kDotRowsMax = 4;
 void vnni_dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x,
                    int64_t rows, float* out);
 
-// Whether GGML type id `kind` has a vectorized dequantization to bfloat16 here.
-bool bf16_kind(int64_t kind);
-
-// One row of `in_features` weights of type `kind` (bf16_kind) -> bfloat16.
-void dequantize_row_bf16(int64_t kind, const uint8_t* row, int64_t in_features, c10::BFloat16* y);
-
 }  // namespace conveyor_gguf
