@@ -281,30 +281,19 @@ def test_engine_prompt_steps_on_packed_tiles_give_the_per_chunk_tokens(tiny_f32_
 
 
 @pytest.mark.parametrize("kind", list(FORMATS))
-def test_tile_dequantization_is_exact(kind: str, request: pytest.FixtureRequest) -> None:
-    """gguf_linear_tiles (the many-rows product where AMX is absent) with one-hot activation rows returns the
-    bfloat16 weights its tiles hold: every type's reference dequantization rounded to bfloat16, whether the row
-    went through the vectorized bfloat16 dequantizer (gguf_bf16.cpp) or the float path."""
+def test_many_row_dequantization_is_exact(kind: str, request: pytest.FixtureRequest) -> None:
+    """One-hot activation rows pick single weights: the many-rows kernels' outputs are then their dequantized
+    bfloat16 weights themselves (one exact product, no sum), equal to the reference dequantization rounded to
+    bfloat16: gguf_linear_tiles' (where AMX is absent; every type through gguf_bf16.cpp's dequantizer, or the float
+    path where the build has no AVX-512 BF16) and, where AMX is here, gguf_linear_amx's."""
     kernels = _kernels(request)
-    in_features = 3 * FORMATS[kind].block
-    weight = random_blocks(kind, 37, in_features, seed=9)
-    one_hot = torch.eye(in_features).bfloat16()  # [in, in]
-    got = kernels.gguf_linear_tiles(one_hot, weight.blocks, weight.type_id, in_features)  # [in, 37] = W^T
-    assert torch.equal(got, weight.dequantize().bfloat16().t())
-
-
-@pytest.mark.parametrize("kind", list(FORMATS))
-def test_amx_dequantization_is_exact(kind: str, request: pytest.FixtureRequest) -> None:
-    """One-hot activation rows pick single weights: the AMX kernel's output is then its dequantized bfloat16
-    weights themselves (one exact product, no sum), equal to the reference dequantization rounded to bfloat16,
-    and to what the oneDNN tile kernel multiplies by."""
-    kernels = _amx(request)
     in_features = 3 * FORMATS[kind].block
     weight = random_blocks(kind, 37, in_features, seed=7)
     one_hot = torch.eye(in_features).bfloat16()  # [in, in]
-    got = kernels.gguf_linear_amx(one_hot, weight.blocks, weight.type_id, in_features)  # [in, 37] = W^T
-    assert torch.equal(got, weight.dequantize().bfloat16().t())
-    assert torch.equal(got, kernels.gguf_linear_tiles(one_hot, weight.blocks, weight.type_id, in_features))
+    expected = weight.dequantize().bfloat16().t()  # [in, 37] = W^T
+    assert torch.equal(kernels.gguf_linear_tiles(one_hot, weight.blocks, weight.type_id, in_features), expected)
+    if kernels.gguf_amx_available():
+        assert torch.equal(kernels.gguf_linear_amx(one_hot, weight.blocks, weight.type_id, in_features), expected)
 
 
 def test_amx_product_refuses_what_it_cannot_multiply(request: pytest.FixtureRequest) -> None:

@@ -1,4 +1,9 @@
-"""Sync W1 prompt steps: prefill products (>= 1536 rows) through oneDNN on weights unpacked per call, vs ours. Alternating."""
+"""Sync W1 prompt steps: prefill products (>= 1536 rows) through oneDNN (F.linear) against ours, alternating in one
+process. The plain weights are unpacked from the tiles on every call, or with `plain` as the first argument once
+and kept (an experiment only: twice the weight memory).
+
+    flock /work/bench.lock .venv/bin/python prefill_onednn_engine.py [plain]
+"""
 import sys, time, statistics
 import conveyor  # noqa
 import torch
@@ -11,13 +16,21 @@ from conveyor.model.layers import Projection, SiluGateProjection, unpack_bf16_ti
 
 orig_p, orig_s = Projection.__call__, SiluGateProjection.__call__
 THRESH = 1536
+PLAIN = {}
+KEEP = sys.argv[1:] == ["plain"]
+def plain(tiles, out):
+    if not KEEP:
+        return unpack_bf16_tiles(tiles, out)
+    if id(tiles) not in PLAIN:
+        PLAIN[id(tiles)] = unpack_bf16_tiles(tiles, out)
+    return PLAIN[id(tiles)]
 def p_call(self, x):
     if self.tiles is not None and x.shape[0] >= THRESH:
-        return torch.nn.functional.linear(x, unpack_bf16_tiles(self.tiles, self.out_features))
+        return torch.nn.functional.linear(x, plain(self.tiles, self.out_features))
     return orig_p(self, x)
 def s_call(self, x):
     if x.shape[0] >= THRESH:
-        w = unpack_bf16_tiles(self.tiles, 2 * self.inner)  # interleaved gate/up rows
+        w = plain(self.tiles, 2 * self.inner)  # interleaved gate/up rows
         gu = torch.nn.functional.linear(x, w)  # [n, 2 inner] interleaved in 16-row groups
         n = x.shape[0]
         g = gu.view(n, -1, 2, 16)
@@ -32,7 +45,7 @@ def timed(self, step):
     if out.sample is not None: out.sample.tokens.tolist()
     records.append((int(step.input_ids.shape[0]), time.perf_counter() - t)); return out
 ModelRunner._forward = timed
-for rnd in range(3):
+for rnd in range(4):
     for arm in ("ours", "onednn"):
         Projection.__call__, SiluGateProjection.__call__ = (orig_p, orig_s) if arm == "ours" else (p_call, s_call)
         e.reset_prefix_cache(); records.clear()

@@ -705,11 +705,7 @@ void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t
 
 namespace {
 
-inline bool is_nan(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  return (bits & 0x7FFFFFFFu) > 0x7F800000u;
-}
+using conveyor_vec::is_nan;
 
 // Whether candidate (value, index) comes before the best so far (index -1: none) in torch's max(dim).indices
 // order: the first NaN, else the first largest value.

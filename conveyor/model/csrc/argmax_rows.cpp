@@ -17,14 +17,9 @@ namespace {
 
 using conveyor_vec::to_float;
 
-// NaN and -inf from their bit patterns: the sources compile with -ffast-math, under which `v != v` and
-// infinity() are not to be relied on.
-inline bool is_nan(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  return (bits & 0x7FFFFFFFu) > 0x7F800000u;
-}
+using conveyor_vec::is_nan;
 
+// -inf from its bit pattern: the sources compile with -ffast-math, under which infinity() is not to be relied on.
 inline float minus_infinity() {
   const uint32_t bits = 0xFF800000u;
   float v;

@@ -17,12 +17,6 @@ namespace conveyor_gguf {
 
 namespace {
 
-inline float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return _cvtsh_ss(bits);
-}
-
 inline __m256i bf16_bits(__m512 v) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)); }
 
 inline void store_piece(c10::BFloat16* out, __m512 first, __m512 second) {  // 32 floats -> one piece
@@ -89,8 +83,6 @@ void pieces_q5_1(const uint8_t* b, c10::BFloat16* out) {  // d, m, qh, qs[16]: q
   store_lookup32(out, codes_q5(b + 8, qh), _mm512_add_ps(_mm512_mul_ps(iota16(), d), m),
                  _mm512_add_ps(_mm512_mul_ps(iota16_hi(), d), m));
 }
-
-using conveyor_gguf::scale_min_k4;  // ggml's get_scale_min_k4
 
 // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32 = 8 pieces; sub-block 2j the low nibbles of qs[32j..32j+31],
 // 2j + 1 the high ones; each value d sc q - dmin m, looked up among its sub-block's 16. The two sub-blocks of a j

@@ -10,16 +10,10 @@ namespace conveyor_gguf {
 
 namespace {
 
-inline float half_to_float(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-}
-
 // --- one block -> `block` floats -------------------------------------------------------------------
 
 void dequant_q4_0(const uint8_t* b, float* y) {  // d, qs[16]: (q - 8) d
-  const float d = half_to_float(b);
+  const float d = half_at(b);
   const uint8_t* qs = b + 2;
   for (int j = 0; j < 16; ++j) {
     y[j] = static_cast<float>((qs[j] & 0xF) - 8) * d;
@@ -28,7 +22,7 @@ void dequant_q4_0(const uint8_t* b, float* y) {  // d, qs[16]: (q - 8) d
 }
 
 void dequant_q4_1(const uint8_t* b, float* y) {  // d, m, qs[16]: q d + m
-  const float d = half_to_float(b), m = half_to_float(b + 2);
+  const float d = half_at(b), m = half_at(b + 2);
   const uint8_t* qs = b + 4;
   for (int j = 0; j < 16; ++j) {
     y[j] = static_cast<float>(qs[j] & 0xF) * d + m;
@@ -37,7 +31,7 @@ void dequant_q4_1(const uint8_t* b, float* y) {  // d, m, qs[16]: q d + m
 }
 
 void dequant_q5_0(const uint8_t* b, float* y) {  // d, qh (32 high bits), qs[16]: (q - 16) d
-  const float d = half_to_float(b);
+  const float d = half_at(b);
   uint32_t qh;
   std::memcpy(&qh, b + 2, sizeof(qh));
   const uint8_t* qs = b + 6;
@@ -49,7 +43,7 @@ void dequant_q5_0(const uint8_t* b, float* y) {  // d, qh (32 high bits), qs[16]
 }
 
 void dequant_q5_1(const uint8_t* b, float* y) {  // d, m, qh, qs[16]: q d + m
-  const float d = half_to_float(b), m = half_to_float(b + 2);
+  const float d = half_at(b), m = half_at(b + 2);
   uint32_t qh;
   std::memcpy(&qh, b + 4, sizeof(qh));
   const uint8_t* qs = b + 8;
@@ -61,13 +55,13 @@ void dequant_q5_1(const uint8_t* b, float* y) {  // d, m, qh, qs[16]: q d + m
 }
 
 void dequant_q8_0(const uint8_t* b, float* y) {  // d, qs[32] int8: q d
-  const float d = half_to_float(b);
+  const float d = half_at(b);
   const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
 }
 
 void dequant_q4_k(const uint8_t* b, float* y) {  // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32
-  const float d = half_to_float(b), dmin = half_to_float(b + 2);
+  const float d = half_at(b), dmin = half_at(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* q = b + 16;
   for (int j = 0; j < 4; ++j, q += 32, y += 64) {
@@ -82,7 +76,7 @@ void dequant_q4_k(const uint8_t* b, float* y) {  // d, dmin, scales[12], qs[128]
 }
 
 void dequant_q5_k(const uint8_t* b, float* y) {  // d, dmin, scales[12], qh[32], qs[128]
-  const float d = half_to_float(b), dmin = half_to_float(b + 2);
+  const float d = half_at(b), dmin = half_at(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
   const uint8_t* ql = b + 48;
@@ -102,7 +96,7 @@ void dequant_q6_k(const uint8_t* b, float* y) {  // ql[128], qh[64], scales[16] 
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = half_to_float(b + 208);
+  const float d = half_at(b + 208);
   for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, y += 128) {
     for (int l = 0; l < 32; ++l) {
       const int is = l / 16;

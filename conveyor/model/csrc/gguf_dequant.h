@@ -4,11 +4,29 @@
 // Types are named by their GGML type ids; conveyor.model.gguf_quant holds the same table.
 #pragma once
 
+#include <c10/util/Half.h>
+
 #include <cstdint>
+#include <cstring>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace conveyor_gguf {
 
 enum Kind : int64_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
+
+// The float16 scale stored at p (any alignment) as float32: exact either way (vcvtph2ps where F16C is built in).
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof(bits));
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
+}
 
 // The 6-bit scale and minimum of sub-block j (0..7) of a Q4_K / Q5_K block (ggml's get_scale_min_k4).
 inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "gguf_dequant.h"
 #include "gguf_vnni.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && \
@@ -25,12 +26,6 @@
 namespace conveyor_gguf {
 
 namespace {
-
-inline float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, sizeof(bits));
-  return _cvtsh_ss(bits);
-}
 
 // How far ahead of the block being multiplied its weight row is prefetched (rows are read once, in order).
 constexpr int64_t kPrefetchBytes = 2048;
@@ -83,17 +78,6 @@ float dot_nibbles(const uint8_t* row, int64_t blocks, const QuantizedActivations
                   : x.scale[b] * d * static_cast<float>(dot - kOffset * xsum);
   }
   return total;
-}
-
-// The 6-bit scale and minimum of sub-block j of a Q4_K block (ggml's get_scale_min_k4).
-inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
 }
 
 // Q4_K: 8 sub-blocks of 32, w = d sc q - dmin m, against activations quantized per 256 columns (one scale

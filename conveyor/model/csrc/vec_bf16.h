@@ -1,5 +1,5 @@
 // AVX-512 helpers shared by the kernels, in two tiers:
-//   always: to_float, a float32 or bfloat16 value as float32;
+//   always: to_float, a float32 or bfloat16 value as float32; is_nan from the bits;
 //   CONVEYOR_VEC_AVX512 (AVX-512 F/BW/VL): masked loads of 16 bfloat16 or float32 as 16 float32;
 //   CONVEYOR_VEC_BF16 (also AVX512_BF16): rounding back to bfloat16 and a vector exp.
 // Rounding to bfloat16 is round-to-nearest-even (vcvtneps2bf16), as torch rounds.
@@ -8,11 +8,20 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace conveyor_vec {
 
 inline float to_float(float v) { return v; }
 inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+
+// Whether v is a NaN, from its bits: the kernels compile with -ffast-math, under which `v != v` is not to be
+// relied on.
+inline bool is_nan(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return (bits & 0x7FFFFFFFu) > 0x7F800000u;
+}
 
 }  // namespace conveyor_vec
 
