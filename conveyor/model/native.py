@@ -22,9 +22,10 @@ cost more in dispatch than in arithmetic. csrc/ holds:
     at load (bf16_linear.cpp: every row count; 1.2-1.9x oneDNN's packed product over all linears of the
     default model at 1-64 rows, slower on big prefill chunks: benchmarks/RESULTS.md; and a greedy step's LM
     head with its argmax, the logits never written) and for GGUF weights dequantized on the fly;
-  - gguf_linear.cpp / gguf_vnni.cpp / gguf_amx.cpp / gguf_bf16.cpp / gguf_dequant.cpp: products with GGUF-quantized
-    weights kept in their blocks (few rows: int8 dot products; many rows: AMX tiles where the CPU has them;
-    ggml's scalar dequantizers as the reference and the float path);
+  - gguf_linear.cpp / gguf_vnni.cpp / gguf_amx.cpp / gguf_bf16.cpp / gguf_dequant.cpp: products with
+    GGUF-quantized weights kept in their blocks (few rows: int8 dot products; many rows: AMX tiles where the CPU
+    has them, else bfloat16 rows into torch's GEMM; ggml's scalar dequantizers as the reference and the float
+    path);
   - token_bitmask.cpp: structured output's grammar masks applied to the logits in place (one read of
     the masks, one write per forbidden token; torch's ops expand every bit into a float first), and
     a greedy row's argmax over its allowed tokens without the write;
@@ -218,8 +219,9 @@ _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "
                                                             "prefill_attention.cpp", "norm_act.cpp",
                                                             "rotary_cache.cpp", "quant_linear.cpp", "argmax_rows.cpp",
                                                             "f32_linear.cpp", "token_bitmask.cpp",
-                                                            "gguf_linear.cpp", "gguf_vnni.cpp", "gguf_amx.cpp", "gguf_bf16.cpp",
-                                                            "gguf_dequant.cpp", "amx_product.cpp", "bf16_linear.cpp",
+                                                            "gguf_linear.cpp", "gguf_vnni.cpp", "gguf_amx.cpp",
+                                                            "gguf_bf16.cpp", "gguf_dequant.cpp", "amx_product.cpp",
+                                                            "bf16_linear.cpp",
                                                             "decode_layers.cpp")]
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
 """-ffp-contract=off: no fused multiply-adds the source does not write, so that float32 results round
