@@ -4,8 +4,11 @@
 // prefetch hint and distance varied) and "1x4p" (one weight tile x four row tiles, K in panels whose activations
 // stay in L1, accumulators kept in memory between panels, prefetch a fixed distance ahead in the order the
 // weights are consumed). linear() VARIANT 1/2 (groups of blocks, pairs outer, the next group's weights requested
-// spread over the current group's work) and linear14 (1x4, burst prefetch) were earlier arms of the same
-// session, measured the same way. Numbers: RESULTS.md "Session s22".
+// spread over the current group's work), linear14 (1x4, burst prefetch), linear14p (1x4, K panels, prefetch in
+// consumption order) and linear14s (1x4 over the whole K, prefetch in memory order) are the arms measured; main()
+// as committed runs today's loop with and without NEXT (the next block requested during the last pair of row
+// tiles); the other arms' loops in main() are switched off by their bounds (edit them to rerun one).
+// Numbers: RESULTS.md "Session s22".
 //   gcc -O2 -march=native -fopenmp decode_linears_probe.c -o /tmp/dl && flock /work/bench.lock env OMP_NUM_THREADS=2 /tmp/dl
 // 64-row decode linears of the default model (30 layers: qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576)
 // on AMX, weights packed as B, streamed from DRAM. Variants of the loop / prefetch.
@@ -62,6 +65,7 @@ static inline void mult(const bf16* x0, const bf16* x1, const bf16* w0, const bf
   _tile_stored(0, c, 64); _tile_stored(1, c + 256, 64); _tile_stored(2, c + 512, 64); _tile_stored(3, c + 768, 64);
 }
 
+static int NEXT = 0;
 static int VARIANT = 0, GROUP_KB = 512, AHEAD = 8;
 // x packed [row_tiles][kt][16][32]
 static void linear(const bf16* x, const Lin* L, bf16* y) {
@@ -82,6 +86,10 @@ static void linear(const bf16* x, const Lin* L, bf16* y) {
           for (int kt = 0; kt < kt_n; ++kt) {
             if (t == 0 && AHEAD) {
               const char* a = (const char*)(w0 + (kt + AHEAD) * TV); const char* b = (const char*)(w1 + (kt + AHEAD) * TV);
+              for (int l = 0; l < 16; ++l) { pf1(a + l * 64); pf1(b + l * 64); }
+            }
+            if (NEXT && t == rt - 2 && nb + 1 < b1) {  // the next block, during the last pair
+              const char* a = (const char*)(w0 + block_vals + kt * TV); const char* b = (const char*)(w1 + block_vals + kt * TV);
               for (int l = 0; l < 16; ++l) { pfh(a + l * 64); pfh(b + l * 64); }
             }
             _tile_loadd(4, x0 + kt * TV, 64); _tile_loadd(6, w0 + kt * TV, 64); _tile_loadd(5, x1 + kt * TV, 64);
@@ -217,6 +225,39 @@ static void linear14p(const bf16* x, const Lin* L, bf16* y) {
   }
 }
 
+// VARIANT 5: 1x4 over the whole K (accumulators in registers), weights consumed in memory order, prefetch DIST KiB ahead.
+static void linear14s(const bf16* x, const Lin* L, bf16* y) {
+  const int kt_n = L->in / 32, ntiles = L->out / 16;
+#pragma omp parallel
+  {
+    configure();
+    float c[1024] __attribute__((aligned(64)));
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int n0 = ntiles * id / nt, n1 = ntiles * (id + 1) / nt;
+    const char* end = (const char*)(L->w + (size_t)n1 * kt_n * TV);
+    for (int n = n0; n < n1; ++n) {
+      const bf16* w = L->w + (size_t)n * kt_n * TV;
+      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+      for (int kt = 0; kt < kt_n; ++kt) {
+        const char* p = (const char*)(w + (size_t)kt * TV) + (size_t)AHEAD * 1024;
+        if (AHEAD && p < end) for (int l = 0; l < 16; ++l) pfh(p + l * 64);
+        _tile_loadd(4, w + (size_t)kt * TV, 64);
+        _tile_loadd(5, x + (size_t)(0 * kt_n + kt) * TV, 64); _tile_dpbf16ps(0, 5, 4);
+        _tile_loadd(6, x + (size_t)(1 * kt_n + kt) * TV, 64); _tile_dpbf16ps(1, 6, 4);
+        _tile_loadd(7, x + (size_t)(2 * kt_n + kt) * TV, 64); _tile_dpbf16ps(2, 7, 4);
+        _tile_loadd(5, x + (size_t)(3 * kt_n + kt) * TV, 64); _tile_dpbf16ps(3, 5, 4);
+      }
+      _tile_stored(0, c, 64); _tile_stored(1, c + 256, 64); _tile_stored(2, c + 512, 64); _tile_stored(3, c + 768, 64);
+      for (int j = 0; j < 4; ++j)
+        for (int r = 0; r < 16; ++r) {
+          __m256i b = (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(c + j * 256 + r * 16));
+          _mm256_storeu_si256((__m256i*)(y + (size_t)(j * 16 + r) * L->out + n * 16), b);
+        }
+    }
+    _tile_release();
+  }
+}
+
 int main(int argc, char** argv) {
   if (syscall(SYS_arch_prctl, 0x1023, 18)) { puts("no amx"); return 1; }
   const int shapes[4][2] = {{576, 960}, {576, 576}, {576, 3072}, {1536, 576}};
@@ -236,8 +277,8 @@ int main(int argc, char** argv) {
   printf("weights %.1f MB\n", total / 1e6);
   const char* names[] = {"today (stream-ahead 8)", "groups, spread prefetch", "groups + first-group stream-ahead"};
   for (int round = 0; round < 2; ++round) {
-    for (int v = 0; v < 1; ++v) for (int hint = 1; hint <= 1; ++hint) for (int gk = 8; gk <= 8; gk *= 2) {
-      VARIANT = v; HINT = hint; AHEAD = gk;
+    for (int v = 0; v < 4; ++v) for (int hint = 1; hint <= 1; ++hint) for (int gk = 8; gk <= 8; gk *= 2) {
+      VARIANT = 0; NEXT = v > 0; HINT = v == 3 ? 0 : v; AHEAD = gk;
       memset(flush, round, 256 << 20);
       double best = 1e9;
       for (int rep = 0; rep < 3; ++rep) {
@@ -245,7 +286,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 120; ++i) linear(x, &L[i], y);
         t = now() - t; if (t < best) best = t;
       }
-      printf("%-36s hint T%d ahead %4d: %.2f ms (%.1f GB/s)\n", names[v], hint, gk, best * 1e3, total / best / 1e9);
+      printf("%-36s next %d hint T%d ahead %4d: %.2f ms (%.1f GB/s)\n", names[0], NEXT, HINT, gk, best * 1e3, total / best / 1e9);
     }
     for (int p = 8; p <= 64; p *= 8) for (int ah = 0; ah <= -1; ++ah) {
       PANEL = p; AHEAD = ah; memset(flush, round, 256 << 20);
@@ -254,11 +295,11 @@ int main(int argc, char** argv) {
       double th = now(); for (int r = 0; r < 30; ++r) for (int s = 0; s < 4; ++s) linear14(x, &L[s], y); th = now() - th;
       printf("1x4 panels of %2d k tiles, prefetch %d: %.2f ms (%.1f GB/s); one layer hot x30 %.2f ms\n", p, ah, best * 1e3, total / best / 1e9, th * 1e3);
     }
-    for (int p = 4; p <= 8; p += 2) for (HINT = 1; HINT <= 2; ++HINT) for (int ah = 8; ah <= 32; ah *= 2) {
+    for (int p = 64; p <= -1; p += 2) for (HINT = 0; HINT <= 2; ++HINT) for (int ah = (HINT ? 4 : 0); ah <= (HINT ? 64 : 0); ah = ah ? ah * 2 : 1) {
       PANEL = p; AHEAD = ah; memset(flush, round, 256 << 20);
       double best = 1e9;
-      for (int rep = 0; rep < 3; ++rep) { double t = now(); for (int i = 0; i < 120; ++i) linear14p(x, &L[i], y); t = now() - t; if (t < best) best = t; }
-      printf("1x4p panels %d, T%d ahead %2d: %.2f ms (%.1f GB/s)\n", p, HINT, ah, best * 1e3, total / best / 1e9);
+      for (int rep = 0; rep < 3; ++rep) { double t = now(); for (int i = 0; i < 120; ++i) linear14s(x, &L[i], y); t = now() - t; if (t < best) best = t; }
+      printf("1x4s whole K %d, T%d ahead %2d: %.2f ms (%.1f GB/s)\n", p, HINT, ah, best * 1e3, total / best / 1e9);
     }
     AHEAD = 8;
     for (int s = 0; s < 0; ++s) {  // L2-hot: one op repeated
