@@ -276,6 +276,14 @@ std::pair<const Part*, const uint8_t*> stack_row(const std::vector<Part>& parts,
   return {&part, part.blocks + (n - part.first) * part.row_bytes + first / part.format.block * part.format.bytes};
 }
 
+// Row n of a [gate; up] stack of 2 inner rows taken in interleave_gate_up's order -> its row in the stack: 16-row
+// tile t = n / 16 holds gate rows 16 (t / 2).. for even t, the matching up rows for odd t.
+inline int64_t gate_up_stack_row(int64_t n, int64_t inner) {
+  constexpr int64_t kRows = 16;
+  const int64_t t = n / kRows;
+  return t % 2 * inner + t / 2 * kRows + n % kRows;
+}
+
 // Values first..first + count - 1 of output row n of a row stack -> bfloat16 pieces at out (amx_product.h's
 // WeightRow), the float path's values rounded to nearest even.
 void dequantize_stack_row(const std::vector<Part>& parts, int64_t n, int64_t first, int64_t count,
@@ -324,11 +332,8 @@ torch::Tensor stack_product_amx(const torch::Tensor& x, const std::vector<torch:
   const int64_t rows = xc.size(0), inner = out_features / 2;
   auto y = torch::empty({rows, silu_gate ? inner : out_features}, x.options());  // [rows, out or inner]
   if (rows == 0 || out_features == 0) return y;
-  // The product's weight row n: the stack's own, or in interleave_gate_up's order (block b: gate rows 16 b..16 b + 15,
-  // then the matching up rows).
-  const auto stack_row_of = [silu_gate, inner](int64_t n) {
-    return silu_gate ? n / 32 * 16 + n % 16 + (n % 32 >= 16 ? inner : 0) : n;
-  };
+  // The product's weight row n: the stack's own, or in interleave_gate_up's order.
+  const auto stack_row_of = [silu_gate, inner](int64_t n) { return silu_gate ? gate_up_stack_row(n, inner) : n; };
   const conveyor_amx::WeightRow weight_row = [&](int64_t n, int64_t first, int64_t count, c10::BFloat16* out) {
     dequantize_stack_row(parts, stack_row_of(n), first, count, out);
   };
@@ -382,8 +387,7 @@ void gguf_pack_tiles(const std::vector<torch::Tensor>& blocks, const std::vector
     pieces.resize(k_tiles * kValues);
     for (int64_t t = begin; t < end; ++t) {
       for (int64_t r = 0; r < kRows; ++r) {
-        // interleave_gate_up's order: tile 2 j holds gate rows 16 j.., tile 2 j + 1 the up rows 16 j..
-        const int64_t n = gate_up ? t % 2 * inner + t / 2 * kRows + r : t * kRows + r;
+        const int64_t n = gate_up ? gate_up_stack_row(t * kRows + r, inner) : t * kRows + r;
         if (n < out_features) {
           dequantize_stack_row(parts, n, 0, in_features, pieces.data() + r * 32);
         } else {  // rows past the last: zeros, as pack_bf16_tiles pads
