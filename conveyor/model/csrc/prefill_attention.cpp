@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "amx_product.h"
@@ -40,10 +41,13 @@
 namespace {
 
 constexpr int64_t kTile = 16;       // rows of a tile; queries per query tile; keys per K^T tile
-constexpr int64_t kKeyBlock = 32;   // keys per softmax step: one bfloat16 P tile row
+constexpr int64_t kKeyBlock = 32;   // keys of one bfloat16 P tile row (K/V are packed in blocks of 32 keys)
+constexpr int64_t kStepBlocks = 4;  // key blocks per softmax step: one max / sum update and one rescale of the
+                                    // output per 128 keys (per 32: 2.2x the time of a 2048-token prompt's call)
+constexpr int64_t kStepKeys = kKeyBlock * kStepBlocks;
 constexpr int64_t kUnitTiles = 8;   // query tiles per work unit (128 queries)
 constexpr float kExpFloor = -87.f;  // exp(-87) = 1.6e-38, still a normal float
-constexpr float kMasked = -1e30f;   // a masked score, and the running max before the first key: finite, since the
+constexpr float kMaskedScore = -1e30f;   // a masked score, and the running max before the first key: finite, since the
                                     // kernels are built with -ffast-math (no infinities assumed); exp() of it is 0
 
 struct Chunk {
@@ -97,18 +101,24 @@ struct RowSource {
 // 32; keys at or past ctx are zeros.
 void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const RowSource& k_rows, const RowSource& v_rows,
                       int64_t head_dim, uint32_t* kt, uint16_t* vp) {
-  const int64_t d_pairs = head_dim / 2, d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
+  const int64_t d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
   const int64_t valid = std::min(keys, c.ctx);
   alignas(64) c10::BFloat16 buffer[2][256];  // rows read back from an int8 cache (head_dim <= 256, checked)
-  for (int64_t t = first; t < keys; ++t) {
-    uint32_t* kt_tile = kt + ((t - first) / kTile) * d_tiles32 * kTile * kTile;
-    const int64_t col = t % kTile;
-    if (t >= valid) {
-      for (int64_t p = 0; p < d_pairs; ++p) kt_tile[(p / kTile) * kTile * kTile + (p % kTile) * kTile + col] = 0;
-      continue;
+  // K: 16 keys' rows at a time, each 32-value piece (16 pairs) of them transposed in registers into a tile
+  alignas(64) c10::BFloat16 rows[kTile][256];  // rows read back from an int8 cache
+  for (int64_t t0 = first; t0 < keys; t0 += kTile) {
+    uint32_t* kt_tiles = kt + ((t0 - first) / kTile) * d_tiles32 * kTile * kTile;
+    const c10::BFloat16* k_row[kTile];
+    for (int64_t i = 0; i < kTile; ++i) k_row[i] = t0 + i < valid ? k_rows.row(c, t0 + i, rows[i]) : nullptr;
+    for (int64_t dt = 0; dt < d_tiles32; ++dt) {
+      __m512 piece[kTile];  // key i's values dt * 32 .. + 31: 16 pairs
+      for (int64_t i = 0; i < kTile; ++i)
+        piece[i] = k_row[i] != nullptr ? _mm512_castsi512_ps(_mm512_loadu_si512(k_row[i] + dt * 32))
+                                       : _mm512_setzero_ps();
+      transpose16(piece);  // piece[p]: pair p of the 16 keys
+      for (int64_t p = 0; p < kTile; ++p)
+        _mm512_store_ps(reinterpret_cast<float*>(kt_tiles + (dt * kTile + p) * kTile), piece[p]);
     }
-    const uint32_t* k_row = reinterpret_cast<const uint32_t*>(k_rows.row(c, t, buffer[0]));
-    for (int64_t p = 0; p < d_pairs; ++p) kt_tile[(p / kTile) * kTile * kTile + (p % kTile) * kTile + col] = k_row[p];
   }
   // V: key pair j of a block (keys 2j, 2j + 1) -> row j of each d tile, d values interleaved with the pair's
   const __m512i first_half = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38,
@@ -136,11 +146,213 @@ inline int64_t first_key(int64_t first_pos, int64_t window) {
   return window > 0 ? std::max<int64_t>(0, first_pos - window + 1) / kKeyBlock * kKeyBlock : 0;
 }
 
+// scores [16][kStepKeys] = Q . K^T for a softmax step's key tiles (16 keys each; k_tiles: key tile j, d tile dt at
+// + (j * d_tiles32 + dt) * 256), issued a key tile at a time so that they can be spread over the previous step's
+// softmax: the tile unit multiplies while the core runs the vector work. (Issued after it instead, the first
+// product waited ~15% of a 2048-token prompt's call: the tile unit left idle for the ~1000 cycles of a softmax
+// step is slow to start again.) Key tile j sums in tile 4 + j % 4, stored once it is needed again or at the end; Q
+// and K^T go through tiles 0 / 1 (even d tiles) and 2 / 3 (odd).
+class ScoreIssuer {
+ public:
+  ScoreIssuer(const c10::BFloat16* q_tiles, const uint32_t* k_tiles, int64_t d_tiles32, int64_t key_tiles,
+              float* scores)
+      : q_tiles_(q_tiles), k_tiles_(k_tiles), d_tiles32_(d_tiles32), key_tiles_(key_tiles), scores_(scores) {}
+
+  // Issues key tiles up to `upto` (of key_tiles).
+  void issue(int64_t upto) {
+    for (upto = std::min(upto, key_tiles_); issued_ < upto; ++issued_) {
+      const int64_t j = issued_;
+      const uint32_t* k = k_tiles_ + j * d_tiles32_ * kTile * kTile;
+      // key tile j: key tile j - 4's sums stored, its own summed in the same tile (the tile intrinsics take their
+      // register numbers as literals, hence a macro)
+#define CONVEYOR_KEY_TILE(SUMS)                                                   \
+  if (j >= 4) _tile_stored(SUMS, scores_ + (j - 4) * kTile, kStride);             \
+  _tile_zero(SUMS);                                                               \
+  for (int64_t dt = 0; dt < d_tiles32_; dt += 2) {                                \
+    _tile_loadd(0, q_tiles_ + dt * kTile * 32, 64);                               \
+    _tile_loadd(1, k + dt * kTile * kTile, 64);                                   \
+    _tile_dpbf16ps(SUMS, 0, 1);                                                   \
+    if (dt + 1 < d_tiles32_) {                                                    \
+      _tile_loadd(2, q_tiles_ + (dt + 1) * kTile * 32, 64);                       \
+      _tile_loadd(3, k + (dt + 1) * kTile * kTile, 64);                           \
+      _tile_dpbf16ps(SUMS, 2, 3);                                                 \
+    }                                                                             \
+  }
+      switch (j % 4) {
+        case 0: { CONVEYOR_KEY_TILE(4) } break;
+        case 1: { CONVEYOR_KEY_TILE(5) } break;
+        case 2: { CONVEYOR_KEY_TILE(6) } break;
+        default: { CONVEYOR_KEY_TILE(7) }
+      }
+#undef CONVEYOR_KEY_TILE
+    }
+  }
+
+  // Issues the rest and stores the last sums.
+  void finish() {
+    issue(key_tiles_);
+    for (int64_t j = std::max<int64_t>(0, key_tiles_ - 4); j < key_tiles_; ++j) {
+      switch (j % 4) {
+        case 0: _tile_stored(4, scores_ + j * kTile, kStride); break;
+        case 1: _tile_stored(5, scores_ + j * kTile, kStride); break;
+        case 2: _tile_stored(6, scores_ + j * kTile, kStride); break;
+        default: _tile_stored(7, scores_ + j * kTile, kStride);
+      }
+    }
+  }
+
+ private:
+  static constexpr int64_t kStride = kStepKeys * sizeof(float);
+
+  const c10::BFloat16* q_tiles_;
+  const uint32_t* k_tiles_;
+  int64_t d_tiles32_, key_tiles_, issued_ = 0;
+  float* scores_;
+};
+
+// partial [16][64] = P . V over kBlocks key blocks for d tiles d0 .. d0 + kGroup - 1 (2 or 4 of 16 values): P tiles
+// ([kBlocks][16][32] bfloat16) through tile 4, V tiles (v_tiles: key block b, d tile dd at + (b * d_tiles16 + dd) *
+// 512) rotating through tiles 5-7, sums in tiles 0-3.
+template <int kBlocks, int kGroup>
+inline void value_tiles(const c10::BFloat16* p_tiles, const uint16_t* v_tiles, int64_t d_tiles16, int64_t d0,
+                        float* partial) {
+  static_assert(kGroup == 2 || kGroup == 4, "two or four d tiles");
+  constexpr int64_t tile = kTile * kTile * 2;  // values of a V tile
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (kGroup == 4) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int b = 0; b < kBlocks; ++b) {
+    const uint16_t* v = v_tiles + (b * d_tiles16 + d0) * tile;
+    _tile_loadd(4, p_tiles + b * kTile * kKeyBlock, 64);
+    _tile_loadd(5, v, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, v + tile, 64);
+    _tile_dpbf16ps(1, 4, 6);
+    if constexpr (kGroup == 4) {
+      _tile_loadd(7, v + 2 * tile, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_loadd(5, v + 3 * tile, 64);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+  }
+  _tile_stored(0, partial, 256);
+  _tile_stored(1, partial + 16, 256);
+  if constexpr (kGroup == 4) {
+    _tile_stored(2, partial + 32, 256);
+    _tile_stored(3, partial + 48, 256);
+  }
+}
+
+// Calls f(std::integral_constant<int, n>) for n in 1..kStepBlocks: a softmax step's key blocks as a constant.
+template <typename F>
+inline void with_step_blocks(int64_t n, F&& f) {
+  static_assert(kStepBlocks == 4, "one case per step size");
+  switch (n) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    default: f(std::integral_constant<int, 4>{});
+  }
+}
+
+// What one query tile carries from softmax step to softmax step.
+struct TileState {
+  alignas(64) float row_max[kTile];  // the running max of each row's scores (kMaskedScore before its first key)
+  alignas(64) float row_sum[kTile];  // the running sum of exp(score - row_max)
+};
+
+// The softmax half of a step over keys key0 .. key0 + 32 kBlocks - 1: scores -> P tiles ([kBlocks][16][32]
+// bfloat16) and alpha (each row's rescale of what its output accumulated), the running max and sum updated. Float32
+// throughout, a row's 16 keys a vector: one horizontal max and one sum per row and step; exp(x) as 2^(x log2 e),
+// the log2(e) taken in the FMA that subtracts the max. kMasked: some key is past some row's position or before
+// its window (rows past the chunk attend like its last row); masked keys get probability 0 through the mask.
+template <int kBlocks, bool kMasked>
+void step_probabilities(const float* scores, float scale, int64_t key0, int64_t first_pos, int64_t last_pos,
+                        int64_t window, TileState& state, c10::BFloat16* p_tiles, float* alpha, ScoreIssuer& next) {
+  constexpr int kVectors = 2 * kBlocks;  // 16 keys each
+  constexpr float kLog2e = 1.44269504088896341f;
+  const __m512 scale_v = _mm512_set1_ps(scale), masked_v = _mm512_set1_ps(kMaskedScore);
+  const __m512 log2e_v = _mm512_set1_ps(kLog2e), floor_v = _mm512_set1_ps(kExpFloor * kLog2e);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  alignas(64) float new_max[kTile], step_sum[kTile];
+  for (int64_t r = 0; r < kTile; ++r) {
+    __m512 s[kVectors];
+    __mmask16 valid[kVectors];
+    const float* row = scores + r * kStepKeys;
+    const int64_t pos = std::min(first_pos + r, last_pos);
+    const __m512i last_v = _mm512_set1_epi32(static_cast<int>(pos - key0));  // the last key allowed, in the step
+    const __m512i first_v = _mm512_set1_epi32(static_cast<int>(window > 0 ? pos - window + 1 - key0 : -1));
+    __m512 top = masked_v;
+    for (int v = 0; v < kVectors; ++v) {
+      s[v] = _mm512_mul_ps(_mm512_load_ps(row + 16 * v), scale_v);
+      if constexpr (kMasked) {
+        const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * v));
+        valid[v] = _mm512_cmple_epi32_mask(key, last_v) & _mm512_cmpge_epi32_mask(key, first_v);
+        top = _mm512_max_ps(top, _mm512_mask_mov_ps(masked_v, valid[v], s[v]));
+      } else {
+        top = _mm512_max_ps(top, s[v]);
+      }
+    }
+    new_max[r] = std::max(state.row_max[r], _mm512_reduce_max_ps(top));  // kMaskedScore while no key came yet
+    const __m512 m = _mm512_set1_ps(new_max[r] * kLog2e);
+    __m512 sum = _mm512_setzero_ps();
+    for (int v = 0; v < kVectors; v += 2) {  // exp() only sees arguments >= kExpFloor
+      __m512 p0 = exp2_ps(_mm512_max_ps(_mm512_fmsub_ps(s[v], log2e_v, m), floor_v));
+      __m512 p1 = exp2_ps(_mm512_max_ps(_mm512_fmsub_ps(s[v + 1], log2e_v, m), floor_v));
+      if constexpr (kMasked) {
+        p0 = _mm512_maskz_mov_ps(valid[v], p0);
+        p1 = _mm512_maskz_mov_ps(valid[v + 1], p1);
+      }
+      sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+      _mm512_store_si512(p_tiles + (v / 2 * kTile + r) * kKeyBlock,
+                         _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(p0)), to_bf16(p1), 1));
+    }
+    step_sum[r] = _mm512_reduce_add_ps(sum);
+    next.issue((r + 1) * kStepKeys / kTile / kTile);  // the next step's key tiles, spread over the rows
+  }
+  // alpha = exp(old max - new max): 1 where the max held; while the old max is kMaskedScore the sums and outputs it
+  // scales are 0
+  const __m512 new_max_v = _mm512_load_ps(new_max);
+  _mm512_store_ps(alpha, exp2_ps(_mm512_max_ps(
+                             _mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(state.row_max), new_max_v), log2e_v), floor_v)));
+  _mm512_store_ps(state.row_sum,
+                  _mm512_fmadd_ps(_mm512_load_ps(state.row_sum), _mm512_load_ps(alpha), _mm512_load_ps(step_sum)));
+  _mm512_store_ps(state.row_max, new_max_v);
+}
+
+// The output half of a step: acc [16][head_dim] = acc * alpha + P . V, up to four d tiles (64 values) at a time
+// (head_dim is a multiple of 32: 2 or 4).
+template <int kBlocks>
+void step_values(const c10::BFloat16* p_tiles, const uint16_t* v_tiles, int64_t head_dim, const float* alpha,
+                 float* acc, float* partial) {
+  const int64_t d_tiles16 = head_dim / 16;
+  for (int64_t d0 = 0; d0 < d_tiles16; d0 += 4) {
+    const int64_t group = std::min<int64_t>(4, d_tiles16 - d0);
+    if (group == 4) {
+      value_tiles<kBlocks, 4>(p_tiles, v_tiles, d_tiles16, d0, partial);
+    } else {
+      value_tiles<kBlocks, 2>(p_tiles, v_tiles, d_tiles16, d0, partial);
+    }
+    for (int64_t r = 0; r < kTile; ++r) {
+      const __m512 a = _mm512_set1_ps(alpha[r]);
+      for (int64_t j = 0; j < group; ++j) {
+        float* o = acc + r * head_dim + (d0 + j) * kTile;
+        _mm512_store_ps(o, _mm512_fmadd_ps(_mm512_load_ps(o), a, _mm512_load_ps(partial + r * 64 + j * kTile)));
+      }
+    }
+  }
+}
+
 // One query tile (16 rows of head `head`, queries q0 .. q0 + 15 of the chunk, the valid ones < n) over its keys
-// (0, or its window's first, .. its last position), from kt / vp packed from key `packed_first` on -> out rows.
+// (0, or its window's first, .. its last position), from kt / vp packed from key `packed_first` on -> out rows, in
+// softmax steps of up to kStepBlocks key blocks. The next step's scores are taken between a step's softmax and its
+// P . V: a tile load of P straight after the vector stores that wrote it waits for them to drain (15% of the call).
 void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const c10::BFloat16* q,
                  int64_t q_row_stride, int64_t head_dim, float scale, int64_t packed_first, const uint32_t* kt,
-                 const uint16_t* vp, c10::BFloat16* q_tiles, c10::BFloat16* p_tile, float* scores, float* acc,
+                 const uint16_t* vp, c10::BFloat16* q_tiles, c10::BFloat16* p_tiles, float* scores, float* acc,
                  float* partial, c10::BFloat16* out, int64_t out_row_stride) {
   const int64_t rows = std::min(kTile, c.n - q0), d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
   const int64_t first_pos = c.ctx - c.n + q0;  // position of the tile's first query
@@ -156,109 +368,45 @@ void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const
       }
     }
   }
-  alignas(64) float row_max[kTile], row_sum[kTile];
+  TileState state;
   for (int64_t r = 0; r < kTile; ++r) {
-    row_max[r] = kMasked;
-    row_sum[r] = 0.f;
+    state.row_max[r] = kMaskedScore;
+    state.row_sum[r] = 0.f;
   }
   std::fill(acc, acc + kTile * head_dim, 0.f);
-  const __m512 scale_v = _mm512_set1_ps(scale), masked_v = _mm512_set1_ps(kMasked);
-  const __m512 floor_v = _mm512_set1_ps(kExpFloor);
-  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  const int64_t blocks = last_pos / kKeyBlock + 1;
-  for (int64_t kb = first_key(first_pos, window) / kKeyBlock; kb < blocks; ++kb) {
-    const int64_t packed = kb - packed_first / kKeyBlock;  // the block's index in kt / vp
-    // S = Q . K^T for keys kb * 32 .. + 31
-    _tile_zero(6);
-    _tile_zero(7);
-    const uint32_t* k0 = kt + (2 * packed) * d_tiles32 * kTile * kTile;
-    const uint32_t* k1 = k0 + d_tiles32 * kTile * kTile;
-    for (int64_t dt = 0; dt < d_tiles32; ++dt) {
-      _tile_loadd(4, q_tiles + dt * kTile * 32, 64);
-      _tile_loadd(5, k0 + dt * kTile * kTile, 64);
-      _tile_dpbf16ps(6, 4, 5);
-      _tile_loadd(5, k1 + dt * kTile * kTile, 64);
-      _tile_dpbf16ps(7, 4, 5);
-    }
-    _tile_stored(6, scores, 128);
-    _tile_stored(7, scores + kTile, 128);
-    // online softmax, row by row; P rows rounded to bfloat16 into the A tile of the P.V product. exp() only ever
-    // sees arguments >= kExpFloor (libmvec's expf takes a slow scalar path per lane for arguments that underflow);
-    // masked keys get probability 0 through the mask instead.
+  const int64_t blocks = last_pos / kKeyBlock + 1, first_block = first_key(first_pos, window) / kKeyBlock;
+  // step i: key blocks first_block + i * kStepBlocks .. (< blocks), its scores in scores + (i % 2) * 16 * kStepKeys
+  const auto issuer = [&](int64_t kb) {  // the scores of the step from key block kb on
+    const int64_t packed = kb - packed_first / kKeyBlock;  // kb's index in kt / vp
+    return ScoreIssuer(q_tiles, kt + 2 * packed * d_tiles32 * kTile * kTile, d_tiles32,
+                       kb < blocks ? 2 * std::min(kStepBlocks, blocks - kb) : 0,
+                       scores + ((kb - first_block) / kStepBlocks % 2) * kTile * kStepKeys);
+  };
+  issuer(first_block).finish();
+  alignas(64) float alpha[kTile];
+  for (int64_t kb = first_block; kb < blocks; kb += kStepBlocks) {
     const int64_t key0 = kb * kKeyBlock;
-    const bool masked = key0 + kKeyBlock - 1 > first_pos ||  // some key past some row's position,
-                        (window > 0 && key0 < last_pos - window + 1);  // or before some row's window
-    alignas(64) float new_max[kTile], block_sum[kTile];
-    for (int64_t r = 0; r < kTile; ++r) {
-      __m512 s0 = _mm512_mul_ps(_mm512_loadu_ps(scores + r * 32), scale_v);
-      __m512 s1 = _mm512_mul_ps(_mm512_loadu_ps(scores + r * 32 + 16), scale_v);
-      __mmask16 valid0 = 0xFFFF, valid1 = 0xFFFF;
-      if (masked) {  // keys outside this row's range (rows past the chunk attend like its last row)
-        const int64_t pos = std::min(first_pos + r, last_pos);
-        const __m512i last_v = _mm512_set1_epi32(static_cast<int>(pos - key0));  // the last key allowed, in block
-        const __m512i first_v = _mm512_set1_epi32(static_cast<int>(window > 0 ? pos - window + 1 - key0 : -1));
-        const __m512i lane1 = _mm512_add_epi32(lane, _mm512_set1_epi32(16));
-        valid0 = _mm512_cmple_epi32_mask(lane, last_v) & _mm512_cmpge_epi32_mask(lane, first_v);
-        valid1 = _mm512_cmple_epi32_mask(lane1, last_v) & _mm512_cmpge_epi32_mask(lane1, first_v);
+    const float* step_scores = scores + ((kb - first_block) / kStepBlocks % 2) * kTile * kStepKeys;
+    ScoreIssuer next = issuer(kb + kStepBlocks);
+    with_step_blocks(std::min(kStepBlocks, blocks - kb), [&](auto n) {
+      constexpr int kBlocks = decltype(n)::value;
+      if (key0 + kKeyBlock * kBlocks - 1 > first_pos || (window > 0 && key0 < last_pos - window + 1)) {
+        step_probabilities<kBlocks, true>(step_scores, scale, key0, first_pos, last_pos, window, state, p_tiles, alpha,
+                                          next);
+      } else {
+        step_probabilities<kBlocks, false>(step_scores, scale, key0, first_pos, last_pos, window, state, p_tiles,
+                                           alpha, next);
       }
-      const float block_max = _mm512_reduce_max_ps(
-          _mm512_max_ps(_mm512_mask_mov_ps(masked_v, valid0, s0), _mm512_mask_mov_ps(masked_v, valid1, s1)));
-      new_max[r] = std::max(row_max[r], block_max);  // kMasked while no key of the row's range came yet
-      const __m512 m = _mm512_set1_ps(new_max[r]);
-      const __m512 p0 = _mm512_maskz_mov_ps(valid0, _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(s0, m), floor_v)));
-      const __m512 p1 = _mm512_maskz_mov_ps(valid1, _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(s1, m), floor_v)));
-      block_sum[r] = _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-      _mm512_storeu_si512(p_tile + r * 32,
-                          _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(p0)), to_bf16(p1), 1));
-    }
-    // alpha = exp(old max - new max): 1 where the max held; while the old max is kMasked the sums and outputs it
-    // scales are 0
-    const __m512 new_max_v = _mm512_load_ps(new_max);
-    alignas(64) float alpha[kTile];
-    _mm512_store_ps(alpha, _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(row_max), new_max_v), floor_v)));
-    _mm512_store_ps(row_sum, _mm512_fmadd_ps(_mm512_load_ps(row_sum), _mm512_load_ps(alpha), _mm512_load_ps(block_sum)));
-    _mm512_store_ps(row_max, new_max_v);
-    // O = O * alpha + P . V, four d tiles (64 values) at a time
-    const uint16_t* v_block = vp + packed * d_tiles16 * kTile * kTile * 2;
-    _tile_loadd(4, p_tile, 64);
-    for (int64_t d0 = 0; d0 < d_tiles16; d0 += 4) {
-      const int64_t group = std::min<int64_t>(4, d_tiles16 - d0);
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      _tile_loadd(5, v_block + (d0 + 0) * kTile * kTile * 2, 64);
-      _tile_dpbf16ps(0, 4, 5);
-      if (group > 1) {
-        _tile_loadd(5, v_block + (d0 + 1) * kTile * kTile * 2, 64);
-        _tile_dpbf16ps(1, 4, 5);
-      }
-      if (group > 2) {
-        _tile_loadd(5, v_block + (d0 + 2) * kTile * kTile * 2, 64);
-        _tile_dpbf16ps(2, 4, 5);
-      }
-      if (group > 3) {
-        _tile_loadd(5, v_block + (d0 + 3) * kTile * kTile * 2, 64);
-        _tile_dpbf16ps(3, 4, 5);
-      }
-      _tile_stored(0, partial, 256);
-      _tile_stored(1, partial + 16, 256);
-      _tile_stored(2, partial + 32, 256);
-      _tile_stored(3, partial + 48, 256);
-      for (int64_t r = 0; r < kTile; ++r) {
-        const __m512 a = _mm512_set1_ps(alpha[r]);
-        for (int64_t j = 0; j < group; ++j) {
-          float* o = acc + r * head_dim + (d0 + j) * kTile;
-          _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_loadu_ps(o), a, _mm512_loadu_ps(partial + r * 64 + j * kTile)));
-        }
-      }
-    }
+      next.finish();
+      step_values<kBlocks>(p_tiles, vp + (kb - packed_first / kKeyBlock) * d_tiles16 * kTile * kTile * 2, head_dim,
+                           alpha, acc, partial);
+    });
   }
   for (int64_t r = 0; r < rows; ++r) {
-    const __m512 inv = _mm512_set1_ps(1.f / row_sum[r]);
+    const __m512 inv = _mm512_set1_ps(1.f / state.row_sum[r]);
     c10::BFloat16* o = out + (c.q_row + q0 + r) * out_row_stride + head * head_dim;
     for (int64_t d = 0; d < head_dim; d += 16)
-      store_bf16(o + d, _mm512_mul_ps(_mm512_loadu_ps(acc + r * head_dim + d), inv), 0xFFFF);
+      store_bf16(o + d, _mm512_mul_ps(_mm512_load_ps(acc + r * head_dim + d), inv), 0xFFFF);
   }
 }
 #endif
@@ -348,13 +496,13 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_units), 1, [&](int64_t, int64_t) {
     thread_local conveyor_amx::TileBuffer<uint32_t> kt;  // [keys / 16][head_dim / 32][16][16]
     thread_local conveyor_amx::TileBuffer<uint16_t> vp;  // [keys / 32][head_dim / 16][16][16][2]
-    thread_local conveyor_amx::TileBuffer<c10::BFloat16> q_tiles, p_tile;
+    thread_local conveyor_amx::TileBuffer<c10::BFloat16> q_tiles, p_tiles;
     thread_local conveyor_amx::TileBuffer<float> scores, acc, partial;
     kt.resize(max_keys * head_dim / 2);
     vp.resize(max_keys * head_dim);
     q_tiles.resize(kTile * head_dim);
-    p_tile.resize(kTile * kKeyBlock);
-    scores.resize(kTile * kKeyBlock);
+    p_tiles.resize(kStepBlocks * kTile * kKeyBlock);
+    scores.resize(2 * kTile * kStepKeys);  // this softmax step's scores and the next's
     acc.resize(kTile * head_dim);
     partial.resize(kTile * 64);
     conveyor_amx::configure_tiles();
@@ -370,7 +518,7 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
       for (int64_t h = unit.kv_head * group; h < (unit.kv_head + 1) * group; ++h)
         for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t)
           attend_tile(c, h, t * kTile, window, q_ptr, q_row_stride, head_dim, scale_f, first, kt.data(), vp.data(),
-                      q_tiles.data(), p_tile.data(), scores.data(), acc.data(), partial.data(), out_ptr,
+                      q_tiles.data(), p_tiles.data(), scores.data(), acc.data(), partial.data(), out_ptr,
                       out_row_stride);
     }
     _tile_release();
