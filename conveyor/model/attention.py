@@ -62,11 +62,11 @@ class PrefillChunk:
     """Short enough for the native prefill kernel (context_len <= NATIVE_PREFILL_MAX_CONTEXT), where it applies."""
 
 
-NATIVE_PREFILL_MAX_CONTEXT = 512
+NATIVE_PREFILL_MAX_CONTEXT = 4096
 """Context length up to which a prefill chunk takes the native kernel (csrc/prefill_attention.cpp) where it applies;
-longer ones take torch's fused kernel, which is faster there (benchmarks/prefill_attention_bench.py, one layer, one
-thread: 1.4-2.0x torch's per-chunk SDPA for W1's and the 1B model's prompts of 128-256 and for one of 512, 1.06x for
-one of 1024 with head_dim 128, 0.9x for one of 2048)."""
+longer ones take torch's fused kernel. Measured up to here, one prompt from scratch, bfloat16 (session s23,
+benchmarks/results/2026-12-05-s23/prefill_attention_long.py): against torch's SDPA 1.3-2.2x at 2048 tokens,
+1.04-1.18x at 4096 (9/3 and 32/8 heads of 64, 16/4 of 128; one and two threads); beyond, not measured."""
 
 
 @dataclass

@@ -7,12 +7,14 @@
 // before every query's window not read at all). Per (chunk, KV head) the keys and values are packed once into
 // the pair-interleaved layouts TDPBF16PS reads:
 //
-//   scores  S [16 queries, 32 keys] float32 = Q [16 queries, head_dim] . K^T   (K^T tiles: [16 d pairs][16 keys])
+//   scores  S [16 queries, 16 keys] float32 = Q [16 queries, head_dim] . K^T   (K^T tiles: [16 d pairs][16 keys])
 //   output  O [16 queries, head_dim] += P [16 queries, 32 keys] bf16 . V       (V tiles:   [16 key pairs][16 d])
 //
-// and every query head of the KV head's group runs through them 16 queries at a time, 32 keys at a time, with
-// an online softmax in float32 (running max and sum per query; the accumulated output rescaled when the max
-// grows). As in torch's fused CPU attention for bfloat16 (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp),
+// and every query head of the KV head's group runs through them 16 queries at a time, in softmax steps of up to
+// 128 keys, with an online softmax in float32 (running max and sum per query; the accumulated output rescaled
+// once per step). The tile unit and the vector unit take turns within a step (S, then the softmax on vectors,
+// then P.V), so the next step's S products are issued between the softmax's rows: they run while the core does
+// the vector work. As in torch's fused CPU attention for bfloat16 (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp),
 // the probabilities are rounded to bfloat16 for the P.V product; scores, softmax and sums stay float32 and the
 // output is rounded once. A head's result depends only on its chunk, never on the other heads or chunks in the
 // call or on how the work is split between threads.
