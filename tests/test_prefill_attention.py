@@ -157,7 +157,7 @@ def test_native_prefill_refuses_what_it_cannot_compute(kernels: Any) -> None:
 
 
 def test_chunks_with_long_contexts_keep_torchs_kernel_beside_native_ones(kernels: Any) -> None:
-    """Past NATIVE_PREFILL_MAX_CONTEXT tokens of context torch's fused kernel is the faster one: such a chunk takes it,
+    """Past NATIVE_PREFILL_MAX_CONTEXT tokens of context (not measured there) a chunk takes torch's fused kernel,
     the short chunks of the same step still go to the native op in one call, and every row matches the torch path."""
     heads, kv_heads, head_dim, block_size = 4, 2, 64, 16
     long_new = NATIVE_PREFILL_MAX_CONTEXT + 40

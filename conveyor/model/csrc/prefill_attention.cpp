@@ -45,7 +45,8 @@ namespace {
 constexpr int64_t kTile = 16;       // rows of a tile; queries per query tile; keys per K^T tile
 constexpr int64_t kKeyBlock = 32;   // keys of one bfloat16 P tile row (K/V are packed in blocks of 32 keys)
 constexpr int64_t kStepBlocks = 4;  // key blocks per softmax step: one max / sum update and one rescale of the
-                                    // output per 128 keys (per 32: 2.2x the time of a 2048-token prompt's call)
+                                    // output per 128 keys (a 2048-token prompt on one thread, 32-key steps
+                                    // 19.6-20.0 ms, 128-key steps 17.1-17.9, before the other s23 changes)
 constexpr int64_t kStepKeys = kKeyBlock * kStepBlocks;
 constexpr int64_t kUnitTiles = 8;   // query tiles per work unit (128 queries)
 constexpr float kExpFloor = -87.f;  // exp(-87) = 1.6e-38, still a normal float
@@ -150,10 +151,11 @@ inline int64_t first_key(int64_t first_pos, int64_t window) {
 
 // scores [16][kStepKeys] = Q . K^T for a softmax step's key tiles (16 keys each; k_tiles: key tile j, d tile dt at
 // + (j * d_tiles32 + dt) * 256), issued a key tile at a time so that they can be spread over the previous step's
-// softmax: the tile unit multiplies while the core runs the vector work. (Issued after it instead, the first
-// product waited ~15% of a 2048-token prompt's call: the tile unit left idle for the ~1000 cycles of a softmax
-// step is slow to start again.) Key tile j sums in tile 4 + j % 4, stored once it is needed again or at the end; Q
-// and K^T go through tiles 0 / 1 (even d tiles) and 2 / 3 (odd).
+// softmax: the tile unit multiplies while the core runs the vector work. (Issued after the softmax instead, the
+// first tile instruction after it, a load of P or of K^T alike, held ~14% of a 2048-token prompt's call in a
+// profile; one product issued every four rows removed that stall, which points at the tile unit being slow to
+// start after the softmax's vector work rather than at the loads.) Key tile j sums in tile 4 + j % 4, stored once it is needed again or at
+// the end; Q and K^T go through tiles 0 / 1 (even d tiles) and 2 / 3 (odd).
 class ScoreIssuer {
  public:
   ScoreIssuer(const c10::BFloat16* q_tiles, const uint32_t* k_tiles, int64_t d_tiles32, int64_t key_tiles,
@@ -350,8 +352,8 @@ void step_values(const c10::BFloat16* p_tiles, const uint16_t* v_tiles, int64_t 
 
 // One query tile (16 rows of head `head`, queries q0 .. q0 + 15 of the chunk, the valid ones < n) over its keys
 // (0, or its window's first, .. its last position), from kt / vp packed from key `packed_first` on -> out rows, in
-// softmax steps of up to kStepBlocks key blocks. The next step's scores are taken between a step's softmax and its
-// P . V: a tile load of P straight after the vector stores that wrote it waits for them to drain (15% of the call).
+// softmax steps of up to kStepBlocks key blocks, the next step's scores issued over a step's softmax (ScoreIssuer)
+// and taken between its softmax and its P . V.
 void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const c10::BFloat16* q,
                  int64_t q_row_stride, int64_t head_dim, float scale, int64_t packed_first, const uint32_t* kt,
                  const uint16_t* vp, c10::BFloat16* q_tiles, c10::BFloat16* p_tiles, float* scores, float* acc,
