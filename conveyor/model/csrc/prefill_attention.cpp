@@ -154,8 +154,8 @@ inline int64_t first_key(int64_t first_pos, int64_t window) {
 // softmax: the tile unit multiplies while the core runs the vector work. (Issued after the softmax instead, the
 // first tile instruction after it, a load of P or of K^T alike, held ~14% of a 2048-token prompt's call in a
 // profile; one product issued every four rows removed that stall, which points at the tile unit being slow to
-// start after the softmax's vector work rather than at the loads.) Key tile j sums in tile 4 + j % 4, stored once it is needed again or at
-// the end; Q and K^T go through tiles 0 / 1 (even d tiles) and 2 / 3 (odd).
+// start after the softmax's vector work rather than at the loads.) Key tile j sums in tile 4 + j % 4, stored once
+// it is needed again or at the end; Q and K^T go through tiles 0 / 1 (even d tiles) and 2 / 3 (odd).
 class ScoreIssuer {
  public:
   ScoreIssuer(const c10::BFloat16* q_tiles, const uint32_t* k_tiles, int64_t d_tiles32, int64_t key_tiles,
@@ -379,7 +379,8 @@ void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const
   }
   std::fill(acc, acc + kTile * head_dim, 0.f);
   const int64_t blocks = last_pos / kKeyBlock + 1, first_block = first_key(first_pos, window) / kKeyBlock;
-  // step i: key blocks first_block + i * kStepBlocks .. (< blocks), its scores in scores + (i % 2) * 16 * kStepKeys
+  // step i: key blocks first_block + i * kStepBlocks .. (< blocks), its scores in
+  // scores + (i % 2) * 16 * kStepKeys
   const auto issuer = [&](int64_t kb) {  // the scores of the step from key block kb on
     const int64_t packed = kb - packed_first / kKeyBlock;  // kb's index in kt / vp
     return ScoreIssuer(q_tiles, kt + 2 * packed * d_tiles32 * kTile * kTile, d_tiles32,
