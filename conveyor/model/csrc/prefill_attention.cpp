@@ -79,6 +79,15 @@ struct RowSource {
   int64_t kv_head;
   bool keys;  // an int8 K cache: pages hold their codes dimension by dimension
 
+  // Requests key t's row toward L1 (an exact cache's only: an int8 row is read back through a buffer).
+  void request(const Chunk& c, int64_t t) const {
+    if (codes != nullptr) return;
+    const int64_t block_size = layout.block_size;
+    const char* p = reinterpret_cast<const char*>(
+        plain + ((c.table[t / block_size] * block_size + t % block_size) * layout.kv_heads + kv_head) * layout.head_dim);
+    for (int64_t offset = 0; offset < layout.head_dim * 2; offset += 64) _mm_prefetch(p + offset, _MM_HINT_T0);
+  }
+
   const c10::BFloat16* row(const Chunk& c, int64_t t, c10::BFloat16* buffer) const {
     const int64_t block_size = layout.block_size, head_dim = layout.head_dim;
     const int64_t block = c.table[t / block_size], offset = t % block_size;
@@ -109,7 +118,9 @@ void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const RowSour
   alignas(64) c10::BFloat16 buffer[2][256];  // rows read back from an int8 cache (head_dim <= 256, checked)
   // K: 16 keys' rows at a time, each 32-value piece (16 pairs) of them transposed in registers into a tile
   alignas(64) c10::BFloat16 rows[kTile][256];  // rows read back from an int8 cache
+  for (int64_t t = first; t < std::min(valid, first + kTile); ++t) k_rows.request(c, t);
   for (int64_t t0 = first; t0 < keys; t0 += kTile) {
+    for (int64_t t = t0 + kTile; t < std::min(valid, t0 + 2 * kTile); ++t) k_rows.request(c, t);  // the next 16
     uint32_t* kt_tiles = kt + ((t0 - first) / kTile) * d_tiles32 * kTile * kTile;
     const c10::BFloat16* k_row[kTile];
     for (int64_t i = 0; i < kTile; ++i) k_row[i] = t0 + i < valid ? k_rows.row(c, t0 + i, rows[i]) : nullptr;
@@ -128,7 +139,9 @@ void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const RowSour
                                               6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
   const __m512i second_half = _mm512_add_epi16(first_half, _mm512_set1_epi16(16));
   const __m512i zero = _mm512_setzero_si512();
+  for (int64_t t = first; t < std::min(valid, first + kTile); ++t) v_rows.request(c, t);
   for (int64_t t = first; t < keys; t += 2) {
+    for (int64_t ahead = t + kTile; ahead < std::min(valid, t + kTile + 2); ++ahead) v_rows.request(c, ahead);
     uint16_t* block = vp + ((t - first) / kKeyBlock) * d_tiles16 * kTile * kTile * 2;
     const int64_t pair = (t % kKeyBlock) / 2;
     const c10::BFloat16* even = t < valid ? v_rows.row(c, t, buffer[0]) : nullptr;
@@ -521,10 +534,20 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
       const RowSource v_rows{v_ptr, v_codes, layout, unit.kv_head, false};
       pack_keys_values(c, first, keys, k_rows, v_rows, head_dim, kt.data(), vp.data());
       for (int64_t h = unit.kv_head * group; h < (unit.kv_head + 1) * group; ++h)
-        for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t)
+        for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t) {
+          // the next tile's query rows, requested while this one attends (they come cold from the rotary op)
+          const int64_t next_h = t + 1 < unit.tile_end ? h : h + 1;
+          const int64_t next_t = t + 1 < unit.tile_end ? t + 1 : unit.tile_begin;
+          if (next_h < (unit.kv_head + 1) * group) {
+            for (int64_t r = next_t * kTile; r < std::min(c.n, (next_t + 1) * kTile); ++r) {
+              const char* row = reinterpret_cast<const char*>(q_ptr + (c.q_row + r) * q_row_stride + next_h * head_dim);
+              for (int64_t offset = 0; offset < head_dim * 2; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T1);
+            }
+          }
           attend_tile(c, h, t * kTile, window, q_ptr, q_row_stride, head_dim, scale_f, first, kt.data(), vp.data(),
                       q_tiles.data(), p_tiles.data(), scores.data(), acc.data(), partial.data(), out_ptr,
                       out_row_stride);
+        }
     }
     _tile_release();
   });
