@@ -65,8 +65,9 @@ class PrefillChunk:
 NATIVE_PREFILL_MAX_CONTEXT = 4096
 """Context length up to which a prefill chunk takes the native kernel (csrc/prefill_attention.cpp) where it applies;
 longer ones take torch's fused kernel. Measured up to here, one prompt from scratch, bfloat16 (session s23,
-benchmarks/results/2026-12-05-s23/prefill_attention_long.py): against torch's SDPA 1.3-2.2x at 2048 tokens,
-1.04-1.18x at 4096 (9/3 and 32/8 heads of 64, 16/4 of 128; one and two threads); beyond, not measured."""
+benchmarks/results/2026-12-05-s23/prefill_attention_long.py -> outputs/prefill_attention_long.txt): against torch's
+SDPA 1.19-1.31x at 2048 tokens, 1.08-1.77x at 4096 (9/3 and 32/8 heads of 64, 16/4 of 128; one and two threads);
+beyond, not measured."""
 
 
 @dataclass

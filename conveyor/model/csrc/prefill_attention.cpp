@@ -50,8 +50,16 @@ constexpr int64_t kStepBlocks = 4;  // key blocks per softmax step: one max / su
 constexpr int64_t kStepKeys = kKeyBlock * kStepBlocks;
 constexpr int64_t kUnitTiles = 8;   // query tiles per work unit (128 queries)
 constexpr float kExpFloor = -87.f;  // exp(-87) = 1.6e-38, still a normal float
-constexpr float kMaskedScore = -1e30f;   // a masked score, and the running max before the first key: finite, since the
-                                    // kernels are built with -ffast-math (no infinities assumed); exp() of it is 0
+constexpr float kMaskedScore = -1e30f;  // a masked score, and the running max before the first key: finite,
+                                         // since the kernels are built with -ffast-math (no infinities assumed);
+                                         // exp() of it is 0
+
+// Requests the `bytes` at p toward L1 (kHint _MM_HINT_T0) or L2 (_MM_HINT_T1), a line at a time.
+template <_mm_hint kHint>
+inline void request_bytes(const void* p, int64_t bytes) {
+  const char* line = static_cast<const char*>(p);
+  for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(line + offset, kHint);
+}
 
 struct Chunk {
   int64_t q_row, n, ctx;
@@ -79,19 +87,22 @@ struct RowSource {
   int64_t kv_head;
   bool keys;  // an int8 K cache: pages hold their codes dimension by dimension
 
+  // Key t's row in an exact cache.
+  const c10::BFloat16* plain_row(const Chunk& c, int64_t t) const {
+    const int64_t block_size = layout.block_size;
+    return plain + ((c.table[t / block_size] * block_size + t % block_size) * layout.kv_heads + kv_head) *
+                       layout.head_dim;
+  }
+
   // Requests key t's row toward L1 (an exact cache's only: an int8 row is read back through a buffer).
   void request(const Chunk& c, int64_t t) const {
-    if (codes != nullptr) return;
-    const int64_t block_size = layout.block_size;
-    const char* p = reinterpret_cast<const char*>(
-        plain + ((c.table[t / block_size] * block_size + t % block_size) * layout.kv_heads + kv_head) * layout.head_dim);
-    for (int64_t offset = 0; offset < layout.head_dim * 2; offset += 64) _mm_prefetch(p + offset, _MM_HINT_T0);
+    if (codes == nullptr) request_bytes<_MM_HINT_T0>(plain_row(c, t), layout.head_dim * 2);
   }
 
   const c10::BFloat16* row(const Chunk& c, int64_t t, c10::BFloat16* buffer) const {
+    if (codes == nullptr) return plain_row(c, t);
     const int64_t block_size = layout.block_size, head_dim = layout.head_dim;
     const int64_t block = c.table[t / block_size], offset = t % block_size;
-    if (codes == nullptr) return plain + ((block * block_size + offset) * layout.kv_heads + kv_head) * head_dim;
     const int8_t* page = layout.page(codes, block, kv_head);
     const __m512 s = _mm512_set1_ps(layout.scales(page)[offset]);
     alignas(64) int8_t gathered[256];
@@ -333,8 +344,8 @@ void step_probabilities(const float* scores, float scale, int64_t key0, int64_t 
   // alpha = exp(old max - new max): 1 where the max held; while the old max is kMaskedScore the sums and outputs it
   // scales are 0
   const __m512 new_max_v = _mm512_load_ps(new_max);
-  _mm512_store_ps(alpha, exp2_ps(_mm512_max_ps(
-                             _mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(state.row_max), new_max_v), log2e_v), floor_v)));
+  const __m512 drop = _mm512_mul_ps(_mm512_sub_ps(_mm512_load_ps(state.row_max), new_max_v), log2e_v);
+  _mm512_store_ps(alpha, exp2_ps(_mm512_max_ps(drop, floor_v)));
   _mm512_store_ps(state.row_sum,
                   _mm512_fmadd_ps(_mm512_load_ps(state.row_sum), _mm512_load_ps(alpha), _mm512_load_ps(step_sum)));
   _mm512_store_ps(state.row_max, new_max_v);
@@ -392,19 +403,20 @@ void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const
   }
   std::fill(acc, acc + kTile * head_dim, 0.f);
   const int64_t blocks = last_pos / kKeyBlock + 1, first_block = first_key(first_pos, window) / kKeyBlock;
-  // step i: key blocks first_block + i * kStepBlocks .. (< blocks), its scores in
-  // scores + (i % 2) * 16 * kStepKeys
+  // step i: key blocks first_block + i * kStepBlocks .. (< blocks), its scores in the half i % 2 of `scores`
+  const auto packed = [&](int64_t kb) { return kb - packed_first / kKeyBlock; };  // key block kb's index in kt / vp
+  const auto scores_of = [&](int64_t kb) {
+    return scores + ((kb - first_block) / kStepBlocks % 2) * kTile * kStepKeys;
+  };
   const auto issuer = [&](int64_t kb) {  // the scores of the step from key block kb on
-    const int64_t packed = kb - packed_first / kKeyBlock;  // kb's index in kt / vp
-    return ScoreIssuer(q_tiles, kt + 2 * packed * d_tiles32 * kTile * kTile, d_tiles32,
-                       kb < blocks ? 2 * std::min(kStepBlocks, blocks - kb) : 0,
-                       scores + ((kb - first_block) / kStepBlocks % 2) * kTile * kStepKeys);
+    return ScoreIssuer(q_tiles, kt + 2 * packed(kb) * d_tiles32 * kTile * kTile, d_tiles32,
+                       kb < blocks ? 2 * std::min(kStepBlocks, blocks - kb) : 0, scores_of(kb));
   };
   issuer(first_block).finish();
   alignas(64) float alpha[kTile];
   for (int64_t kb = first_block; kb < blocks; kb += kStepBlocks) {
     const int64_t key0 = kb * kKeyBlock;
-    const float* step_scores = scores + ((kb - first_block) / kStepBlocks % 2) * kTile * kStepKeys;
+    const float* step_scores = scores_of(kb);
     ScoreIssuer next = issuer(kb + kStepBlocks);
     with_step_blocks(std::min(kStepBlocks, blocks - kb), [&](auto n) {
       constexpr int kBlocks = decltype(n)::value;
@@ -416,8 +428,7 @@ void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const
                                            alpha, next);
       }
       next.finish();
-      step_values<kBlocks>(p_tiles, vp + (kb - packed_first / kKeyBlock) * d_tiles16 * kTile * kTile * 2, head_dim,
-                           alpha, acc, partial);
+      step_values<kBlocks>(p_tiles, vp + packed(kb) * d_tiles16 * kTile * kTile * 2, head_dim, alpha, acc, partial);
     });
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -535,15 +546,13 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
       pack_keys_values(c, first, keys, k_rows, v_rows, head_dim, kt.data(), vp.data());
       for (int64_t h = unit.kv_head * group; h < (unit.kv_head + 1) * group; ++h)
         for (int64_t t = unit.tile_begin; t < unit.tile_end; ++t) {
-          // the next tile's query rows, requested while this one attends (they come cold from the rotary op)
-          const int64_t next_h = t + 1 < unit.tile_end ? h : h + 1;
-          const int64_t next_t = t + 1 < unit.tile_end ? t + 1 : unit.tile_begin;
-          if (next_h < (unit.kv_head + 1) * group) {
-            for (int64_t r = next_t * kTile; r < std::min(c.n, (next_t + 1) * kTile); ++r) {
-              const char* row = reinterpret_cast<const char*>(q_ptr + (c.q_row + r) * q_row_stride + next_h * head_dim);
-              for (int64_t offset = 0; offset < head_dim * 2; offset += 64) _mm_prefetch(row + offset, _MM_HINT_T1);
-            }
-          }
+          // the next tile's query rows (the next head's first tile after the last), requested while this one
+          // attends: they come cold from the rotary op
+          const bool last_tile = t + 1 == unit.tile_end;
+          const int64_t next_h = last_tile ? h + 1 : h, next_t = last_tile ? unit.tile_begin : t + 1;
+          const int64_t next_end = next_h < (unit.kv_head + 1) * group ? std::min(c.n, (next_t + 1) * kTile) : 0;
+          for (int64_t r = next_t * kTile; r < next_end; ++r)
+            request_bytes<_MM_HINT_T1>(q_ptr + (c.q_row + r) * q_row_stride + next_h * head_dim, head_dim * 2);
           attend_tile(c, h, t * kTile, window, q_ptr, q_row_stride, head_dim, scale_f, first, kt.data(), vp.data(),
                       q_tiles.data(), p_tiles.data(), scores.data(), acc.data(), partial.data(), out_ptr,
                       out_row_stride);

@@ -1,7 +1,8 @@
 // AVX-512 helpers shared by the kernels, in two tiers:
 //   always: to_float, a float32 or bfloat16 value as float32; is_nan from the bits;
 //   CONVEYOR_VEC_AVX512 (AVX-512 F/BW/VL): masked loads of 16 bfloat16 or float32 as 16 float32;
-//   CONVEYOR_VEC_BF16 (also AVX512_BF16): rounding back to bfloat16 and a vector exp.
+//   CONVEYOR_VEC_BF16 (also AVX512_BF16): rounding back to bfloat16, a vector exp and 2^x, a 16 x 16 transpose
+//   of 32-bit values.
 // Rounding to bfloat16 is round-to-nearest-even (vcvtneps2bf16), as torch rounds.
 #pragma once
 
