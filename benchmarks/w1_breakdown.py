@@ -36,9 +36,12 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto or int8")
     parser.add_argument("--gguf-weights", default="auto", help="auto, compact or dequantize")
+    parser.add_argument("--block-size", type=int, default=None, help="KV cache block size (default: the engine's)")
     args = parser.parse_args()
     mode = {"true": True, "false": False}.get(args.async_batching, args.async_batching)
     extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
+    if args.block_size is not None:
+        extra["block_size"] = args.block_size
     engine = Engine(EngineConfig(model=args.model, async_batching=mode, kv_cache_dtype=args.kv_cache_dtype,
                                 gguf_weights=args.gguf_weights, **extra))
     low, high = (int(v) for v in args.input_len.split(":"))

@@ -112,20 +112,13 @@ void attend_item(const Item& it, const T* q, const T* k_cache, const T* v_cache,
 
 #if defined(CONVEYOR_VEC_AVX512)
 using conveyor_vec::load16;
+using conveyor_vec::Request;
+using conveyor_vec::request_bytes;
 
 // Rows of a context are scattered over blocks (and interleaved with the other KV heads), which the
 // hardware prefetcher follows poorly: each pass requests the row it needs PREFETCH_AHEAD tokens
 // ahead. Pass 1 also requests the V rows (into L2) that pass 2 reads next.
 constexpr int64_t PREFETCH_AHEAD = 16;
-
-template <typename T, int D>
-inline void prefetch_row(const T* row, int hint) {
-  const char* p = reinterpret_cast<const char*>(row);
-  for (int offset = 0; offset < D * static_cast<int>(sizeof(T)); offset += 64) {
-    if (hint == 0) _mm_prefetch(p + offset, _MM_HINT_T0);
-    else _mm_prefetch(p + offset, _MM_HINT_T1);
-  }
-}
 
 // The rows of tokens 0, 1, 2, ... of one KV head (through the block table), in turn: each call requests the row
 // PREFETCH_AHEAD tokens on (to L1) and, where a companion cache is given, that token's row of it (to L2): pass 1
@@ -140,8 +133,8 @@ class RowStream {
   const T* next() {
     if (t_ + PREFETCH_AHEAD < ctx_) {
       const int64_t ahead_row = ahead_.slot() * stride_;
-      prefetch_row<T, D>(base_ + ahead_row, 0);
-      if (companion_ != nullptr) prefetch_row<T, D>(companion_ + ahead_row, 1);
+      request_bytes<Request::kReadL1, D * sizeof(T)>(base_ + ahead_row);
+      if (companion_ != nullptr) request_bytes<Request::kReadL2, D * sizeof(T)>(companion_ + ahead_row);
       ahead_.next();
     }
     const T* row = base_ + here_.slot() * stride_;
@@ -282,7 +275,7 @@ void attend_item_bf16_64(const Item& it, const Item* next, const c10::BFloat16* 
   RowStream<T, D> values(it, v_base, nullptr);
   for (int64_t u = 0; u < ctx; ++u) {  // pass 2: weights times V
     for (int64_t r = 0; r < next_per_token && next_requested < next_ctx; ++r, ++next_requested, next_ahead.next())
-      prefetch_row<T, D>(next_k + next_ahead.slot() * stride, 1);
+      request_bytes<Request::kReadL2, D * sizeof(T)>(next_k + next_ahead.slot() * stride);
     __m512 vv[4];
     split_row(values.next(), vv);
     for (int g = 0; g < G; ++g) {

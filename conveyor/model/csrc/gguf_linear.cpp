@@ -33,6 +33,7 @@
 #include "gguf_bf16.h"
 #include "gguf_dequant.h"
 #include "gguf_vnni.h"
+#include "vec_bf16.h"
 
 namespace {
 
@@ -292,21 +293,14 @@ void dequantize_stack_row(const std::vector<Part>& parts, int64_t n, int64_t fir
   conveyor_amx::dequantize_tile_row(part->kind, blocks, count, out);  // every kept-compact type has tiles
 }
 
-// The cache line holding `p` requested into L1 (PREFETCHT0). An asm statement: GCC 12 deleted loops of
-// __builtin_prefetch / _mm_prefetch here as code without effects (the loop compiled to a bare return).
-inline void request_line(const uint8_t* p) {
-#if defined(__x86_64__)
-  asm volatile("prefetcht0 %0" : : "m"(*p));
-#endif
-}
-
 // The bytes dequantize_stack_row reads for the same values, requested into L1 (amx_product.h's WeightRowPrefetch;
 // T0 and T1 hints measured alike).
 void prefetch_stack_row(const std::vector<Part>& parts, int64_t n, int64_t first, int64_t count) {
   const auto [part, blocks] = stack_row(parts, n, first);
   const int64_t bytes = count / part->format.block * part->format.bytes;
-  for (int64_t at = 0; at < bytes; at += 64) request_line(blocks + at);
-  request_line(blocks + bytes - 1);  // the last line, where the run does not start on a line
+  conveyor_vec::request_bytes<conveyor_vec::Request::kReadL1>(blocks, bytes);
+  // the last line too, where the run does not start on a line
+  conveyor_vec::request_line<conveyor_vec::Request::kReadL1>(blocks + bytes - 1);
 }
 
 void check_amx(const char* op) {

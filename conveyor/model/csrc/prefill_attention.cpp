@@ -54,13 +54,6 @@ constexpr float kMaskedScore = -1e30f;  // a masked score, and the running max b
                                          // since the kernels are built with -ffast-math (no infinities assumed);
                                          // exp() of it is 0
 
-// Requests the `bytes` at p toward L1 (kHint _MM_HINT_T0) or L2 (_MM_HINT_T1), a line at a time.
-template <_mm_hint kHint>
-inline void request_bytes(const void* p, int64_t bytes) {
-  const char* line = static_cast<const char*>(p);
-  for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(line + offset, kHint);
-}
-
 struct Chunk {
   int64_t q_row, n, ctx;
   const int64_t* table;
@@ -96,7 +89,7 @@ struct RowSource {
 
   // Requests key t's row toward L1 (an exact cache's only: an int8 row is read back through a buffer).
   void request(const Chunk& c, int64_t t) const {
-    if (codes == nullptr) request_bytes<_MM_HINT_T0>(plain_row(c, t), layout.head_dim * 2);
+    if (codes == nullptr) request_bytes<Request::kReadL1>(plain_row(c, t), layout.head_dim * 2);
   }
 
   const c10::BFloat16* row(const Chunk& c, int64_t t, c10::BFloat16* buffer) const {
@@ -552,7 +545,7 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
           const int64_t next_h = last_tile ? h + 1 : h, next_t = last_tile ? unit.tile_begin : t + 1;
           const int64_t next_end = next_h < (unit.kv_head + 1) * group ? std::min(c.n, (next_t + 1) * kTile) : 0;
           for (int64_t r = next_t * kTile; r < next_end; ++r)
-            request_bytes<_MM_HINT_T1>(q_ptr + (c.q_row + r) * q_row_stride + next_h * head_dim, head_dim * 2);
+            request_bytes<Request::kReadL2>(q_ptr + (c.q_row + r) * q_row_stride + next_h * head_dim, head_dim * 2);
           attend_tile(c, h, t * kTile, window, q_ptr, q_row_stride, head_dim, scale_f, first, kt.data(), vp.data(),
                       q_tiles.data(), p_tiles.data(), scores.data(), acc.data(), partial.data(), out_ptr,
                       out_row_stride);

@@ -118,13 +118,31 @@ struct CacheRows {
   }
 };
 
+// Each token's K and V rows go to a slot of their own, scattered over the cache (a decode step's 64 tokens: 128 rows
+// in as many blocks), and a store to a line that is not in the cache waits for the line to be read first: the rows
+// of the token kWriteAhead on are requested for writing (PREFETCHW) while a token is rotated, so that those reads
+// overlap the work. (An int8 cache's rows are spread over its pages: not requested.)
+constexpr int64_t kWriteAhead = 8;
+
+template <typename T>
+inline void request_cache_rows(const CacheRows<T>& k_cache, const CacheRows<T>& v_cache, int64_t slot,
+                               int64_t values) {
+  if (k_cache.codes != nullptr) return;
+  conveyor_vec::request_bytes<conveyor_vec::Request::kWrite>(k_cache.plain + slot * values, values * sizeof(T));
+  conveyor_vec::request_bytes<conveyor_vec::Request::kWrite>(v_cache.plain + slot * values, values * sizeof(T));
+}
+
 template <typename T>
 void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, const CacheRows<T>& k_cache,
                              const CacheRows<T>& v_cache, const int64_t* slots, T* qk, int64_t tokens, int64_t heads,
                              int64_t kv_heads, int64_t head_dim) {
   const int64_t row = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
   at::parallel_for(0, tokens, std::max<int64_t>(1, kInlineElements / row), [&](int64_t begin, int64_t end) {
+    const int64_t values = kv_heads * head_dim;  // of a K or V row
+    for (int64_t t = begin; t < std::min(end, begin + kWriteAhead); ++t)
+      request_cache_rows(k_cache, v_cache, slots[t], values);
     for (int64_t t = begin; t < end; ++t) {
+      if (t + kWriteAhead < end) request_cache_rows(k_cache, v_cache, slots[t + kWriteAhead], values);
       const T* src = qkv + t * row;
       const T* c = cos + t * head_dim;
       const T* s = sin + t * head_dim;

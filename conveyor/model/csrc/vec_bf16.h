@@ -1,5 +1,6 @@
 // AVX-512 helpers shared by the kernels, in two tiers:
-//   always: to_float, a float32 or bfloat16 value as float32; is_nan from the bits;
+//   always: to_float, a float32 or bfloat16 value as float32; is_nan from the bits; requests for the cache lines
+//   of a span of bytes (request_line, request_bytes);
 //   CONVEYOR_VEC_AVX512 (AVX-512 F/BW/VL): masked loads of 16 bfloat16 or float32 as 16 float32;
 //   CONVEYOR_VEC_BF16 (also AVX512_BF16): rounding back to bfloat16, a vector exp and 2^x, a 16 x 16 transpose
 //   of 32-bit values.
@@ -24,6 +25,37 @@ inline bool is_nan(float v) {
   return (bits & 0x7FFFFFFFu) > 0x7F800000u;
 }
 
+// What a request asks of the cache line it names: to be read soon (into L1: PREFETCHT0; into L2: PREFETCHT1) or
+// written soon (PREFETCHW: the line is read, if need be, and held for writing, so that the store does not wait).
+enum class Request { kReadL1, kReadL2, kWrite };
+
+// The cache line holding p requested. An asm statement, not _mm_prefetch: GCC 12 deletes a loop whose only
+// statements are _mm_prefetch / __builtin_prefetch calls where its trip count is known only at run time (as code
+// without effects): request_bytes' loop compiled to nothing, in the prefill attention kernel for one (s24).
+template <Request kHow>
+inline void request_line(const void* p) {
+#if defined(__x86_64__)
+  const char& line = *static_cast<const char*>(p);
+  if constexpr (kHow == Request::kReadL1) {
+    asm volatile("prefetcht0 %0" : : "m"(line));
+  } else if constexpr (kHow == Request::kReadL2) {
+    asm volatile("prefetcht1 %0" : : "m"(line));
+  } else {
+    asm volatile("prefetchw %0" : : "m"(line));
+  }
+#else
+  (void)p;
+#endif
+}
+
+// The lines of the `bytes` at p (p on a line, or the last partial line not included) requested, one each (for a
+// length known when compiling, the overload below).
+template <Request kHow>
+inline void request_bytes(const void* p, int64_t bytes) {
+  const char* line = static_cast<const char*>(p);
+  for (int64_t offset = 0; offset < bytes; offset += 64) request_line<kHow>(line + offset);
+}
+
 }  // namespace conveyor_vec
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -46,6 +78,18 @@ inline __m512 load_bf16(const c10::BFloat16* p, __mmask16 mask = 0xFFFF) {
 // the logits' or activations' type.
 inline __m512 load16(const float* p, __mmask16 lanes = 0xFFFF) { return _mm512_maskz_loadu_ps(lanes, p); }
 inline __m512 load16(const c10::BFloat16* p, __mmask16 lanes = 0xFFFF) { return load_bf16(p, lanes); }
+
+// request_bytes for a span whose length is known when compiling (a row of a fixed head_dim): _mm_prefetch calls,
+// which GCC unrolls and keeps, and schedules with the code around them (in the float32 product's FMA loop the asm
+// form made the loop 2.2x slower, s24).
+template <Request kHow, int64_t kBytes>
+inline void request_bytes(const void* p) {
+  constexpr _mm_hint kHint = kHow == Request::kReadL1 ? _MM_HINT_T0 : kHow == Request::kReadL2 ? _MM_HINT_T1
+                                                                                                : _MM_HINT_ET0;
+  const char* line = static_cast<const char*>(p);
+#pragma GCC unroll 64
+  for (int64_t offset = 0; offset < kBytes; offset += 64) _mm_prefetch(line + offset, kHint);
+}
 
 }  // namespace conveyor_vec
 
