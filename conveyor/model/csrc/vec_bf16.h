@@ -41,7 +41,11 @@ inline void request_line(const void* p) {
   } else if constexpr (kHow == Request::kReadL2) {
     asm volatile("prefetcht1 %0" : : "m"(line));
   } else {
+#if defined(__PRFCHW__)  // the build's CPU has PREFETCHW (-march=native); else a read request does
     asm volatile("prefetchw %0" : : "m"(line));
+#else
+    asm volatile("prefetcht0 %0" : : "m"(line));
+#endif
   }
 #else
   (void)p;
