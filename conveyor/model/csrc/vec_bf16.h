@@ -29,9 +29,10 @@ inline bool is_nan(float v) {
 // written soon (PREFETCHW: the line is read, if need be, and held for writing, so that the store does not wait).
 enum class Request { kReadL1, kReadL2, kWrite };
 
-// The cache line holding p requested. An asm statement, not _mm_prefetch: GCC 12 deletes a loop whose only
-// statements are _mm_prefetch / __builtin_prefetch calls where its trip count is known only at run time (as code
-// without effects): request_bytes' loop compiled to nothing, in the prefill attention kernel for one (s24).
+// The cache line holding p requested. An asm statement, not _mm_prefetch: GCC 12 can delete a loop of
+// _mm_prefetch / __builtin_prefetch calls over a length known only at run time, as code without effects. It did
+// with gguf_linear.cpp's requests (s21) and with prefill attention's K/V row requests (s24: pack_keys_values held
+// no prefetch instruction); it kept the float32 product's, inside its FMA loop.
 template <Request kHow>
 inline void request_line(const void* p) {
 #if defined(__x86_64__)
