@@ -75,6 +75,13 @@ constexpr int64_t kStreamAheadPieces = 8;
 // read back at once from the cache by the next op.
 constexpr int64_t kStreamRows = 256;
 constexpr int64_t kStreamBytes = int64_t{1} << 20;
+// The activation tiles are loaded with the read-once hint (TILELOADDT1) where a block of weights over one panel
+// fits in this much of L1 beside them: each pair of row tiles then reads its activations once per block, while the
+// block's weight tiles are read again by every pair, and with plain loads the activations pushed them out of L1.
+// The default model's prompt-step products (30 layers at 2048 rows, inputs of 576: blocks of 36 KiB) 221-237 ->
+// 197-208 ms per step; wider blocks (its down projection's 96 KiB, the 1B's 128 KiB) are read from L2 either way,
+// and there the hint is level or slower (the 1B's qkv at 2048 rows 10.3-10.6 -> 10.9-11.2 ms).
+constexpr int64_t kStreamActivationsBlockBytes = 40 << 10;
 
 constexpr int kArchReqXcompPerm = 0x1023;
 constexpr int kXfeatureXtiledata = 18;
@@ -211,14 +218,15 @@ inline void prefetch_piece(const BlockTiles& ahead, int64_t kt) {
 
 // Four accumulators c [4][16][16] float32 (2 j + i: A tile i x B tile j) for A tiles a0, a1 ([k tiles][16][32]
 // each: 16 rows of 32 values per k tile) and B tiles b0, b1 (the same, pair-interleaved), summed onto what c holds
-// unless `first`; the second A or B tile only where kTwoA / kTwoB. The tiles of `ahead` prefetched on the way;
+// unless `first`; the second A or B tile only where kTwoA / kTwoB; the A or B tiles loaded with the read-once
+// hint where stream_a / stream_b (kStreamActivationsBlockBytes). The tiles of `ahead` prefetched on the way;
 // `each_step` called after each k tile's products are issued (vector work the core does while the tile unit
 // multiplies, spread over the loop so that both stay busy), `meanwhile` once the products are issued, before their
 // results are stored: the tile unit works through them while the core runs it (the previous pair's stores to y).
 template <bool kTwoA, bool kTwoB, typename Meanwhile, typename EachStep>
 void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloat16* b0, const c10::BFloat16* b1,
-              int64_t k_tiles, bool first, const BlockTiles& ahead, float* c, const Meanwhile& meanwhile,
-              const EachStep& each_step) {
+              int64_t k_tiles, bool first, bool stream_a, bool stream_b, const BlockTiles& ahead, float* c,
+              const Meanwhile& meanwhile, const EachStep& each_step) {
   if (first) {
     _tile_zero(0);
     if (kTwoA) _tile_zero(1);
@@ -232,13 +240,30 @@ void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloa
   }
   for (int64_t kt = 0; kt < k_tiles; ++kt) {
     prefetch_piece(ahead, kt);
-    _tile_loadd(4, a0 + kt * kTileValues, 64);
-    _tile_loadd(6, b0 + kt * kTileValues, 64);
-    if (kTwoA) _tile_loadd(5, a1 + kt * kTileValues, 64);
+    // The tile number is part of the instruction (a literal in the intrinsics' asm), hence a branch per load.
+    if (stream_a) {
+      _tile_stream_loadd(4, a0 + kt * kTileValues, 64);
+    } else {
+      _tile_loadd(4, a0 + kt * kTileValues, 64);
+    }
+    if (stream_b) {
+      _tile_stream_loadd(6, b0 + kt * kTileValues, 64);
+    } else {
+      _tile_loadd(6, b0 + kt * kTileValues, 64);
+    }
+    if (kTwoA && stream_a) {
+      _tile_stream_loadd(5, a1 + kt * kTileValues, 64);
+    } else if (kTwoA) {
+      _tile_loadd(5, a1 + kt * kTileValues, 64);
+    }
     _tile_dpbf16ps(0, 4, 6);
     if (kTwoA) _tile_dpbf16ps(1, 5, 6);
     if (kTwoB) {
-      _tile_loadd(7, b1 + kt * kTileValues, 64);
+      if (stream_b) {
+        _tile_stream_loadd(7, b1 + kt * kTileValues, 64);
+      } else {
+        _tile_loadd(7, b1 + kt * kTileValues, 64);
+      }
       _tile_dpbf16ps(2, 4, 7);
       if (kTwoA) _tile_dpbf16ps(3, 5, 7);
     }
@@ -501,6 +526,8 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // its first block meanwhile), each thread packing the chunk it works on itself: no barrier inside a call, so
   // that on a shared machine a thread waiting for its core holds up no other.
   const int64_t y_width = output == Output::kSiluGate ? out_features / 2 : out_features;
+  const bool stream_activations = kBlockN * panel_values * 2 <= kStreamActivationsBlockBytes;
+  const bool stream_a = kWeightsAsB && stream_activations, stream_b = !kWeightsAsB && stream_activations;
   const bool stream = output != Output::kArgmax && (rows >= kStreamRows || rows * y_width * 2 >= kStreamBytes) &&
                       (output == Output::kProduct ||
                        (kWeightsAsB && y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
@@ -602,17 +629,17 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             // The accumulators of the pair of row tiles t, t + 1 over this block.
             float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
             if (kWeightsAsB && two) {  // A: activation tiles, B: weight tiles
-              multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, prefetch, c, store_pending,
-                                   each_step);
+              multiply<true, true>(x0, x1, w.first, w.second, panel_tiles, first, stream_a, stream_b, prefetch, c,
+                                   store_pending, each_step);
             } else if (kWeightsAsB) {
-              multiply<false, true>(x0, nullptr, w.first, w.second, panel_tiles, first, prefetch, c, store_pending,
-                                   each_step);
+              multiply<false, true>(x0, nullptr, w.first, w.second, panel_tiles, first, stream_a, stream_b, prefetch,
+                                    c, store_pending, each_step);
             } else if (two) {  // A: weight tiles, B: activation tiles
-              multiply<true, true>(w.first, w.second, x0, x1, panel_tiles, first, prefetch, c, store_pending,
-                                   each_step);
+              multiply<true, true>(w.first, w.second, x0, x1, panel_tiles, first, stream_a, stream_b, prefetch, c,
+                                   store_pending, each_step);
             } else {
-              multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, prefetch, c, store_pending,
-                                   each_step);
+              multiply<true, false>(w.first, w.second, x0, nullptr, panel_tiles, first, stream_a, stream_b, prefetch,
+                                    c, store_pending, each_step);
             }
             if (last) {
               pending = {c, two, m0 + t * kTile, n0, n,
