@@ -12,13 +12,15 @@
 // packed bfloat16 weights are already in it ([out / 16][in / 32][16][32]) and are read in place, prefetched as
 // the row count makes worth it (kPrefetchRowTiles). The activations are the B operand in the pair-interleaved
 // layout TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in
-// L2 (kPackedBytes); rows past the last are zeros. Two weight tiles x two activation tiles make the four
-// accumulators; the results are stored, transposed, to y as bfloat16, a pair's while the tile unit multiplies the
-// next pair (a block's last pair's while the next block's first multiplies), as whole 64-byte lines (non-temporal
-// for many rows or wide outputs: kStreamRows, kStreamBytes). Or, for a SiLU MLP's interleaved gate/up weights
-// (Output::kSiluGate), silu(gate) * up is stored instead. Inputs wider than kPanelValues are taken a panel of
-// columns at a time (the accumulators kept in a float32 buffer between panels), so that a chunk holds as many rows
-// however wide the input. Every buffer tiles are loaded from or stored to starts on a cache line (TileBuffer).
+// L2 (kPackedBytes); rows past the last are zeros; their tiles are loaded with the read-once hint where a block of
+// weights fits L1 beside them (kStreamActivationsBlockBytes), so that the block stays there for the next pair. Two
+// weight tiles x two activation tiles make the four accumulators; the results are stored, transposed, to y as bfloat16,
+// a pair's while the tile unit multiplies the next pair (a block's last pair's while the next block's first
+// multiplies), as whole 64-byte lines (non-temporal for many rows or wide outputs: kStreamRows, kStreamBytes). Or, for
+// a SiLU MLP's interleaved gate/up weights (Output::kSiluGate), silu(gate) * up is stored instead. Inputs wider than
+// kPanelValues are taken a panel of columns at a time (the accumulators kept in a float32 buffer between panels), so
+// that a chunk holds as many rows however wide the input. Every buffer tiles are loaded from or stored to starts on a
+// cache line (TileBuffer).
 //
 // Work is split in units (one chunk of rows x a few weight blocks), taken in turn by whichever thread is free,
 // in one parallel region per call; each thread packs the chunk it works on into its own buffer. No barrier
