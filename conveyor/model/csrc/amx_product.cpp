@@ -80,9 +80,10 @@ constexpr int64_t kStreamBytes = int64_t{1} << 20;
 // The activation tiles are loaded with the read-once hint (TILELOADDT1) where a block of weights over one panel
 // fits in this much of L1 beside them: each pair of row tiles then reads its activations once per block, while the
 // block's weight tiles are read again by every pair, and with plain loads the activations pushed them out of L1.
-// The default model's prompt-step products (30 layers at 2048 rows, inputs of 576: blocks of 36 KiB) 221-237 ->
-// 197-208 ms per step; wider blocks (its down projection's 96 KiB, the 1B's 128 KiB) are read from L2 either way,
-// and there the hint is level or slower (the 1B's qkv at 2048 rows 10.3-10.6 -> 10.9-11.2 ms).
+// The default model's prompt-step products (30 layers at 2048 rows; its qkv, o and gate/up have inputs of 576:
+// blocks of 36 KiB) 205-223 -> 181-189 ms per step (benchmarks/RESULTS.md, s25); wider blocks (its down
+// projection's 96 KiB, the 1B's 128 KiB) are read from L2 either way, and there the hint was level or slower (the
+// 1B's qkv at 2048 rows 10.3-10.6 -> 10.9-11.2 ms).
 constexpr int64_t kStreamActivationsBlockBytes = 40 << 10;
 
 constexpr int kArchReqXcompPerm = 0x1023;
@@ -210,12 +211,8 @@ struct BlockTiles {
 // for none) -> toward L2, one tile's lines per k tile of the current block.
 inline void prefetch_piece(const BlockTiles& ahead, int64_t kt) {
   if (ahead.first == nullptr) return;
-  const char* first = reinterpret_cast<const char*>(ahead.first + kt * kTileValues);
-  const char* second = reinterpret_cast<const char*>(ahead.second + kt * kTileValues);
-  for (int64_t line = 0; line < kTileValues * 2; line += 64) {
-    _mm_prefetch(first + line, _MM_HINT_T1);
-    _mm_prefetch(second + line, _MM_HINT_T1);
-  }
+  conveyor_vec::request_bytes<conveyor_vec::Request::kReadL2, kTileValues * 2>(ahead.first + kt * kTileValues);
+  conveyor_vec::request_bytes<conveyor_vec::Request::kReadL2, kTileValues * 2>(ahead.second + kt * kTileValues);
 }
 
 // Four accumulators c [4][16][16] float32 (2 j + i: A tile i x B tile j) for A tiles a0, a1 ([k tiles][16][32]
