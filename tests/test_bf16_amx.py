@@ -106,7 +106,7 @@ def test_tiles_unpack_to_the_weights_and_pick_single_weights(out_features: int, 
     assert torch.equal(Projection(strided, None, amx).unpacked(), strided)
 
 
-@pytest.mark.parametrize("rows", [1, 17, 64, 260])
+@pytest.mark.parametrize("rows", [1, 17, 64, 200, 260])
 @pytest.mark.parametrize("inner,in_features", [(16, 64), (48, 96), (64, 2048 + 96)])
 def test_silu_gate_product_is_the_product_then_silu_and_mul_bit_for_bit(rows: int, inner: int, in_features: int,
                                                                         amx: Any) -> None:

@@ -148,7 +148,7 @@ void pack_rows(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_fea
 // Two accumulator tiles C [16 activation rows][16 weight rows], weight rows 0..15 (c0) and 16..31 (c1) of a block,
 // -> y[j, i] for the valid i < n (up to 32), j < m: one 64-byte store per row, non-temporal where `stream` (then
 // y + j * out_features must start a line and n be 32).
-void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features,
+inline void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features,
                 bool stream) {
   const __mmask32 mask = n >= 2 * kTile ? ~__mmask32{0} : static_cast<__mmask32>((1u << n) - 1);
   for (int64_t j = 0; j < m; ++j) {
@@ -381,7 +381,7 @@ struct PackedTiles {
 // would be, then as silu_and_mul rounds (the same function). Where `staged` is given the block's 16 columns pair
 // with the next block's into whole 64-byte lines, written with non-temporal stores: an even block's rows go to
 // `staged` ([16][16] per activation tile), the odd block after it stores both halves (its y is 16 columns on).
-void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, c10::BFloat16* y, int64_t y_width,
+inline void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, c10::BFloat16* y, int64_t y_width,
                           bool odd_block, c10::BFloat16* staged) {
   for (int64_t j = 0; j < m; ++j) {
     const __m512 gate = conveyor_vec::round_bf16(_mm512_load_ps(c0 + j * kTile));
@@ -494,6 +494,29 @@ void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t
   }
 }
 
+// Rows [from, to) of a pair's results (row r: activation tile r / 16, its row r % 16; rows m_first.. of y), stored
+// as store_pair stores them, for weights as B with y written (Output::kProduct, kSiluGate): a slice of them after
+// each k tile of the next pair's products, so that the core's stores run between the tile unit's products instead
+// of after them all (behind ~70 products in the reorder buffer, the stores of a whole pair waited for them: the
+// SiLU epilogue was ~40% of the gated product's time at 2048 rows).
+inline void store_pair_rows(const float* c, int64_t from, int64_t to, int64_t m_first, int64_t n0, int64_t n,
+                            c10::BFloat16* y, int64_t y_width, bool stream, Output output, c10::BFloat16* staged) {
+  for (int64_t j = from / kTile; j * kTile < to; ++j) {  // activation tile
+    const int64_t lo = std::max(from, j * kTile) - j * kTile, hi = std::min(to, (j + 1) * kTile) - j * kTile;
+    const float* c0 = c + j * kTile * kTile + lo * kTile;        // gate or first 16 columns
+    const float* c1 = c + (2 + j) * kTile * kTile + lo * kTile;  // up or the next 16
+    const int64_t row = m_first + j * kTile + lo;
+    if (output == Output::kSiluGate) {
+      store_silu_gate_rows(c0, c1, hi - lo, y + row * y_width + n0 / 2, y_width, n0 / kBlockN % 2 == 1,
+                           stream ? staged + j * kTile * kTile + lo * kTile : nullptr);
+    } else {
+      c10::BFloat16* first = y + row * y_width + n0;
+      const bool whole_lines = n == kBlockN && reinterpret_cast<uintptr_t>(first) % 64 == 0 && y_width % 32 == 0;
+      store_rows(c0, c1, n, hi - lo, first, y_width, stream && whole_lines);
+    }
+  }
+}
+
 // Rows of activations packed at a time: one panel of them fills kPackedBytes.
 int64_t chunk_rows_for(int64_t in_features) {
   const int64_t panel_values = std::min(in_features, kPanelValues);
@@ -530,6 +553,11 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   const bool stream = output != Output::kArgmax && (rows >= kStreamRows || rows * y_width * 2 >= kStreamBytes) &&
                       (output == Output::kProduct ||
                        (kWeightsAsB && y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
+  // The gated product (weights as B) over chunks of many row tiles: the pending pair's stores sliced over the next
+  // pair's k tiles (store_pair_rows). At 2048 rows the default model's 30 gate/up products 101-110 -> 90-94 ms;
+  // at 64 rows (two pairs per block, the weights read from memory) slicing was slower (6.2-7.4 -> 6.8-8.0 ms), and
+  // for plain outputs, whose stores are a conversion per row, level (benchmarks/RESULTS.md, s26).
+  const bool sliced = kWeightsAsB && output == Output::kSiluGate && chunk_tiles >= kPrefetchRowTiles;
   std::atomic<int64_t> next_unit{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
     thread_local TileBuffer<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
@@ -575,12 +603,27 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
         bool two = false;
         int64_t m_first = 0, n0 = 0, n = 0;
         c10::BFloat16* staged = nullptr;
+        int64_t rows = 0, stored = 0;  // its rows, and how many of them are stored (sliced: store_pair_rows)
       } pending;
       const auto store_pending = [&] {
         if (pending.sums == nullptr) return;
-        store_pair<kWeightsAsB>(pending.sums, pending.two, pending.m_first, rows, pending.n0, pending.n, y, y_width,
-                             stream, output, pending.staged, best);
+        if (sliced) {
+          store_pair_rows(pending.sums, pending.stored, pending.rows, pending.m_first, pending.n0, pending.n, y,
+                          y_width, stream, output, pending.staged);
+        } else {
+          store_pair<kWeightsAsB>(pending.sums, pending.two, pending.m_first, rows, pending.n0, pending.n, y,
+                                  y_width, stream, output, pending.staged, best);
+        }
         pending.sums = nullptr;
+      };
+      // After k tile `step` (1-based) of `steps`: the pending pair's rows stored up to its share of them.
+      const auto store_pending_share = [&](int64_t step, int64_t steps) {
+        if (!sliced || pending.sums == nullptr) return;
+        const int64_t target = pending.rows * step / steps;
+        if (target <= pending.stored) return;
+        store_pair_rows(pending.sums, pending.stored, target, pending.m_first, pending.n0, pending.n, y, y_width,
+                        stream, output, pending.staged);
+        pending.stored = target;
       };
       for (int64_t p = 0; p < panels; ++p) {
         const int64_t k0 = p * kPanelValues, kc = std::min(kPanelValues, in_features - k0), kt0 = k0 / kTileK;
@@ -613,7 +656,11 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
                              DequantizedRows::slices(next_kc), pairs * panel_tiles, 0};
             }
           }
-          const auto each_step = [&] { next_slices(); };
+          int64_t step = 0;  // k tiles issued in the current multiply
+          const auto each_step = [&] {
+            next_slices();
+            store_pending_share(++step, panel_tiles);
+          };
           const bool first = p == 0, last = p == panels - 1;
           for (int64_t t = 0; t < row_tiles; t += 2) {
             const c10::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
@@ -625,6 +672,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             } else if (t == 0 && kReadsInPlace && two) {
               prefetch = {w.first + kStreamAheadPieces * kTileValues, w.second + kStreamAheadPieces * kTileValues};
             }
+            step = 0;
             // The accumulators of the pair of row tiles t, t + 1 over this block.
             float* c = sums.data() + ((panels > 1 ? nb - g0 : 0) * pairs + t / 2) * pair_floats;
             if (kWeightsAsB && two) {  // A: activation tiles, B: weight tiles
@@ -642,7 +690,8 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             }
             if (last) {
               pending = {c, two, m0 + t * kTile, n0, n,
-                         staged.empty() ? nullptr : staged.data() + t / 2 * 2 * kTile * kTile};
+                         staged.empty() ? nullptr : staged.data() + t / 2 * 2 * kTile * kTile,
+                         std::min((two ? 2 : 1) * kTile, rows - (m0 + t * kTile)), 0};
             }
           }
           if constexpr (!kReadsInPlace) {
