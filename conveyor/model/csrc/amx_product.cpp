@@ -148,7 +148,7 @@ void pack_rows(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_fea
 // Two accumulator tiles C [16 activation rows][16 weight rows], weight rows 0..15 (c0) and 16..31 (c1) of a block,
 // -> y[j, i] for the valid i < n (up to 32), j < m: one 64-byte store per row, non-temporal where `stream` (then
 // y + j * out_features must start a line and n be 32).
-inline void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features,
+void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features,
                 bool stream) {
   const __mmask32 mask = n >= 2 * kTile ? ~__mmask32{0} : static_cast<__mmask32>((1u << n) - 1);
   for (int64_t j = 0; j < m; ++j) {
@@ -494,26 +494,19 @@ void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t
   }
 }
 
-// Rows [from, to) of a pair's results (row r: activation tile r / 16, its row r % 16; rows m_first.. of y), stored
-// as store_pair stores them, for weights as B with y written (Output::kProduct, kSiluGate): a slice of them after
-// each k tile of the next pair's products, so that the core's stores run between the tile unit's products instead
-// of after them all (behind ~70 products in the reorder buffer, the stores of a whole pair waited for them: the
-// SiLU epilogue was ~40% of the gated product's time at 2048 rows).
-inline void store_pair_rows(const float* c, int64_t from, int64_t to, int64_t m_first, int64_t n0, int64_t n,
-                            c10::BFloat16* y, int64_t y_width, bool stream, Output output, c10::BFloat16* staged) {
+// Rows [from, to) of a gated pair's results (row r: activation tile r / 16, its row r % 16; rows m_first.. of y),
+// stored as store_pair stores them (weights as B, Output::kSiluGate): a slice of them after each k tile of the next
+// pair's products, so that the core's SiLU epilogue runs between the tile unit's products. Stored after them all,
+// it waited behind the pair's ~70 products in the reorder buffer: ~40% of the gated product's time at 2048 rows
+// (benchmarks/results/2026-12-06-s26/amx_epi.cpp: 14.0 ns per tile product after, 9.6-10.0 sliced, 6.9 without).
+inline void store_silu_pair_rows(const float* c, int64_t from, int64_t to, int64_t m_first, int64_t n0,
+                                 c10::BFloat16* y, int64_t y_width, c10::BFloat16* staged) {
   for (int64_t j = from / kTile; j * kTile < to; ++j) {  // activation tile
     const int64_t lo = std::max(from, j * kTile) - j * kTile, hi = std::min(to, (j + 1) * kTile) - j * kTile;
-    const float* c0 = c + j * kTile * kTile + lo * kTile;        // gate or first 16 columns
-    const float* c1 = c + (2 + j) * kTile * kTile + lo * kTile;  // up or the next 16
-    const int64_t row = m_first + j * kTile + lo;
-    if (output == Output::kSiluGate) {
-      store_silu_gate_rows(c0, c1, hi - lo, y + row * y_width + n0 / 2, y_width, n0 / kBlockN % 2 == 1,
-                           stream ? staged + j * kTile * kTile + lo * kTile : nullptr);
-    } else {
-      c10::BFloat16* first = y + row * y_width + n0;
-      const bool whole_lines = n == kBlockN && reinterpret_cast<uintptr_t>(first) % 64 == 0 && y_width % 32 == 0;
-      store_rows(c0, c1, n, hi - lo, first, y_width, stream && whole_lines);
-    }
+    const float* gate = c + j * kTile * kTile + lo * kTile;
+    const float* up = c + (2 + j) * kTile * kTile + lo * kTile;
+    store_silu_gate_rows(gate, up, hi - lo, y + (m_first + j * kTile + lo) * y_width + n0 / 2, y_width,
+                         n0 / kBlockN % 2 == 1, staged == nullptr ? nullptr : staged + j * kTile * kTile + lo * kTile);
   }
 }
 
@@ -554,7 +547,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
                       (output == Output::kProduct ||
                        (kWeightsAsB && y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
   // The gated product (weights as B) over chunks of many row tiles: the pending pair's stores sliced over the next
-  // pair's k tiles (store_pair_rows). At 2048 rows the default model's 30 gate/up products 101-110 -> 90-94 ms;
+  // pair's k tiles (store_silu_pair_rows). At 2048 rows the default model's 30 gate/up products 115-116 -> 95-98 ms;
   // at 64 rows (two pairs per block, the weights read from memory) slicing was slower (6.2-7.4 -> 6.8-8.0 ms), and
   // for plain outputs, whose stores are a conversion per row, level (benchmarks/RESULTS.md, s26).
   const bool sliced = kWeightsAsB && output == Output::kSiluGate && chunk_tiles >= kPrefetchRowTiles;
@@ -603,13 +596,13 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
         bool two = false;
         int64_t m_first = 0, n0 = 0, n = 0;
         c10::BFloat16* staged = nullptr;
-        int64_t rows = 0, stored = 0;  // its rows, and how many of them are stored (sliced: store_pair_rows)
+        int64_t count = 0, stored = 0;  // its rows, and how many of them are stored (sliced)
       } pending;
       const auto store_pending = [&] {
         if (pending.sums == nullptr) return;
         if (sliced) {
-          store_pair_rows(pending.sums, pending.stored, pending.rows, pending.m_first, pending.n0, pending.n, y,
-                          y_width, stream, output, pending.staged);
+          store_silu_pair_rows(pending.sums, pending.stored, pending.count, pending.m_first, pending.n0, y, y_width,
+                               pending.staged);
         } else {
           store_pair<kWeightsAsB>(pending.sums, pending.two, pending.m_first, rows, pending.n0, pending.n, y,
                                   y_width, stream, output, pending.staged, best);
@@ -619,10 +612,10 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
       // After k tile `step` (1-based) of `steps`: the pending pair's rows stored up to its share of them.
       const auto store_pending_share = [&](int64_t step, int64_t steps) {
         if (!sliced || pending.sums == nullptr) return;
-        const int64_t target = pending.rows * step / steps;
+        const int64_t target = pending.count * step / steps;
         if (target <= pending.stored) return;
-        store_pair_rows(pending.sums, pending.stored, target, pending.m_first, pending.n0, pending.n, y, y_width,
-                        stream, output, pending.staged);
+        store_silu_pair_rows(pending.sums, pending.stored, target, pending.m_first, pending.n0, y, y_width,
+                             pending.staged);
         pending.stored = target;
       };
       for (int64_t p = 0; p < panels; ++p) {
