@@ -459,6 +459,23 @@ void fold_argmax_rows(const float* c0, const float* c1, int64_t n, int64_t m, in
   }
 }
 
+// Rows [from, to) of a gated pair's results (row r: activation tile r / 16, its row r % 16; rows m_first.. of y;
+// weights as B, Output::kSiluGate; staged as store_silu_gate_rows takes it, or null). store_pair stores all of a
+// pair's rows; product() where `sliced` a slice of them after each k tile of the next pair's products, so that the
+// core's SiLU epilogue runs between the tile unit's products. Stored after them all, it waited behind the pair's
+// ~70 products in the reorder buffer: ~40% of the gated product's time at 2048 rows
+// (benchmarks/results/2026-12-06-s26/amx_epi.cpp: 14.0 ns per tile product after, 9.6-10.0 sliced, 6.9 without).
+inline void store_silu_pair_rows(const float* c, int64_t from, int64_t to, int64_t m_first, int64_t n0,
+                                 c10::BFloat16* y, int64_t y_width, c10::BFloat16* staged) {
+  for (int64_t j = from / kTile; j * kTile < to; ++j) {  // activation tile
+    const int64_t lo = std::max(from, j * kTile) - j * kTile, hi = std::min(to, (j + 1) * kTile) - j * kTile;
+    const float* gate = c + j * kTile * kTile + lo * kTile;
+    const float* up = c + (2 + j) * kTile * kTile + lo * kTile;
+    store_silu_gate_rows(gate, up, hi - lo, y + (m_first + j * kTile + lo) * y_width + n0 / 2, y_width,
+                         n0 / kBlockN % 2 == 1, staged == nullptr ? nullptr : staged + j * kTile * kTile + lo * kTile);
+  }
+}
+
 // The accumulators of one pair of activation tiles (t, t + 1 where `two`) x one block of weights, the pair's
 // four tiles at c, -> y [rows, y_width] (rows m0 + 16 t.., the block's columns n0..n0 + n - 1, or n0 / 2..
 // n0 / 2 + 15 for kSiluGate); non-temporal stores where `stream` and the block's 32 columns fill a line.
@@ -467,15 +484,15 @@ void fold_argmax_rows(const float* c0, const float* c1, int64_t n, int64_t m, in
 template <bool kWeightsAsB>
 void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, c10::BFloat16* y,
                 int64_t y_width, bool stream, Output output, c10::BFloat16* staged, const RowArgmax& best) {
+  if (kWeightsAsB && output == Output::kSiluGate) {
+    store_silu_pair_rows(c, 0, std::min((two ? 2 : 1) * kTile, rows - m_first), m_first, n0, y, y_width,
+                         stream ? staged : nullptr);
+    return;
+  }
   for (int64_t j = 0; j < (two ? 2 : 1); ++j) {  // activation tile
     const int64_t m_tile = m_first + j * kTile, m = std::min(kTile, rows - m_tile);
     if (kWeightsAsB && output == Output::kArgmax) {
       fold_argmax_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, m_tile, n0, best);
-      continue;
-    }
-    if (kWeightsAsB && output == Output::kSiluGate) {
-      store_silu_gate_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, m, y + m_tile * y_width + n0 / 2,
-                           y_width, n0 / kBlockN % 2 == 1, stream ? staged + j * kTile * kTile : nullptr);
       continue;
     }
     if (kWeightsAsB) {
@@ -491,22 +508,6 @@ void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t
     }
     store_transposed_pair(c + 2 * j * kTile * kTile, c + (2 * j + 1) * kTile * kTile, n, m,
                           y + m_tile * y_width + n0, y_width);
-  }
-}
-
-// Rows [from, to) of a gated pair's results (row r: activation tile r / 16, its row r % 16; rows m_first.. of y),
-// stored as store_pair stores them (weights as B, Output::kSiluGate): a slice of them after each k tile of the next
-// pair's products, so that the core's SiLU epilogue runs between the tile unit's products. Stored after them all,
-// it waited behind the pair's ~70 products in the reorder buffer: ~40% of the gated product's time at 2048 rows
-// (benchmarks/results/2026-12-06-s26/amx_epi.cpp: 14.0 ns per tile product after, 9.6-10.0 sliced, 6.9 without).
-inline void store_silu_pair_rows(const float* c, int64_t from, int64_t to, int64_t m_first, int64_t n0,
-                                 c10::BFloat16* y, int64_t y_width, c10::BFloat16* staged) {
-  for (int64_t j = from / kTile; j * kTile < to; ++j) {  // activation tile
-    const int64_t lo = std::max(from, j * kTile) - j * kTile, hi = std::min(to, (j + 1) * kTile) - j * kTile;
-    const float* gate = c + j * kTile * kTile + lo * kTile;
-    const float* up = c + (2 + j) * kTile * kTile + lo * kTile;
-    store_silu_gate_rows(gate, up, hi - lo, y + (m_first + j * kTile + lo) * y_width + n0 / 2, y_width,
-                         n0 / kBlockN % 2 == 1, staged == nullptr ? nullptr : staged + j * kTile * kTile + lo * kTile);
   }
 }
 
@@ -596,12 +597,13 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
         bool two = false;
         int64_t m_first = 0, n0 = 0, n = 0;
         c10::BFloat16* staged = nullptr;
-        int64_t count = 0, stored = 0;  // its rows, and how many of them are stored (sliced)
+        int64_t stored = 0;  // how many of its rows are stored (sliced)
       } pending;
+      const auto pending_rows = [&] { return std::min((pending.two ? 2 : 1) * kTile, rows - pending.m_first); };
       const auto store_pending = [&] {
         if (pending.sums == nullptr) return;
         if (sliced) {
-          store_silu_pair_rows(pending.sums, pending.stored, pending.count, pending.m_first, pending.n0, y, y_width,
+          store_silu_pair_rows(pending.sums, pending.stored, pending_rows(), pending.m_first, pending.n0, y, y_width,
                                pending.staged);
         } else {
           store_pair<kWeightsAsB>(pending.sums, pending.two, pending.m_first, rows, pending.n0, pending.n, y,
@@ -612,7 +614,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
       // After k tile `step` (1-based) of `steps`: the pending pair's rows stored up to its share of them.
       const auto store_pending_share = [&](int64_t step, int64_t steps) {
         if (!sliced || pending.sums == nullptr) return;
-        const int64_t target = pending.count * step / steps;
+        const int64_t target = pending_rows() * step / steps;
         if (target <= pending.stored) return;
         store_silu_pair_rows(pending.sums, pending.stored, target, pending.m_first, pending.n0, y, y_width,
                              pending.staged);
@@ -683,8 +685,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
             }
             if (last) {
               pending = {c, two, m0 + t * kTile, n0, n,
-                         staged.empty() ? nullptr : staged.data() + t / 2 * 2 * kTile * kTile,
-                         std::min((two ? 2 : 1) * kTile, rows - (m0 + t * kTile)), 0};
+                         staged.empty() ? nullptr : staged.data() + t / 2 * 2 * kTile * kTile, 0};
             }
           }
           if constexpr (!kReadsInPlace) {
