@@ -17,6 +17,7 @@ import torch
 from conveyor.model.attention import AttentionBatch
 from conveyor.model.layers import Projection, SiluGateProjection
 from conveyor.model.native import NativeKernels
+from conveyor.model.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
     from conveyor.model.llama import LlamaModel
@@ -68,15 +69,15 @@ class DecodeStack:
         group = batch.decode_groups[0]
         return group.in_order and group.block_tables.shape[0] == num_tokens
 
-    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
+    def __call__(self, hidden: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: AttentionBatch,
                  kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """hidden [tokens, hidden] (the embeddings; updated in place), cos, sin [tokens, 1, head_dim] -> the last
-        layer's output [tokens, hidden] (before the final norm), as LlamaModel.forward returns it."""
-        n = hidden.shape[0]
+        """hidden [tokens, hidden] (the embeddings; updated in place), positions [tokens] -> the last layer's output
+        [tokens, hidden] (before the final norm), as LlamaModel.forward returns it. The kernel takes the rows of
+        the rotary tables at `positions` itself (what rotary.tables(positions, dtype) gives the Python loop)."""
         group = batch.decode_groups[0]
         return self.kernels.decode_layers(
             hidden, self.input_norms, self.qkv_tiles, self.o_tiles, self.post_norms, self.gate_up_tiles,
-            self.down_tiles, [k for k, _ in kv_caches], [v for _, v in kv_caches], cos.view(n, -1), sin.view(n, -1),
+            self.down_tiles, [k for k, _ in kv_caches], [v for _, v in kv_caches], rotary.cos, rotary.sin, positions,
             batch.slot_mapping, group.block_tables, group.context_lens, self.heads, self.kv_heads, self.head_dim,
             self.inner, self.eps, self.scale)
 

@@ -60,15 +60,15 @@ class LlamaModel:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden] (before the final norm)."""
         spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         n = input_ids.shape[0]
-        tables = self.rotary.tables(positions, self.dtype)  # cos, sin: [num_tokens, 1, head_dim] each
-        local_tables = self.local_rotary.tables(positions, self.dtype) if self.local_rotary is not None else tables
         parallel = self.parallel
         h = embedding_rows(self.embed, input_ids, self.kernels) if parallel is None \
             else parallel.embed(input_ids, self.embed)  # [num_tokens, hidden]
         if self.embed_multiplier is not None:
             h = h * self.embed_multiplier
         if self.decode_stack is not None and parallel is None and DecodeStack.takes(batch, n):
-            return self.decode_stack(h, *tables, batch, kv_caches)  # the loop below, kernel by kernel, in C++
+            return self.decode_stack(h, positions, self.rotary, batch, kv_caches)  # the loop below, in C++
+        tables = self.rotary.tables(positions, self.dtype)  # cos, sin: [num_tokens, 1, head_dim] each
+        local_tables = self.local_rotary.tables(positions, self.dtype) if self.local_rotary is not None else tables
         delta: torch.Tensor | None = None  # the previous layer's MLP output, not yet added to h
         for layer, window, (k_cache, v_cache) in zip(self.layers, self.windows, kv_caches):
             cos, sin = tables if window is None else local_tables

@@ -179,12 +179,14 @@ class NativeKernels(Protocol):
     def decode_layers(self, hidden: torch.Tensor, input_norms: list[torch.Tensor], qkv_tiles: list[torch.Tensor],
                       o_tiles: list[torch.Tensor], post_norms: list[torch.Tensor],
                       gate_up_tiles: list[torch.Tensor], down_tiles: list[torch.Tensor],
-                      k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos: torch.Tensor,
-                      sin: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                      k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos_table: torch.Tensor,
+                      sin_table: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                      block_tables: torch.Tensor,
                       context_lens: torch.Tensor, heads: int, kv_heads: int, head_dim: int, inner: int, eps: float,
                       scale: float) -> torch.Tensor:
         """A pure-decode step's plain Llama layers in one call (decode_layers.cpp; model/decode_stack.py): hidden
-        [tokens, hidden] (updated in place) -> the last layer's output [tokens, hidden], before the final norm."""
+        [tokens, hidden] (updated in place) -> the last layer's output [tokens, hidden], before the final norm;
+        cos_table, sin_table: RotaryEmbedding's float32 tables, of which it takes the rows at `positions`."""
         ...
 
     def gguf_amx_available(self) -> bool:

@@ -58,11 +58,13 @@ class PenaltyTensors:
 
 @dataclass
 class SamplingTensors:
-    temperature: torch.Tensor  # [rows] float32; 0 = greedy
-    top_k: torch.Tensor  # [rows] int64; <= 0 = off
-    top_p: torch.Tensor  # [rows] float32; 1.0 = off
-    seeds: torch.Tensor  # [rows] int64
-    output_index: torch.Tensor  # [rows] int64
+    # The five below are read only for random rows: None when every row is greedy (all_greedy), so that a greedy
+    # step builds none of them (five small tensors a step on the host: ~0.25 ms of a CPU decode step, s27).
+    temperature: torch.Tensor | None  # [rows] float32; 0 = greedy
+    top_k: torch.Tensor | None  # [rows] int64; <= 0 = off
+    top_p: torch.Tensor | None  # [rows] float32; 1.0 = off
+    seeds: torch.Tensor | None  # [rows] int64
+    output_index: torch.Tensor | None  # [rows] int64
     all_greedy: bool
     any_top_k_or_p: bool
     min_p: torch.Tensor | None = None  # [rows] float32; 0.0 = off
@@ -216,6 +218,9 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
                                   owned=own)
     tokens = _first_argmax(processed, kernels)  # [rows]
     if not t.all_greedy:
+        if t.temperature is None or t.top_k is None or t.top_p is None or t.seeds is None or t.output_index is None:
+            raise ValueError("SamplingTensors with random rows (all_greedy False) need temperature, top_k, top_p, "
+                             "seeds and output_index; build them with build_sampling_tensors")
         is_greedy = t.temperature == 0  # [rows]
         temperature = torch.where(is_greedy, torch.ones_like(t.temperature), t.temperature)
         scaled = processed / temperature.unsqueeze(1)  # [rows, vocab]

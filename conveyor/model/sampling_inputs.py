@@ -44,12 +44,16 @@ def build_sampling_tensors(specs: list[SamplingSpec], to_device: ToDevice,
         penalties = _penalty_tensors(specs, request_ids, known_history, history_holes, history_sources, source_row,
                                      to_device)
     wanted = [s.logprobs for s in specs if s.logprobs is not None]
+    all_greedy = all(x == 0 for x in temps)
+    random = not all_greedy  # the random rows' tensors, built only where a row samples (see SamplingTensors)
     return SamplingTensors(
-        temperature=tensor(temps, torch.float32), top_k=tensor(top_k, torch.int64),
-        top_p=tensor(top_p, torch.float32), min_p=tensor(min_p, torch.float32) if any(min_p) else None,
-        seeds=tensor([s.seed for s in specs], torch.int64),
-        output_index=tensor([s.output_index for s in specs], torch.int64),
-        all_greedy=all(x == 0 for x in temps),
+        temperature=tensor(temps, torch.float32) if random else None,
+        top_k=tensor(top_k, torch.int64) if random else None,
+        top_p=tensor(top_p, torch.float32) if random else None,
+        min_p=tensor(min_p, torch.float32) if random and any(min_p) else None,
+        seeds=tensor([s.seed for s in specs], torch.int64) if random else None,
+        output_index=tensor([s.output_index for s in specs], torch.int64) if random else None,
+        all_greedy=all_greedy,
         any_top_k_or_p=any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p),
         bias=bias, suppress=suppress, penalties=penalties,
         num_logprobs=max(wanted) if wanted else None)

@@ -13,14 +13,44 @@
 // hidden [tokens, hidden] (the embeddings; updated in place, as the Python loop's add_rms_norm does) ->
 // the last layer's output [tokens, hidden], before the final norm. Per layer i: input_norms[i], qkv_tiles[i],
 // o_tiles[i], post_norms[i], gate_up_tiles[i] (rows interleaved), down_tiles[i], k_caches[i], v_caches[i].
-// cos, sin: [tokens, head_dim]; token t attends over block_tables[t] (context_lens[t] tokens) after its K/V
-// are written to slot_mapping[t].
+// cos_table, sin_table: the model's rotary tables [max_positions, head_dim] float32; token t is at positions[t]
+// and attends over block_tables[t] (context_lens[t] tokens) after its K/V are written to slot_mapping[t].
+namespace {
+
+// The step's rows of a rotary table, in the model's dtype: table[positions].to(dtype), as RotaryEmbedding.tables
+// makes them for the Python loop (the same rounding: c10's, to nearest even), gathered here because those four
+// torch ops cost ~0.3 ms of a 64-row decode step on the engine's thread, their code and the table cold after the
+// step before streamed its weights and K/V through the caches (benchmarks/RESULTS.md, s27).
+torch::Tensor rotary_rows(const torch::Tensor& table, const torch::Tensor& positions, c10::ScalarType dtype) {
+  TORCH_CHECK(table.dim() == 2 && table.is_contiguous() && table.scalar_type() == at::kFloat,
+              "decode_layers needs the rotary tables as contiguous [max_positions, head_dim] float32 tensors");
+  TORCH_CHECK(positions.dim() == 1 && positions.is_contiguous() && positions.scalar_type() == at::kLong,
+              "decode_layers needs positions as a contiguous [tokens] int64 tensor");
+  const int64_t tokens = positions.size(0), max_positions = table.size(0), width = table.size(1);
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const float* values = table.data_ptr<float>();
+  torch::Tensor rows = torch::empty({tokens, width}, table.options().dtype(dtype));  // [tokens, head_dim]
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "rotary_rows", [&] {
+    scalar_t* out = rows.data_ptr<scalar_t>();
+    for (int64_t t = 0; t < tokens; ++t) {
+      TORCH_CHECK(pos[t] >= 0 && pos[t] < max_positions, "decode_layers: token ", t, " is at position ", pos[t],
+                  ", outside the rotary table's 0..", max_positions - 1);
+      const float* row = values + pos[t] * width;
+      for (int64_t d = 0; d < width; ++d) out[t * width + d] = static_cast<scalar_t>(row[d]);
+    }
+  });
+  return rows;
+}
+
+}  // namespace
+
 torch::Tensor decode_layers(torch::Tensor hidden, const std::vector<torch::Tensor>& input_norms,
                             const std::vector<torch::Tensor>& qkv_tiles, const std::vector<torch::Tensor>& o_tiles,
                             const std::vector<torch::Tensor>& post_norms,
                             const std::vector<torch::Tensor>& gate_up_tiles,
                             const std::vector<torch::Tensor>& down_tiles, std::vector<torch::Tensor> k_caches,
-                            std::vector<torch::Tensor> v_caches, const torch::Tensor& cos, const torch::Tensor& sin,
+                            std::vector<torch::Tensor> v_caches, const torch::Tensor& cos_table,
+                            const torch::Tensor& sin_table, const torch::Tensor& positions,
                             const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
                             const torch::Tensor& context_lens, int64_t heads, int64_t kv_heads, int64_t head_dim,
                             int64_t inner, double eps, double scale) {
@@ -35,6 +65,8 @@ torch::Tensor decode_layers(torch::Tensor hidden, const std::vector<torch::Tenso
   TORCH_CHECK(hidden.dim() == 2 && hidden.is_contiguous(), "hidden must be a contiguous [tokens, hidden] tensor");
   const int64_t tokens = hidden.size(0), width = hidden.size(1);
   const int64_t qkv_width = (heads + 2 * kv_heads) * head_dim;
+  const torch::Tensor cos = rotary_rows(cos_table, positions, hidden.scalar_type());  // [tokens, head_dim]
+  const torch::Tensor sin = rotary_rows(sin_table, positions, hidden.scalar_type());  // [tokens, head_dim]
   c10::optional<torch::Tensor> delta;  // the previous layer's MLP output, not yet added to hidden
   for (size_t i = 0; i < layers; ++i) {
     const torch::Tensor x = add_rms_norm(hidden, delta, input_norms[i], eps);  // [tokens, hidden]

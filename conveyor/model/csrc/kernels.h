@@ -36,7 +36,8 @@ torch::Tensor decode_layers(torch::Tensor hidden, const std::vector<torch::Tenso
                             const std::vector<torch::Tensor>& post_norms,
                             const std::vector<torch::Tensor>& gate_up_tiles,
                             const std::vector<torch::Tensor>& down_tiles, std::vector<torch::Tensor> k_caches,
-                            std::vector<torch::Tensor> v_caches, const torch::Tensor& cos, const torch::Tensor& sin,
+                            std::vector<torch::Tensor> v_caches, const torch::Tensor& cos_table,
+                            const torch::Tensor& sin_table, const torch::Tensor& positions,
                             const torch::Tensor& slot_mapping, const torch::Tensor& block_tables,
                             const torch::Tensor& context_lens, int64_t heads, int64_t kv_heads, int64_t head_dim,
                             int64_t inner, double eps, double scale);
