@@ -90,7 +90,7 @@ class LLM:
         ids = []
         try:
             for prompt, p in zip(batch, params):
-                ids.append(self.engine.add_request(prompt, p))
+                ids.append(self.engine.add_request(prompt, p, final_only=True))
         except Exception:
             self.engine.abort(ids)  # all or nothing: a bad prompt leaves no half-admitted batch behind
             raise
@@ -144,15 +144,15 @@ class LLM:
         finished: dict[str, RequestOutput] = {}
         wanted = set(ids)
         bar = tqdm(total=len(ids), desc="generating", unit="req", disable=not use_tqdm or len(ids) < 2)
-        start, tokens = time.perf_counter(), 0
+        start, tokens_before = time.perf_counter(), self.engine.num_generated_tokens()
         try:
             while len(finished) < len(ids) and self.engine.has_work():
                 for out in self.engine.step():
-                    tokens += 1
                     if out.finished and out.request_id in wanted:
                         finished[out.request_id] = out
                         bar.update(1)
                 if use_tqdm:
+                    tokens = self.engine.num_generated_tokens() - tokens_before
                     bar.set_postfix_str(f"{tokens / max(time.perf_counter() - start, 1e-9):.1f} tok/s", refresh=False)
             if not self.engine.num_unfinished():
                 self.engine.drain()  # a step launched before the last finish: its tokens are discarded

@@ -162,3 +162,23 @@ def test_sampling_params_take_numpy_numbers_and_ints_for_floats() -> None:
     p = SamplingParams(n=np.int64(2), max_tokens=np.int32(5), temperature=1, top_p=np.float32(0.5), seed=np.uint8(3))
     assert (p.n, p.max_tokens, p.temperature, p.top_p, p.seed) == (2, 5, 1.0, 0.5, 3)
     assert type(p.n) is int and type(p.temperature) is float
+
+
+def test_final_only_requests_give_one_output_the_same_as_streamed(default_llm: Any) -> None:
+    """Engine.add_request(final_only=True) (LLM.generate's way): step() gives the request's output once, when it
+    ends, and that output (n samples, text, stop string, logprobs) is the one a streamed request ends with."""
+    engine = default_llm.engine
+    params = SamplingParams(max_tokens=12, temperature=0.8, seed=7, n=2, logprobs=1, stop=[" the"])
+    streamed_id = engine.add_request("Once upon a time", params)
+    final_id = engine.add_request("Once upon a time", params, final_only=True)
+    seen: dict[str, list[Any]] = {streamed_id: [], final_id: []}
+    while engine.has_work():
+        for out in engine.step():
+            seen[out.request_id].append(out)
+    streamed, final = seen[streamed_id], seen[final_id]
+    assert len(streamed) > 1 and not any(o.finished for o in streamed[:-1]) and streamed[-1].finished
+    assert len(final) == 1 and final[0].finished
+    assert [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in final[0].outputs] == \
+        [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in streamed[-1].outputs]
+    assert final[0].metrics.keys() == streamed[-1].metrics.keys()
+    engine.check_idle()

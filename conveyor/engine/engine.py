@@ -134,8 +134,12 @@ class Engine:
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
-        """Admit a request (n samples when params.n > 1); returns its id. Raises InvalidRequestError."""
+                    request_id: str | None = None, final_only: bool = False) -> str:
+        """Admit a request (n samples when params.n > 1); returns its id. Raises InvalidRequestError.
+
+        By default step() returns the request's output at every step that gives it a token (for streaming);
+        with final_only, only once, when it ends (LLM.generate and the benchmarks: building a 64-request batch's
+        outputs at every step cost ~0.3 ms of a ~40 ms CPU decode step, benchmarks/RESULTS.md s27)."""
         self._check_owner("add_request()")
         params = params or SamplingParams()
         text = prompt if isinstance(prompt, str) else None
@@ -175,7 +179,7 @@ class Engine:
                 fork_parent=None if i == 0 else samples[0].request_id))
         for request in samples:
             self.scheduler.add(request)
-        self.outputs.track(request_id, text, samples, matchers)
+        self.outputs.track(request_id, text, samples, matchers, final_only)
         return request_id
 
     def _check_vocab(self, params: SamplingParams) -> None:
@@ -221,6 +225,10 @@ class Engine:
 
     def num_running(self) -> int:
         return len(self.scheduler.running)
+
+    def num_generated_tokens(self) -> int:
+        """Tokens committed to requests since the engine started (every sample's)."""
+        return self.outputs.num_generated_tokens
 
     def num_unfinished(self) -> int:
         """Requests (samples) admitted and not yet ended."""

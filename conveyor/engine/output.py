@@ -46,6 +46,8 @@ class GroupState:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     error: str | None = None
     error_code: str | None = None
+    final_only: bool = False
+    """commit() gives this request's output only when it ends (Engine.add_request's final_only)."""
 
     @property
     def finished(self) -> bool:
@@ -66,9 +68,9 @@ class OutputProcessor:
         """Token id -> text, for the decoded_token of vLLM-shaped logprobs (computed when read)."""
 
     def track(self, request_id: str, prompt: str | None, samples: list[Request],
-              matchers: list[GrammarMatcher] | None = None) -> None:
+              matchers: list[GrammarMatcher] | None = None, final_only: bool = False) -> None:
         p = samples[0].params
-        group = GroupState(request_id, prompt, samples[0].prompt_token_ids, [])
+        group = GroupState(request_id, prompt, samples[0].prompt_token_ids, [], final_only=final_only)
         for i, request in enumerate(samples):
             state = SampleState(i, request, IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
                                                                    p.skip_special_tokens),
@@ -139,7 +141,7 @@ class OutputProcessor:
                 self.scheduler.finish(request, status, in_flight)
             self._update_text(state)
             touched[group.request_id] = group
-        return [self.output_of(g) for g in touched.values()]
+        return [self.output_of(g) for g in touched.values() if g.finished or not g.final_only]
 
     def _advance_grammar(self, state: SampleState, token_id: int, status: RequestStatus | None) \
             -> RequestStatus | None:
