@@ -86,6 +86,9 @@ class PreparedStep:
     prompt_rows: torch.Tensor | None  # [prompt_rows] rows whose next-token logprobs are asked
     prompt_targets: torch.Tensor | None  # [prompt_rows] the next prompt token of each
     prompt_top_n: int = 0
+    samples_every_row: bool = False
+    """sample_rows is every row in order (a pure decode step's): the forward samples from the hidden states as
+    they are, without gathering them."""
     grammar: DeferredBitmask | None = None
     """Grammar masks of the constrained sampled rows; the engine fills them once the tokens before
     them are committed (under async batching: while this step's forward already runs)."""
@@ -246,6 +249,7 @@ class ModelRunner:
             copy_from=index([a for a, _ in plan.block_copies]), copy_to=index([b for _, b in plan.block_copies]),
             prompt_rows=index(prompt_rows), prompt_targets=index(prompt_targets),
             prompt_top_n=max((s.num_prompt_logprobs for s in plan.seqs), default=0),
+            samples_every_row=sample_rows == list(range(len(ids))),
             grammar=_deferred_bitmask(sampling_seqs))
 
     # ---- device side ------------------------------------------------------------------
@@ -283,12 +287,13 @@ class ModelRunner:
             hidden = self.model.forward(input_ids, step.positions, step.batch, self.kv_caches)  # [num_tokens, hidden]
         sample_out = prompt_out = None
         if hidden is not None and step.sample_rows is not None and step.sampling is not None:
-            tokens = self.model.greedy_tokens(hidden[step.sample_rows]) \
+            sampled_hidden = hidden if step.samples_every_row else hidden[step.sample_rows]  # [num_sampled, hidden]
+            tokens = self.model.greedy_tokens(sampled_hidden) \
                 if step.grammar is None and plain_greedy(step.sampling) else None  # [num_sampled], or None
             if tokens is not None:
                 sample_out = SampleOutput(tokens)
             else:
-                logits = self.model.logits(hidden[step.sample_rows])  # [num_sampled, vocab]
+                logits = self.model.logits(sampled_hidden)  # [num_sampled, vocab]
                 sample_out = sample(logits, step.sampling, self._grammar_mask(step), self.sampling_kernels,
                                     logits_owned=True)
         if hidden is not None and step.prompt_rows is not None and step.prompt_targets is not None:
