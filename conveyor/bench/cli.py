@@ -170,8 +170,9 @@ def _finish(args: argparse.Namespace, result: dict[str, Any], kind: str) -> None
 def _run_ours(engine: Any, workload: Workload) -> tuple[float, Any, Any]:
     before = engine.stats()
     start = time.perf_counter()
-    for prompt, params in zip(workload.prompts, workload.params):  # as LLM.generate admits them: an output per
-        engine.add_request(prompt, params, final_only=True)           # request at its end (as the peers return)
+    # admitted as LLM.generate admits them: one output per request, at its end (as the peers return theirs)
+    for prompt, params in zip(workload.prompts, workload.params):
+        engine.add_request(prompt, params, final_only=True)
     while engine.has_work():
         engine.step()
     return time.perf_counter() - start, before, engine.stats()
