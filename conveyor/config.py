@@ -109,6 +109,13 @@ class EngineConfig:
     """Reuse KV blocks of identical prompt prefixes across requests."""
     async_batching: Union[bool, Literal["auto"]] = "auto"
     """Overlap host work with device compute: 'auto', True or False."""
+    num_scheduler_steps: int = 8
+    """Most decode steps one plan runs back to back (the runner feeds each step's tokens to the next, with no
+    scheduling, preparing or committing between them), taken only when nothing waits and every running request
+    is a plain greedy decode whose output is returned once, at its end (LLM.generate, `bench throughput`: not a
+    streamed one) and can take that many tokens; stops (EOS, stop ids and strings) are then found when the
+    tokens are committed, and tokens past one are dropped. 1: one step per plan always. Tensor parallelism and
+    sliding windows take one step per plan."""
     seed: int | None = 0
     """Seed of the seeds given to requests that bring none of their own; None = a random one."""
     num_threads: int | None = None
@@ -179,6 +186,9 @@ class EngineConfig:
             raise ConfigError(f"seed={self.seed!r} must be an integer in [0, 2**63), or None for a random one")
         if self.async_batching not in (True, False, "auto"):
             raise ConfigError(f"async_batching={self.async_batching!r} must be 'auto', True or False")
+        steps = self.num_scheduler_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or not 1 <= steps <= 64:
+            raise ConfigError(f"num_scheduler_steps={steps!r} must be an integer in [1, 64] (1: one step per plan)")
         if self.num_threads is not None and (not isinstance(self.num_threads, int) or self.num_threads < 1):
             raise ConfigError(f"num_threads={self.num_threads!r} must be a positive integer (or None)")
         timeout = self.structured_output_timeout

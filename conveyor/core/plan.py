@@ -87,6 +87,10 @@ class StepPlan:
     dropped_ids: list[str] = field(default_factory=list)
     """Requests whose per-request state the runner forgets before this step: finished, aborted or
     preempted since the previous plan (a preempted one comes back later in full)."""
+    num_steps: int = 1
+    """Decode steps run back to back for this plan (> 1 only for a plan of plain greedy decodes, one token each,
+    every one sampled): step j + 1 takes step j's tokens as its inputs, at the next positions; the scheduler has
+    allocated the blocks for all of them."""
 
     @property
     def num_tokens(self) -> int:
@@ -122,3 +126,6 @@ class StepResult:
     """Aligned with sampled_token_ids when any row asked for logprobs (else empty)."""
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
     """Request id -> logprobs of its prompt tokens computed this step (chunk order)."""
+    later_token_ids: list[list[int]] = field(default_factory=list)
+    """A plan of num_steps > 1: the ids of its steps 2..num_steps, each aligned with plan.sampling_seqs
+    (sampled_token_ids holds the first step's)."""

@@ -46,6 +46,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     eos_token_ids: tuple[int, ...] = ()
+    multi_step: bool = False
+    """Its decode steps may run several per plan (Scheduler: a plain greedy request whose output is returned
+    only at its end); set by the engine at admission."""
     fork_parent: str | None = None
     """For sample i > 0 of an n > 1 request: the id of sample 0, whose prompt KV blocks this
     one shares (forked when sample 0 first samples); None otherwise."""

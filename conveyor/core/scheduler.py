@@ -24,6 +24,8 @@ class SchedulerLimits:
     max_model_len: int
     kv_window: int | None = None
     """The sliding window every layer of the model shares: blocks behind it are freed while a request runs."""
+    max_decode_steps: int = 1
+    """Most decode steps one plan may run back to back (StepPlan.num_steps; EngineConfig.num_scheduler_steps)."""
 
 
 @dataclass
@@ -165,21 +167,50 @@ class Scheduler:
             planned.append((request, count))
             budget -= count
 
+        steps = self._decode_steps(planned, num_preempted) if self.limits.max_decode_steps > 1 else 1
         seqs: list[ScheduledSeq] = []
         for request, count in planned:
-            seqs.append(self._plan_seq(request, count))
+            seqs.append(self._plan_seq(request, count, steps))
             if seqs[-1].sampling is not None and request.request_id in self._awaiting_fork:
                 seqs.extend(self._fork(request, seqs[-1]))
         dropped: list[str] = []
         if seqs:  # an empty plan is never run: the drops wait for one that is
             dropped, self._dropped = self._dropped, []
-        plan = StepPlan(self._next_step_id, seqs, num_preempted, copies, dropped)
+        plan = StepPlan(self._next_step_id, seqs, num_preempted, copies, dropped, steps)
         self._next_step_id += 1
         self.stats.num_steps += 1
         self.stats.num_preemptions += num_preempted
         return plan
 
-    def _plan_seq(self, request: Request, count: int) -> ScheduledSeq:
+    def _decode_steps(self, planned: list[tuple[Request, int]], num_preempted: int) -> int:
+        """How many decode steps this plan runs back to back (StepPlan.num_steps), its blocks allocated: more than
+        one only when nothing waits or was preempted and every planned request is a multi-step one (Request.
+        multi_step) decoding one token, past min_tokens, with that many tokens left before max_tokens and
+        max_model_len, and the free blocks hold them all."""
+        if self.waiting or num_preempted or not planned:
+            return 1
+        steps = self.limits.max_decode_steps
+        for request, count in planned:
+            if count != 1 or not request.multi_step or request.num_tokens_to_compute != 1:
+                return 1
+            p = request.params
+            produced = request.num_output_tokens + request.num_inflight_tokens
+            left = self.limits.max_model_len - request.num_tokens - request.num_inflight_tokens
+            if p.max_tokens is not None:
+                left = min(left, p.max_tokens - produced)
+            steps = min(steps, left)
+            if steps <= 1 or produced < p.min_tokens:
+                return 1
+        blocks = self.blocks
+        needed = sum(max(0, blocks.blocks_needed(r.num_computed_tokens + steps) - len(blocks.block_table(r.request_id)))
+                     for r, _ in planned)
+        if needed > blocks.num_free_blocks:
+            return 1
+        for request, _ in planned:  # the first step's block is private already (the loop above made it so)
+            blocks.allocate(request.request_id, request.num_computed_tokens + steps)
+        return steps
+
+    def _plan_seq(self, request: Request, count: int, steps: int = 1) -> ScheduledSeq:
         start = request.num_computed_tokens
         known = request.token_ids[start:start + count]
         inputs = known + [PLACEHOLDER_TOKEN] * (count - len(known))
@@ -188,7 +219,8 @@ class Scheduler:
         sampling = None
         if request.num_tokens_to_compute == 0:
             sampling = self._sampling_spec(request)
-            request.num_inflight_tokens += 1
+            request.num_inflight_tokens += steps  # steps > 1: the later steps' inputs are this plan's own samples
+            request.num_computed_tokens += steps - 1
         else:
             self.stats.num_partial_prefills += 1
         targets, num_prompt_logprobs = None, 0

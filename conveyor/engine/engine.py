@@ -63,6 +63,14 @@ def sample_seed(seed: int, index: int) -> int:
     return (seed + index * 0x9E3779B97F4A7C15) % 2**63
 
 
+def _plain_greedy(params: SamplingParams) -> bool:
+    """Each token is the raw argmax, whatever came before it in the batch or the output: greedy, one sample, with
+    no penalty, bias, logprobs or grammar (min_tokens is the scheduler's to check). Such a request, returned only
+    at its end, may run several decode steps per plan (EngineConfig.num_scheduler_steps)."""
+    return (params.is_greedy and params.n == 1 and not params.has_penalties and not params.logit_bias
+            and params.logprobs is None and params.structured_outputs is None)
+
+
 class Engine:
     def __init__(self, config: EngineConfig,
                  output_sink: Callable[[list[RequestOutput]], None] | None = None) -> None:
@@ -93,9 +101,10 @@ class Engine:
             self.runner = ModelRunner(config, loaded, self.max_model_len, self.device_info)
         plan = self.runner.cache_plan
         self.blocks = BlockManager(plan.num_blocks, plan.block_size, config.enable_prefix_caching)
+        one_step = config.tensor_parallel_size > 1 or loaded.spec.kv_window is not None  # see num_scheduler_steps
         self.scheduler = Scheduler(
             SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                            loaded.spec.kv_window), self.blocks)
+                            loaded.spec.kv_window, 1 if one_step else config.num_scheduler_steps), self.blocks)
         self.outputs = OutputProcessor(self.scheduler, self.tokenizer, loaded.spec.eos_token_ids)
         self.timeline = StepTimeline()
         """The latest host and device spans (a bounded ring, always on); safe to read from any thread."""
@@ -171,11 +180,12 @@ class Engine:
             raise InvalidRequestError(f"request id {taken[0]!r} is already in use; ids must be unique")
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         samples = []
+        multi_step = final_only and _plain_greedy(params)
         for i in range(params.n):
             samples.append(Request(
                 request_id=sample_ids[i], prompt_token_ids=token_ids, params=params, seed=sample_seed(seed, i),
                 arrival_index=next(self._ids), max_model_len=self.max_model_len,
-                eos_token_ids=self.spec.eos_token_ids,
+                eos_token_ids=self.spec.eos_token_ids, multi_step=multi_step,
                 fork_parent=None if i == 0 else samples[0].request_id))
         for request in samples:
             self.scheduler.add(request)

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from conveyor.core.plan import StepPlan, StepResult
+from conveyor.core.plan import StepPlan, StepResult, TokenLogprobs
 from conveyor.core.request import Request, RequestStatus
 from conveyor.core.scheduler import Scheduler
 from conveyor.engine.detokenizer import IncrementalDetokenizer
@@ -115,33 +115,44 @@ class OutputProcessor:
                     # a recompute after preemption adds nothing twice
                     group.prompt_logprobs.append(PositionLogprobs.of(value, self._decode))
         logprobs = result.logprobs or [None] * len(result.sampled_token_ids)
-        for seq, token_id, lp in zip(plan.sampling_seqs, result.sampled_token_ids, logprobs):
+        later = result.later_token_ids  # a multi-step plan's steps 2..n: each row's next tokens, in order
+        for row, (seq, token_id, lp) in enumerate(zip(plan.sampling_seqs, result.sampled_token_ids, logprobs)):
             state = self._sample_of.get(seq.request_id)
             if state is None or state.request.is_finished or state.request.arrival_index != seq.arrival_index:
                 continue  # finished or aborted while its step was in flight (maybe its id reused): dropped
-            request = state.request
-            self.scheduler.commit_token(request, token_id)
-            self.num_generated_tokens += 1
-            text_before = len(state.detokenizer.text)
-            state.detokenizer.add(token_id)
-            if request.num_output_tokens < request.params.min_tokens:
-                state.stop_floor = len(state.detokenizer.text)
-            if state.logprobs is not None and lp is not None:
-                state.logprobs.append(PositionLogprobs.of(lp, self._decode))
-            group = self._group_of[request.request_id]
-            if group.first_token_time is None:
-                group.first_token_time = now
-            status = self._stop_status(state, token_id)
-            ended_by_token = status is RequestStatus.FINISHED_STOPPED and not isinstance(request.stop_reason, str)
-            if ended_by_token and not request.params.include_stop_str_in_output:
-                state.cut_at = text_before  # EOS or a stop token id: its text is not output
-            if state.matcher is not None:
-                status = self._advance_grammar(state, token_id, status)
-            if status is not None:
-                self.scheduler.finish(request, status, in_flight)
-            self._update_text(state)
+            self._commit_token(state, token_id, lp, now, in_flight)
+            for tokens in later:
+                if state.request.is_finished:
+                    break  # the tokens past a stop (or max_tokens) are dropped
+                self._commit_token(state, tokens[row], None, now, in_flight)
+            group = self._group_of[state.request.request_id]
             touched[group.request_id] = group
         return [self.output_of(g) for g in touched.values() if g.finished or not g.final_only]
+
+    def _commit_token(self, state: SampleState, token_id: int, lp: TokenLogprobs | None, now: float,
+                      in_flight: int | None) -> None:
+        """One sampled token: appended, detokenized, stops checked (the request finished when one holds)."""
+        request = state.request
+        self.scheduler.commit_token(request, token_id)
+        self.num_generated_tokens += 1
+        text_before = len(state.detokenizer.text)
+        state.detokenizer.add(token_id)
+        if request.num_output_tokens < request.params.min_tokens:
+            state.stop_floor = len(state.detokenizer.text)
+        if state.logprobs is not None and lp is not None:
+            state.logprobs.append(PositionLogprobs.of(lp, self._decode))
+        group = self._group_of[request.request_id]
+        if group.first_token_time is None:
+            group.first_token_time = now
+        status = self._stop_status(state, token_id)
+        ended_by_token = status is RequestStatus.FINISHED_STOPPED and not isinstance(request.stop_reason, str)
+        if ended_by_token and not request.params.include_stop_str_in_output:
+            state.cut_at = text_before  # EOS or a stop token id: its text is not output
+        if state.matcher is not None:
+            status = self._advance_grammar(state, token_id, status)
+        if status is not None:
+            self.scheduler.finish(request, status, in_flight)
+        self._update_text(state)
 
     def _advance_grammar(self, state: SampleState, token_id: int, status: RequestStatus | None) \
             -> RequestStatus | None:

@@ -102,12 +102,13 @@ class AttentionBatch:
 
 def build_attention_batch(starts: list[int], lengths: list[int], tables: list[list[int]], block_size: int,
                           to_device: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
-                          decode_group_size: int = DECODE_GROUP_SIZE) -> AttentionBatch:
+                          decode_group_size: int = DECODE_GROUP_SIZE, lookahead: int = 0) -> AttentionBatch:
     """Metadata shared by all layers of one step, from plain per-sequence lists.
 
     Tensors are built on the host, then moved by `to_device` (a pinned, non-blocking copy on CUDA).
     The native decode kernel pads nothing, so it takes all decodes as one group
-    (decode_group_size >= their number; they then stay in batch order).
+    (decode_group_size >= their number; they then stay in batch order). `lookahead`: the decodes' block tables
+    also cover that many tokens past this step (the later steps of a multi-step plan read them).
     """
     slots: list[int] = []
     decode_rows: list[int] = []
@@ -124,7 +125,7 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
         for pos in range(start, start + n):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         context = start + n
-        used = table[:-(-context // block_size)]
+        used = table[:-(-(context + (lookahead if n == 1 else 0)) // block_size)]
         if n == 1:
             decode_rows.append(row)
             decode_tables.append(used)

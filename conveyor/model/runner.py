@@ -92,8 +92,30 @@ class PreparedStep:
     grammar: DeferredBitmask | None = None
     """Grammar masks of the constrained sampled rows; the engine fills them once the tokens before
     them are committed (under async batching: while this step's forward already runs)."""
+    later: LaterSteps | None = None
+    """A multi-step plan's steps after the first (StepPlan.num_steps > 1), else None."""
     ready: Any = None
     """CUDA event recorded after the host-to-device copies (None on CPU)."""
+
+
+@dataclass
+class LaterSteps:
+    """The inputs of a multi-step plan's steps 2..n, whose tokens are the step before's samples: step j (from 0)
+    reads row j - 1 of each tensor. Every row of the plan is a decode that samples, in batch order."""
+
+    positions: torch.Tensor  # [n - 1, rows] int64
+    slot_mapping: torch.Tensor  # [n - 1, rows] int64
+    context_lens: list[torch.Tensor]  # per decode group: [n - 1, group] int64
+
+    def apply(self, j: int, batch: AttentionBatch) -> torch.Tensor:
+        """Point `batch` at step j's slots and context lengths (masks built for another step dropped); returns
+        step j's positions [rows]."""
+        batch.slot_mapping = self.slot_mapping[j - 1]
+        for group, lens in zip(batch.decode_groups, self.context_lens):
+            group.context_lens = lens[j - 1]
+            group.mask = None
+            group.window_masks.clear()
+        return self.positions[j - 1]
 
 
 @dataclass
@@ -102,6 +124,8 @@ class StepOutput:
 
     sample: SampleOutput | None
     prompt: SampleOutput | None
+    later: list[torch.Tensor] | None = None
+    """A multi-step plan: the sampled ids [rows] of its steps 2..n."""
 
 
 class ModelRunner:
@@ -235,14 +259,20 @@ class ModelRunner:
         def index(values: list[int]) -> torch.Tensor | None:
             return t(torch.tensor(values, dtype=torch.int64)) if values else None
 
+        batch = build_attention_batch([s.start_position for s in computing], [s.num_tokens for s in computing],
+                                      [self.batch.block_table(s.request_id) for s in computing], self.block_size, t,
+                                      self.decode_group_size, plan.num_steps - 1) if computing else None
+        later = None
+        if plan.num_steps > 1:
+            if batch is None or sample_rows != list(range(len(ids))) or len(ids) != len(plan.seqs):
+                raise RuntimeError(f"step {plan.step_id}: a plan of {plan.num_steps} steps must be decodes that each "
+                                   f"sample, one row per sequence")
+            later = self._later_steps(plan, batch)
         return PreparedStep(
             step_id=plan.step_id,
             input_ids=t(torch.tensor(ids, dtype=torch.int64)),
             positions=t(torch.tensor(positions, dtype=torch.int64)),
-            batch=build_attention_batch([s.start_position for s in computing], [s.num_tokens for s in computing],
-                                        [self.batch.block_table(s.request_id) for s in computing], self.block_size, t,
-                                        self.decode_group_size) if computing else None,
-            sample_rows=index(sample_rows), sampling=sampling,
+            batch=batch, sample_rows=index(sample_rows), sampling=sampling,
             placeholder_positions=index(holes), placeholder_sources=index(sources),
             history_holes=index(history_holes), history_sources=index(history_sources),
             source_step_id=previous.step_id if uses_previous and previous else None,
@@ -250,7 +280,26 @@ class ModelRunner:
             prompt_rows=index(prompt_rows), prompt_targets=index(prompt_targets),
             prompt_top_n=max((s.num_prompt_logprobs for s in plan.seqs), default=0),
             samples_every_row=sample_rows == list(range(len(ids))),
-            grammar=_deferred_bitmask(sampling_seqs))
+            grammar=_deferred_bitmask(sampling_seqs), later=later)
+
+    def _later_steps(self, plan: StepPlan, batch: AttentionBatch) -> LaterSteps:
+        """Positions, slots and context lengths of steps 2..n of a multi-step plan (the scheduler allocated their
+        blocks: the runner's tables hold them)."""
+        bs, steps = self.block_size, plan.num_steps
+        positions: list[int] = []
+        slots: list[int] = []
+        for j in range(1, steps):
+            for s in plan.seqs:
+                table, pos = self.batch.block_table(s.request_id), s.start_position + j
+                positions.append(pos)
+                slots.append(table[pos // bs] * bs + pos % bs)
+        ahead = torch.arange(1, steps, dtype=torch.int64).unsqueeze(1)  # [n - 1, 1]
+        t = self._to_device
+        rows = len(plan.seqs)
+        return LaterSteps(positions=t(torch.tensor(positions, dtype=torch.int64).view(steps - 1, rows)),
+                          slot_mapping=t(torch.tensor(slots, dtype=torch.int64).view(steps - 1, rows)),
+                          context_lens=[group.context_lens.unsqueeze(0) + ahead.to(group.context_lens.device)
+                                        for group in batch.decode_groups])
 
     # ---- device side ------------------------------------------------------------------
     def forward(self, step: PreparedStep) -> StepOutput:
@@ -288,20 +337,33 @@ class ModelRunner:
         sample_out = prompt_out = None
         if hidden is not None and step.sample_rows is not None and step.sampling is not None:
             sampled_hidden = hidden if step.samples_every_row else hidden[step.sample_rows]  # [num_sampled, hidden]
-            tokens = self.model.greedy_tokens(sampled_hidden) \
-                if step.grammar is None and plain_greedy(step.sampling) else None  # [num_sampled], or None
-            if tokens is not None:
-                sample_out = SampleOutput(tokens)
-            else:
-                logits = self.model.logits(sampled_hidden)  # [num_sampled, vocab]
-                sample_out = sample(logits, step.sampling, self._grammar_mask(step), self.sampling_kernels,
-                                    logits_owned=True)
+            sample_out = self._sample(step, sampled_hidden)
         if hidden is not None and step.prompt_rows is not None and step.prompt_targets is not None:
             logits = self.model.logits(hidden[step.prompt_rows])  # [prompt_rows, vocab]
             prompt_out = raw_logprobs(logits, step.prompt_targets, step.prompt_top_n)
-        self._last_sampled = None if sample_out is None else sample_out.tokens
+        later: list[torch.Tensor] | None = None
+        if step.later is not None and step.batch is not None and sample_out is not None:
+            later = []
+            tokens = sample_out.tokens  # [rows]: the next step's inputs
+            for j in range(1, len(step.later.positions) + 1):
+                positions = step.later.apply(j, step.batch)  # [rows]
+                hidden = self.model.forward(tokens, positions, step.batch, self.kv_caches)  # [rows, hidden]
+                tokens = self._sample(step, hidden).tokens
+                later.append(tokens)
+        self._last_sampled = None if sample_out is None else sample_out.tokens if not later else later[-1]
         self._last_step_id = step.step_id
-        return StepOutput(sample_out, prompt_out)
+        return StepOutput(sample_out, prompt_out, later)
+
+    def _sample(self, step: PreparedStep, sampled_hidden: torch.Tensor) -> SampleOutput:
+        """sampled_hidden [num_sampled, hidden] -> the step's samples: the argmax from the LM head's product where
+        every row is plain greedy (no logits written), else logits and the sampler."""
+        tokens = self.model.greedy_tokens(sampled_hidden) \
+            if step.grammar is None and step.sampling is not None and plain_greedy(step.sampling) else None
+        if tokens is not None:  # [num_sampled]
+            return SampleOutput(tokens)
+        assert step.sampling is not None
+        logits = self.model.logits(sampled_hidden)  # [num_sampled, vocab]
+        return sample(logits, step.sampling, self._grammar_mask(step), self.sampling_kernels, logits_owned=True)
 
     def _grammar_mask(self, step: PreparedStep) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(rows [k] int64, bitmask [k, words] int32) on the device; waits for the host to fill it."""
@@ -354,7 +416,8 @@ def to_result(plan: StepPlan, out: StepOutput) -> StepResult:
                 continue
             prompt[seq.request_id] = [None if target < 0 else _trim(next(rows), seq.num_prompt_logprobs)
                                       for target in seq.prompt_logprob_targets]
-    return StepResult(plan.step_id, sampled, logprobs, prompt)
+    later = [tokens.tolist() for tokens in out.later] if out.later else []
+    return StepResult(plan.step_id, sampled, logprobs, prompt, later)
 
 
 def _trim(row: TokenLogprobs, n: int) -> TokenLogprobs:
