@@ -17,12 +17,14 @@
 
 namespace {
 
-// Elements below which an op runs on the calling thread alone. The RMSNorm of a decode step's rows (64 x 576
-// for the default model) is a few microseconds of arithmetic, about what an OpenMP fork/join costs on an idle
-// machine, and far less than one costs when another process holds a core (the region waits for the
-// descheduled thread): profiled at 64 rows beside other work, each small op took 300-370 us split over two
-// threads. SiLU-and-mul (exp and a division per element) still splits at 64 rows of 1,536.
-constexpr int64_t kInlineElements = int64_t{1} << 16;
+// Elements below which an op runs on the calling thread alone: a few rows' RMSNorm (a single request's decode step)
+// is a few microseconds of arithmetic, about what an OpenMP fork/join costs. A 64-row decode step of the default
+// model (64 x 576) splits over the threads: its 60 RMSNorms and 30 rotary ops on one thread held the other idle,
+// and split the W1 decode_layers call took 31.5-33.0 ms against 32.2-34.8 (six alternating rounds, s28,
+// benchmarks/RESULTS.md), beside a busy 2-thread process 64 against 92-98 ms. (It was 1 << 16 after a profile at
+// 64 rows beside other work in which each small op split over two threads took 300-370 us; the s28 check above
+// beside a busy process found the split faster.)
+constexpr int64_t kInlineElements = int64_t{1} << 13;
 
 #if defined(CONVEYOR_VEC_BF16)
 using namespace conveyor_vec;

@@ -20,10 +20,9 @@
 
 namespace {
 
-// Elements of QKV below which the op runs on the calling thread alone: a decode step's 64 rows of 960 take
-// microseconds here, about an OpenMP fork/join on an idle machine and far less than one beside other work
-// (see norm_act.cpp).
-constexpr int64_t kInlineElements = int64_t{1} << 16;
+// Elements of QKV below which the op runs on the calling thread alone: a few rows take microseconds here, about
+// an OpenMP fork/join; a 64-row decode step's (64 x 960) splits over the threads (see norm_act.cpp).
+constexpr int64_t kInlineElements = int64_t{1} << 13;
 
 #if defined(CONVEYOR_VEC_BF16)
 using namespace conveyor_vec;
