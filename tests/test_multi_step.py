@@ -3,9 +3,11 @@ runs, and the engine's tokens and texts the same as with one step per plan, toke
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
+from conftest import build_tiny_model
 
 from conveyor import SamplingParams
 from conveyor.config import EngineConfig
@@ -138,3 +140,24 @@ def test_a_streamed_request_keeps_every_plan_to_one_step(engines: dict[str, Engi
     outputs, plans = _run(engines["sync"], requests, streamed=0)
     assert set(plans) == {1}
     assert _summary(outputs) == _summary(_run(engines["one"], requests)[0])
+
+
+def test_multi_step_on_torch_kernels_with_several_decode_groups(tmp_path: Any) -> None:
+    """The torch reference path (kernels='torch', float32): 40 decodes attend in groups of 32 sorted by context
+    length, each group with its own masks; every plan's later steps move each group's lengths and the slots."""
+    folder = str(tmp_path / "tiny-llama")
+    build_tiny_model("llama", folder)
+    rng = random.Random(3)
+    requests = [([rng.randrange(2, 512) for _ in range(rng.randrange(1, 50))],
+                 SamplingParams(temperature=0.0, max_tokens=6 + i % 13, ignore_eos=i % 3 != 0)) for i in range(40)]
+    results = []
+    for steps in (1, 4):
+        engine = Engine(EngineConfig(model=folder, kernels="torch", dtype="float32", num_scheduler_steps=steps,
+                                     async_batching=False, max_model_len=256, block_size=8))
+        try:
+            outputs, plans = _run(engine, requests)
+        finally:
+            engine.close()
+        results.append(_summary(outputs))
+        assert max(plans) == steps
+    assert results[0] == results[1]
