@@ -83,7 +83,10 @@ def test_engine_records_every_step(tiny_llama: str, async_batching: bool) -> Non
     assert sum(s.num_sampled for s in device) == sum(len(o.outputs[0].token_ids) for o in outs) == sum(lengths)
     assert sum(s.num_tokens for s in device) == sum(len(p) for p in prompts) + sum(n - 1 for n in lengths)
     assert max(s.num_seqs for s in device) > 1  # continuous batching: several sequences in a step
-    assert all(s.num_tokens <= 24 for s in device)  # the token budget held (chunked prefill)
+    assert all(s.num_tokens <= 24 for s in device if s.num_steps == 1)  # the token budget held (chunked prefill)
+    # a multi-step plan (every request a plain greedy final-only decode): one token per sequence per step
+    assert all(s.num_tokens == s.num_sampled == s.num_seqs * s.num_steps for s in device if s.num_steps > 1)
+    assert max(s.num_steps for s in device) > 1
     assert all(0 <= s.start <= s.end <= engine.timeline.now() for s in spans)
 
 

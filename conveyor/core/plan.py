@@ -97,6 +97,16 @@ class StepPlan:
         return sum(s.num_tokens for s in self.seqs)
 
     @property
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV the plan computes over all its steps (num_tokens, plus one per sequence per later step)."""
+        return self.num_tokens + (self.num_steps - 1) * len(self.seqs)
+
+    @property
+    def num_sampled(self) -> int:
+        """Tokens the plan samples over all its steps."""
+        return len(self.sampling_seqs) * self.num_steps
+
+    @property
     def is_empty(self) -> bool:
         return not self.seqs
 

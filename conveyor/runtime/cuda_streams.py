@@ -90,8 +90,8 @@ class CudaStreamsExecutor(Executor):
         self.device_busy_s += busy
         end = time.perf_counter()
         plan = handle.plan
-        self.tracer.add("forward+sample", DEVICE_LANE, end - busy, end, plan.step_id, len(plan.seqs), plan.num_tokens,
-                        len(plan.sampling_seqs))
+        self.tracer.add("forward+sample", DEVICE_LANE, end - busy, end, plan.step_id, len(plan.seqs),
+                        plan.num_computed_tokens, plan.num_sampled, plan.num_steps)
         assert handle.host_output is not None
         return to_result(plan, handle.host_output)
 

@@ -31,9 +31,11 @@ class Span(NamedTuple):
     num_seqs: int
     """Sequences in the step (its batch size); 0 where the span does not know it."""
     num_tokens: int
-    """Tokens the step computes; 0 where the span does not know it."""
+    """Tokens the step computes (a multi-step plan's: over all its steps); 0 where the span does not know it."""
     num_sampled: int
-    """Tokens the step samples (one per sequence that reaches the end of its known tokens)."""
+    """Tokens the step samples (one per sequence that reaches the end of its known tokens, per step)."""
+    num_steps: int = 1
+    """Decode steps the span ran back to back (StepPlan.num_steps)."""
 
 
 class StepTimeline:
@@ -49,9 +51,10 @@ class StepTimeline:
         return time.perf_counter() - self.origin
 
     def add(self, name: str, lane: int, start: float, end: float, step: int | None = None, num_seqs: int = 0,
-            num_tokens: int = 0, num_sampled: int = 0) -> None:
+            num_tokens: int = 0, num_sampled: int = 0, num_steps: int = 1) -> None:
         """Record a span given in time.perf_counter() seconds."""
-        span = Span(name, lane, start - self.origin, end - self.origin, step, num_seqs, num_tokens, num_sampled)
+        span = Span(name, lane, start - self.origin, end - self.origin, step, num_seqs, num_tokens, num_sampled,
+                    num_steps)
         with self._lock:
             self._spans.append(span)
 

@@ -36,11 +36,13 @@ class Tracer:
         self.enabled = True
 
     def add(self, name: str, lane: int, start: float, end: float, step: int | None = None, seqs: int = 0,
-            tokens: int = 0, sampled: int = 0) -> None:
-        self.timeline.add(name, lane, start, end, step, seqs, tokens, sampled)
+            tokens: int = 0, sampled: int = 0, steps: int = 1) -> None:
+        self.timeline.add(name, lane, start, end, step, seqs, tokens, sampled, steps)
         if not self.enabled:
             return
         args = {k: v for k, v in (("seqs", seqs), ("tokens", tokens), ("sampled", sampled)) if v}
+        if steps > 1:
+            args["steps"] = steps
         if step is not None:
             args["step"] = step
         event = {"name": name, "ph": "X", "pid": 1, "tid": lane, "ts": (start - self.origin) * 1e6,

@@ -85,4 +85,5 @@ def engine_status_body(state: ServerState, since: float | None, window_s: float)
 
 def _span(s: Span) -> dict[str, Any]:
     return {"name": s.name, "lane": _LANES.get(s.lane, "host"), "start": round(s.start, 6), "end": round(s.end, 6),
-            "step": s.step, "seqs": s.num_seqs, "tokens": s.num_tokens, "sampled": s.num_sampled}
+            "step": s.step, "seqs": s.num_seqs, "tokens": s.num_tokens, "sampled": s.num_sampled,
+            "steps": s.num_steps}
