@@ -132,12 +132,17 @@ class BlockManager:
             return False
         return self._shared_block_at(request_id, write_from) is None
 
+    def new_blocks_needed(self, request_id: str, num_tokens: int, prefix_blocks: int = 0) -> int:
+        """Fresh blocks the request's table (plus a prefix of `prefix_blocks` cached blocks) needs to hold
+        `num_tokens` tokens."""
+        have = len(self._tables.get(request_id, ())) + prefix_blocks
+        return max(0, self.blocks_needed(num_tokens) - have)
+
     def can_allocate(self, request_id: str, num_tokens: int, prefix: PrefixMatch = EMPTY_MATCH,
                      write_from: int | None = None) -> bool:
         """Whether the request's table can grow to hold `num_tokens` tokens (plus a private copy
         of a shared block at position `write_from`, when given)."""
-        have = len(self._tables.get(request_id, ())) + len(prefix.block_ids)
-        new = max(0, self.blocks_needed(num_tokens) - have)
+        new = self.new_blocks_needed(request_id, num_tokens, len(prefix.block_ids))
         revived = sum(1 for b in prefix.block_ids if self._refcount[b] == 0)
         copy = 1 if write_from is not None and self._shared_block_at(request_id, write_from) is not None else 0
         return new + revived + copy <= self.num_free_blocks

@@ -201,13 +201,11 @@ class Scheduler:
             steps = min(steps, left)
             if steps <= 1 or produced < p.min_tokens:
                 return 1
-        blocks = self.blocks
-        needed = sum(max(0, blocks.blocks_needed(r.num_computed_tokens + steps) - len(blocks.block_table(r.request_id)))
-                     for r, _ in planned)
-        if needed > blocks.num_free_blocks:
+        needed = sum(self.blocks.new_blocks_needed(r.request_id, r.num_computed_tokens + steps) for r, _ in planned)
+        if needed > self.blocks.num_free_blocks:
             return 1
         for request, _ in planned:  # the first step's block is private already (the loop above made it so)
-            blocks.allocate(request.request_id, request.num_computed_tokens + steps)
+            self.blocks.allocate(request.request_id, request.num_computed_tokens + steps)
         return steps
 
     def _plan_seq(self, request: Request, count: int, steps: int = 1) -> ScheduledSeq:

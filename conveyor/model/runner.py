@@ -262,9 +262,10 @@ class ModelRunner:
         batch = build_attention_batch([s.start_position for s in computing], [s.num_tokens for s in computing],
                                       [self.batch.block_table(s.request_id) for s in computing], self.block_size, t,
                                       self.decode_group_size, plan.num_steps - 1) if computing else None
+        every_row = sample_rows == list(range(len(ids)))
         later = None
         if plan.num_steps > 1:
-            if batch is None or sample_rows != list(range(len(ids))) or len(ids) != len(plan.seqs):
+            if batch is None or not every_row or len(ids) != len(plan.seqs):
                 raise RuntimeError(f"step {plan.step_id}: a plan of {plan.num_steps} steps must be decodes that each "
                                    f"sample, one row per sequence")
             later = self._later_steps(plan, batch)
@@ -279,7 +280,7 @@ class ModelRunner:
             copy_from=index([a for a, _ in plan.block_copies]), copy_to=index([b for _, b in plan.block_copies]),
             prompt_rows=index(prompt_rows), prompt_targets=index(prompt_targets),
             prompt_top_n=max((s.num_prompt_logprobs for s in plan.seqs), default=0),
-            samples_every_row=sample_rows == list(range(len(ids))),
+            samples_every_row=every_row,
             grammar=_deferred_bitmask(sampling_seqs), later=later)
 
     def _later_steps(self, plan: StepPlan, batch: AttentionBatch) -> LaterSteps:
