@@ -29,12 +29,19 @@ def _generate(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[
     return [(o.outputs[0].token_ids, [lp.top[0][1] for lp in o.outputs[0].logprobs or []]) for o in outputs]
 
 
-def test_the_decode_stack_gives_the_python_loops_tokens_and_logprobs(tmp_path: Any, amx: Any) -> None:
+@pytest.mark.parametrize(("num_threads", "kv_cache_dtype"), [(None, "auto"), (1, "auto"), (3, "auto"),
+                                                             (None, "int8")])
+def test_the_decode_stack_gives_the_python_loops_tokens_and_logprobs(num_threads: int | None, kv_cache_dtype: str,
+                                                                     tmp_path: Any, amx: Any) -> None:
     """Several requests at once (their decode steps are pure decodes in one group), greedy with logprobs: the
-    native stack against the Python loop over the same loaded weights, bit for bit; the stack did run."""
+    native stack against the Python loop over the same loaded weights, bit for bit; the stack did run. With plain
+    caches the stack runs as one team of threads (one, torch's default, or more threads than cores), with an int8
+    cache op by op."""
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder)
-    llm = LLM(model=folder, dtype="bfloat16", kernels="native", kv_cache_memory="16MiB", max_model_len=256)
+    threads_before = torch.get_num_threads()
+    llm = LLM(model=folder, dtype="bfloat16", kernels="native", kv_cache_memory="16MiB", max_model_len=256,
+              num_threads=num_threads, kv_cache_dtype=kv_cache_dtype)
     model = llm.engine.runner.model
     stack = model.decode_stack
     assert stack is not None
@@ -51,6 +58,7 @@ def test_the_decode_stack_gives_the_python_loops_tokens_and_logprobs(tmp_path: A
     assert calls and max(calls) == len(prompts)  # every row of the busiest steps went through the stack
     model.decode_stack = None
     expected = _generate(llm, prompts)
+    torch.set_num_threads(threads_before)
     assert got == expected
     llm.engine.check_idle()
 

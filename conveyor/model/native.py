@@ -215,7 +215,8 @@ class NativeKernels(Protocol):
 _HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h",
                                                                               "gguf_amx.h", "gguf_dequant.h",
                                                                               "amx_product.h", "kernels.h",
-                                                                              "kv_int8.h", "decode_attention.h")]
+                                                                              "kv_int8.h", "decode_attention.h",
+                                                                              "stack_parts.h", "team.h")]
 _SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp",
                                                             "decode_attention_int8.cpp",
                                                             "prefill_attention.cpp", "norm_act.cpp",

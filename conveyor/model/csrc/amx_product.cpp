@@ -517,10 +517,12 @@ int64_t chunk_rows_for(int64_t in_features) {
   return std::max<int64_t>(2 * kTile, kPackedBytes / (panel_values * 2) / (2 * kTile) * 2 * kTile);
 }
 
+// `team`: run by every thread of a team already in one parallel region (UnitTeam); null: in a parallel region of
+// its own.
 template <typename Weights>
 void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
              const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct,
-             const ArgmaxLanes* argmax = nullptr) {
+             const ArgmaxLanes* argmax = nullptr, const UnitTeam* team = nullptr) {
   constexpr bool kWeightsAsB = Weights::kWeightsAsB, kReadsInPlace = Weights::kReadsInPlace;
   const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
   const int64_t panel_values = std::min(in_features, kPanelValues), chunk_rows = chunk_rows_for(in_features);
@@ -529,7 +531,8 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   const int64_t pair_floats = 4 * kTile * kTile;  // the four accumulators of a pair of activation tiles
   // Several panels: as many blocks per unit as have their accumulators in kSumsBytes, but no more than a
   // quarter of each thread's share of the chunk's blocks, so that a few rows still spread over every thread.
-  const int64_t share = std::max<int64_t>(1, n_blocks / (4 * at::get_num_threads()));
+  const int64_t threads = team != nullptr ? team->threads : at::get_num_threads();
+  const int64_t share = std::max<int64_t>(1, n_blocks / (4 * threads));
   const int64_t blocks_per_unit =
       panels > 1 ? std::clamp<int64_t>(kSumsBytes / (chunk_pairs * pair_floats * 4), 1, share) : kUnitBlocks;
   // kSiluGate pairs its blocks (even, odd) within a unit, so that one thread writes whole lines of y.
@@ -552,8 +555,9 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   // at 64 rows (two pairs per block, the weights read from memory) slicing was slower (6.2-7.4 -> 6.8-8.0 ms), and
   // for plain outputs, whose stores are a conversion per row, level (benchmarks/RESULTS.md, s26).
   const bool sliced = kWeightsAsB && output == Output::kSiluGate && chunk_tiles >= kPrefetchRowTiles;
-  std::atomic<int64_t> next_unit{0};
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), units), 1, [&](int64_t, int64_t) {
+  std::atomic<int64_t> own_next_unit{0};
+  std::atomic<int64_t>& next_unit = team != nullptr ? *team->next_unit : own_next_unit;
+  const auto run_units = [&] {
     thread_local TileBuffer<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
     thread_local TileBuffer<c10::BFloat16> scratch;    // [2][panel k tiles][16][32] (dequantized weights)
     thread_local TileBuffer<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
@@ -700,7 +704,12 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
     }
     _tile_release();
     if (stream) _mm_sfence();  // the non-temporal stores reach memory before the region's end is seen
-  });
+  };
+  if (team != nullptr) {
+    run_units();
+    return;
+  }
+  at::parallel_for(0, std::min<int64_t>(threads, units), 1, [&](int64_t, int64_t) { run_units(); });
 }
 
 }  // namespace
@@ -743,6 +752,18 @@ void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_featur
 void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
                                    const c10::BFloat16* tiles, c10::BFloat16* y) {
   product(x, rows, in_features, 2 * inner, PackedTiles{tiles, in_features / kTileK}, y, Output::kSiluGate);
+}
+
+void product_packed_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                              const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team) {
+  product(x, rows, in_features, out_features, PackedTiles{tiles, in_features / kTileK}, y, Output::kProduct, nullptr,
+          &team);
+}
+
+void product_packed_silu_gate_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                        const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team) {
+  product(x, rows, in_features, 2 * inner, PackedTiles{tiles, in_features / kTileK}, y, Output::kSiluGate, nullptr,
+          &team);
 }
 
 namespace {
@@ -800,6 +821,10 @@ void product_packed_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const 
 void product_packed_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*,
                                    c10::BFloat16*) {}
 void product_packed_argmax_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, int64_t*) {}
+void product_packed_bf16_team(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*,
+                              const UnitTeam&) {}
+void product_packed_silu_gate_bf16_team(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*,
+                                        c10::BFloat16*, const UnitTeam&) {}
 }  // namespace conveyor_amx
 
 #endif

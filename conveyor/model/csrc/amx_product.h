@@ -5,6 +5,7 @@
 
 #include <c10/util/BFloat16.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -81,6 +82,21 @@ void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_featur
 // bfloat16 as product_packed_bf16's would, then silu and the product round as the separate op does.
 void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
                                    const c10::BFloat16* tiles, c10::BFloat16* y);
+
+// A team of threads already in one parallel region that runs a product together (decode_layers.cpp): every one of
+// them calls a *_team function below with the same arguments and the same counter (0 before the first call), and
+// they take its units in turn from it as the threads of the functions above do from theirs (the same bits). A thread
+// returns when no unit is left to take, while the others may still be finishing theirs: the caller waits for them
+// (a barrier) before it reads y.
+struct UnitTeam {
+  int64_t threads;                   // in the team
+  std::atomic<int64_t>* next_unit;   // the next unit to take: one counter per product call
+};
+
+void product_packed_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                              const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team);
+void product_packed_silu_gate_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                        const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team);
 
 // Each row's first largest value of x W^T for bfloat16 weights packed as for product_packed_bf16: tokens [rows]
 // = argmax over the bfloat16 product (the first NaN, else the first largest; torch's max(dim).indices), without

@@ -22,6 +22,7 @@
 
 #include "decode_attention.h"
 #include "kv_int8.h"
+#include "stack_parts.h"
 #include "vec_bf16.h"
 
 namespace {
@@ -340,71 +341,107 @@ template <typename T>
 bool attend_avx512(const Item&, const T*, const T*, const T*, float*, T*) { return false; }
 #endif
 
+// One layer's decode attention over a step's items, in pointers: q rows seq_stride / head_stride apart; a plain
+// cache's k, v in T, or an int8 one's k_codes, v_codes (the others null).
+template <typename T>
+struct Items {
+  const T* q;
+  int64_t q_seq_stride, q_head_stride;
+  const T* k;
+  const T* v;
+  const int8_t* k_codes;
+  const int8_t* v_codes;
+  const int64_t* block_tables;
+  int64_t max_blocks;
+  const int64_t* context_lens;
+  int64_t block_size, heads, kv_heads, head_dim;
+  float scale;
+  T* out;
+
+  Item item(int64_t index) const {  // index = seq * kv_heads + kv_head
+    const int64_t seq = index / kv_heads;
+    return Item{context_lens[seq], block_size, kv_heads, index % kv_heads, head_dim, heads / kv_heads,
+                q_head_stride, block_tables + seq * max_blocks, scale};
+  }
+};
+
+// Items [begin, end) of `items`; scores: the caller's scratch.
+template <typename T>
+void attend_items(const Items<T>& items, int64_t begin, int64_t end, std::vector<float>& scores) {
+  const int64_t kv_heads = items.kv_heads, group = items.heads / kv_heads, head_dim = items.head_dim;
+  for (int64_t index = begin; index < end; ++index) {
+    const int64_t seq = index / kv_heads, kv_head = index % kv_heads;
+    const Item it = items.item(index);
+    if (static_cast<int64_t>(scores.size()) < group * it.ctx) scores.resize(group * it.ctx);
+    const T* q_item = items.q + seq * items.q_seq_stride + kv_head * group * items.q_head_stride;
+    T* out_item = items.out + (seq * items.heads + kv_head * group) * head_dim;
+    const Item following = index + 1 < end ? items.item(index + 1) : Item{};
+    if (items.k_codes != nullptr) {
+      conveyor_decode::attend_int8(it, index + 1 < end ? &following : nullptr, q_item, items.k_codes, items.v_codes,
+                                   scores.data(), out_item);
+      continue;
+    }
+#if defined(CONVEYOR_VEC_BF16)
+    if (attend_bf16_64(it, index + 1 < end ? &following : nullptr, q_item, items.k, items.v, scores.data(), out_item))
+      continue;
+#endif
+    if (!attend_avx512(it, q_item, items.k, items.v, scores.data(), out_item))
+      attend_item(it, q_item, items.k, items.v, scores.data(), out_item);
+  }
+}
+
 template <typename T>
 void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                              const torch::Tensor& block_tables, const torch::Tensor& context_lens,
                              torch::Tensor& out, double scale, int64_t block_size, int64_t kv_heads) {
-  const int64_t num_seqs = q.size(0), heads = q.size(1), head_dim = q.size(2), max_blocks = block_tables.size(1);
-  const int64_t group = heads / kv_heads, q_seq_stride = q.stride(0), q_head_stride = q.stride(1);
+  const int64_t num_seqs = q.size(0);
   const bool int8_cache = k_cache.scalar_type() == at::kChar;
-  const T* q_ptr = q.data_ptr<T>();
-  const T* k_ptr = int8_cache ? nullptr : k_cache.data_ptr<T>();
-  const T* v_ptr = int8_cache ? nullptr : v_cache.data_ptr<T>();
-  const int8_t* k_codes = int8_cache ? k_cache.data_ptr<int8_t>() : nullptr;
-  const int8_t* v_codes = int8_cache ? v_cache.data_ptr<int8_t>() : nullptr;
-  const int64_t* table_ptr = block_tables.data_ptr<int64_t>();
-  const int64_t* len_ptr = context_lens.data_ptr<int64_t>();
-  T* out_ptr = out.data_ptr<T>();
-
-  const auto item = [&](int64_t index) -> Item {  // index = seq * kv_heads + kv_head
-    const int64_t seq = index / kv_heads;
-    return Item{len_ptr[seq], block_size, kv_heads, index % kv_heads, head_dim, group, q_head_stride,
-                table_ptr + seq * max_blocks, static_cast<float>(scale)};
-  };
-  // One contiguous range of items per thread, of about equal cost (the tokens each reads, plus a few for its
-  // setup): a step's sequences differ in length, and equal counts of items (OpenMP's static split) left one
-  // thread waiting for the other ~5% of the call on W1's contexts. Each item is computed the same wherever it runs.
-  const int64_t items = num_seqs * kv_heads;
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
-  std::vector<int64_t> bounds(threads + 1, items);  // thread t takes items bounds[t]..bounds[t + 1] - 1
-  bounds[0] = 0;
-  {
-    constexpr int64_t kItemSetupTokens = 8;
-    const auto cost = [&](int64_t seq) { return len_ptr[seq] + kItemSetupTokens; };  // one item of sequence seq
-    int64_t total = 0;
-    for (int64_t seq = 0; seq < num_seqs; ++seq) total += cost(seq) * kv_heads;
-    int64_t done = 0, t = 1;
-    for (int64_t index = 0; index < items && t < threads; ++index) {
-      done += cost(index / kv_heads);
-      while (t < threads && done * threads >= total * t) bounds[t++] = index + 1;
-    }
-  }
+  const Items<T> items{q.data_ptr<T>(), q.stride(0), q.stride(1),
+                       int8_cache ? nullptr : k_cache.data_ptr<T>(), int8_cache ? nullptr : v_cache.data_ptr<T>(),
+                       int8_cache ? k_cache.data_ptr<int8_t>() : nullptr,
+                       int8_cache ? v_cache.data_ptr<int8_t>() : nullptr, block_tables.data_ptr<int64_t>(),
+                       block_tables.size(1), context_lens.data_ptr<int64_t>(), block_size, q.size(1), kv_heads,
+                       q.size(2), static_cast<float>(scale), out.data_ptr<T>()};
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_seqs * kv_heads));
+  const std::vector<int64_t> bounds = decode_attention_bounds(items.context_lens, num_seqs, kv_heads, threads);
   at::parallel_for(0, threads, 1, [&](int64_t first_range, int64_t end_range) {
-    const int64_t begin = bounds[first_range], end = bounds[end_range];
     std::vector<float> scores;
-    for (int64_t index = begin; index < end; ++index) {
-      const int64_t seq = index / kv_heads, kv_head = index % kv_heads;
-      const Item it = item(index);
-      scores.resize(group * it.ctx);
-      const T* q_item = q_ptr + seq * q_seq_stride + kv_head * group * q_head_stride;
-      T* out_item = out_ptr + (seq * heads + kv_head * group) * head_dim;
-      const Item following = index + 1 < end ? item(index + 1) : Item{};
-      if (int8_cache) {
-        conveyor_decode::attend_int8(it, index + 1 < end ? &following : nullptr, q_item, k_codes, v_codes,
-                                     scores.data(), out_item);
-        continue;
-      }
-#if defined(CONVEYOR_VEC_BF16)
-      if (attend_bf16_64(it, index + 1 < end ? &following : nullptr, q_item, k_ptr, v_ptr, scores.data(), out_item))
-        continue;
-#endif
-      if (!attend_avx512(it, q_item, k_ptr, v_ptr, scores.data(), out_item))
-        attend_item(it, q_item, k_ptr, v_ptr, scores.data(), out_item);
-    }
+    attend_items(items, bounds[first_range], bounds[end_range], scores);
   });
 }
 
 }  // namespace
+
+// One contiguous range of items per thread, of about equal cost (the tokens each reads, plus a few for its
+// setup): a step's sequences differ in length, and equal counts of items (OpenMP's static split) left one
+// thread waiting for the other ~5% of the call on W1's contexts. Each item is computed the same wherever it runs.
+std::vector<int64_t> decode_attention_bounds(const int64_t* context_lens, int64_t num_seqs, int64_t kv_heads,
+                                             int64_t threads) {
+  const int64_t items = num_seqs * kv_heads;
+  std::vector<int64_t> bounds(threads + 1, items);  // thread t takes items bounds[t]..bounds[t + 1] - 1
+  bounds[0] = 0;
+  constexpr int64_t kItemSetupTokens = 8;
+  const auto cost = [&](int64_t seq) { return context_lens[seq] + kItemSetupTokens; };  // one item of sequence seq
+  int64_t total = 0;
+  for (int64_t seq = 0; seq < num_seqs; ++seq) total += cost(seq) * kv_heads;
+  int64_t done = 0, t = 1;
+  for (int64_t index = 0; index < items && t < threads; ++index) {
+    done += cost(index / kv_heads);
+    while (t < threads && done * threads >= total * t) bounds[t++] = index + 1;
+  }
+  return bounds;
+}
+
+void decode_attention_items(const c10::BFloat16* q, int64_t q_seq_stride, int64_t q_head_stride,
+                            const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* block_tables,
+                            int64_t max_blocks, const int64_t* context_lens, int64_t block_size, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim, double scale, c10::BFloat16* out, int64_t begin,
+                            int64_t end, std::vector<float>& scores) {
+  const Items<c10::BFloat16> items{q, q_seq_stride, q_head_stride, k_cache, v_cache, nullptr, nullptr, block_tables,
+                                   max_blocks, context_lens, block_size, heads, kv_heads, head_dim,
+                                   static_cast<float>(scale), out};
+  attend_items(items, begin, end, scores);
+}
 
 // q [num_seqs, heads, head_dim] (last dim contiguous); k_cache, v_cache [num_blocks, block_size, kv_heads,
 // head_dim] contiguous in q's dtype, or int8 caches [num_blocks, kv_heads, block_size * (head_dim + 4)]

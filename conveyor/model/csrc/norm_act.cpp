@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "stack_parts.h"
 #include "vec_bf16.h"
 
 namespace {
@@ -59,6 +60,31 @@ void silu_and_mul_row_bf16(const c10::BFloat16* gate, const c10::BFloat16* up, c
 }
 #endif
 
+// Row r of hidden (updated in place to hidden + delta when delta is given) -> out's row r.
+template <typename T>
+void add_rms_norm_row(T* hr, const T* dr, const T* weight, T* o, int64_t dim, float epsilon) {
+#if defined(CONVEYOR_VEC_BF16)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    add_rms_norm_row_bf16(hr, dr, weight, o, dim, epsilon);
+    return;
+  }
+#endif
+  if (dr != nullptr) {
+    for (int64_t i = 0; i < dim; ++i) hr[i] = static_cast<T>(static_cast<float>(hr[i]) + static_cast<float>(dr[i]));
+  }
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < dim; ++i) {
+    const float x = static_cast<float>(hr[i]);
+    sum += x * x;
+  }
+  const float inv_rms = 1.f / std::sqrt(sum / static_cast<float>(dim) + epsilon);
+  for (int64_t i = 0; i < dim; ++i) {
+    const T normed = static_cast<T>(static_cast<float>(hr[i]) * inv_rms);
+    o[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(normed));
+  }
+}
+
 template <typename T>
 void add_rms_norm_kernel(torch::Tensor& hidden, const T* delta, const T* weight, T* out, double eps) {
   const int64_t rows = hidden.size(0), dim = hidden.size(1);
@@ -66,31 +92,8 @@ void add_rms_norm_kernel(torch::Tensor& hidden, const T* delta, const T* weight,
   const float epsilon = static_cast<float>(eps);
   const int64_t grain = std::max<int64_t>(1, kInlineElements / dim);
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      T* hr = h + r * dim;
-#if defined(CONVEYOR_VEC_BF16)
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        add_rms_norm_row_bf16(hr, delta == nullptr ? nullptr : delta + r * dim, weight, out + r * dim, dim, epsilon);
-        continue;
-      }
-#endif
-      if (delta != nullptr) {
-        const T* dr = delta + r * dim;
-        for (int64_t i = 0; i < dim; ++i) hr[i] = static_cast<T>(static_cast<float>(hr[i]) + static_cast<float>(dr[i]));
-      }
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t i = 0; i < dim; ++i) {
-        const float x = static_cast<float>(hr[i]);
-        sum += x * x;
-      }
-      const float inv_rms = 1.f / std::sqrt(sum / static_cast<float>(dim) + epsilon);
-      T* o = out + r * dim;
-      for (int64_t i = 0; i < dim; ++i) {
-        const T normed = static_cast<T>(static_cast<float>(hr[i]) * inv_rms);
-        o[i] = static_cast<T>(static_cast<float>(weight[i]) * static_cast<float>(normed));
-      }
-    }
+    for (int64_t r = begin; r < end; ++r)
+      add_rms_norm_row(h + r * dim, delta == nullptr ? nullptr : delta + r * dim, weight, out + r * dim, dim, epsilon);
   });
 }
 
@@ -142,6 +145,14 @@ torch::Tensor add_rms_norm(torch::Tensor& hidden, const c10::optional<torch::Ten
                                   weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), eps);
   });
   return out;
+}
+
+void add_rms_norm_rows(c10::BFloat16* hidden, const c10::BFloat16* delta, const c10::BFloat16* weight,
+                       c10::BFloat16* out, int64_t begin, int64_t end, int64_t dim, double eps) {
+  for (int64_t r = begin; r < end; ++r) {
+    add_rms_norm_row(hidden + r * dim, delta == nullptr ? nullptr : delta + r * dim, weight, out + r * dim, dim,
+                     static_cast<float>(eps));
+  }
 }
 
 // gate_up [rows, 2 * inner] contiguous -> silu(gate) * up, [rows, inner].

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "kv_int8.h"
+#include "stack_parts.h"
 #include "vec_bf16.h"
 
 namespace {
@@ -131,45 +132,61 @@ inline void request_cache_rows(const CacheRows<T>& k_cache, const CacheRows<T>& 
   conveyor_vec::request_bytes<conveyor_vec::Request::kWrite>(v_cache.plain + slot * values, values * sizeof(T));
 }
 
+// Tokens [begin, end) of rotary_and_cache_kernel's work.
+template <typename T>
+void rotary_and_cache_tokens(const T* qkv, const T* cos, const T* sin, const CacheRows<T>& k_cache,
+                             const CacheRows<T>& v_cache, const int64_t* slots, T* qk, int64_t begin, int64_t end,
+                             int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  const int64_t row = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
+  const int64_t values = kv_heads * head_dim;  // of a K or V row
+  for (int64_t t = begin; t < std::min(end, begin + kWriteAhead); ++t)
+    request_cache_rows(k_cache, v_cache, slots[t], values);
+  for (int64_t t = begin; t < end; ++t) {
+    if (t + kWriteAhead < end) request_cache_rows(k_cache, v_cache, slots[t + kWriteAhead], values);
+    const T* src = qkv + t * row;
+    const T* c = cos + t * head_dim;
+    const T* s = sin + t * head_dim;
+    T* dst = qk + t * (heads + kv_heads) * head_dim;
+    for (int64_t h = 0; h < heads + kv_heads; ++h) {  // Q heads, then K heads
+      const T* x = src + h * head_dim;
+      T* y = dst + h * head_dim;
+#if defined(CONVEYOR_VEC_BF16)
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        rotate_head_bf16(x, c, s, y, half);
+        continue;
+      }
+#endif
+      for (int64_t d = 0; d < half; ++d) {
+        y[d] = rotate_one(x[d], x[d + half], c[d], s[d], true);
+        y[d + half] = rotate_one(x[d + half], x[d], c[d + half], s[d + half], false);
+      }
+    }
+    const int64_t slot = slots[t];
+    const T* k_rot = dst + heads * head_dim;
+    const T* v = src + (heads + kv_heads) * head_dim;
+    k_cache.write(slot, k_rot, kv_heads, head_dim);
+    v_cache.write(slot, v, kv_heads, head_dim);
+  }
+}
+
 template <typename T>
 void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, const CacheRows<T>& k_cache,
                              const CacheRows<T>& v_cache, const int64_t* slots, T* qk, int64_t tokens, int64_t heads,
                              int64_t kv_heads, int64_t head_dim) {
-  const int64_t row = (heads + 2 * kv_heads) * head_dim, half = head_dim / 2;
+  const int64_t row = (heads + 2 * kv_heads) * head_dim;
   at::parallel_for(0, tokens, std::max<int64_t>(1, kInlineElements / row), [&](int64_t begin, int64_t end) {
-    const int64_t values = kv_heads * head_dim;  // of a K or V row
-    for (int64_t t = begin; t < std::min(end, begin + kWriteAhead); ++t)
-      request_cache_rows(k_cache, v_cache, slots[t], values);
-    for (int64_t t = begin; t < end; ++t) {
-      if (t + kWriteAhead < end) request_cache_rows(k_cache, v_cache, slots[t + kWriteAhead], values);
-      const T* src = qkv + t * row;
-      const T* c = cos + t * head_dim;
-      const T* s = sin + t * head_dim;
-      T* dst = qk + t * (heads + kv_heads) * head_dim;
-      for (int64_t h = 0; h < heads + kv_heads; ++h) {  // Q heads, then K heads
-        const T* x = src + h * head_dim;
-        T* y = dst + h * head_dim;
-#if defined(CONVEYOR_VEC_BF16)
-        if constexpr (std::is_same_v<T, c10::BFloat16>) {
-          rotate_head_bf16(x, c, s, y, half);
-          continue;
-        }
-#endif
-        for (int64_t d = 0; d < half; ++d) {
-          y[d] = rotate_one(x[d], x[d + half], c[d], s[d], true);
-          y[d + half] = rotate_one(x[d + half], x[d], c[d + half], s[d + half], false);
-        }
-      }
-      const int64_t slot = slots[t];
-      const T* k_rot = dst + heads * head_dim;
-      const T* v = src + (heads + kv_heads) * head_dim;
-      k_cache.write(slot, k_rot, kv_heads, head_dim);
-      v_cache.write(slot, v, kv_heads, head_dim);
-    }
+    rotary_and_cache_tokens(qkv, cos, sin, k_cache, v_cache, slots, qk, begin, end, heads, kv_heads, head_dim);
   });
 }
 
 }  // namespace
+
+void rotary_and_cache_rows(const c10::BFloat16* qkv, const c10::BFloat16* cos, const c10::BFloat16* sin,
+                           c10::BFloat16* k_cache, c10::BFloat16* v_cache, const int64_t* slots, c10::BFloat16* qk,
+                           int64_t begin, int64_t end, int64_t heads, int64_t kv_heads, int64_t head_dim) {
+  const CacheRows<c10::BFloat16> k_rows{k_cache, nullptr, {}, true}, v_rows{v_cache, nullptr, {}, false};
+  rotary_and_cache_tokens(qkv, cos, sin, k_rows, v_rows, slots, qk, begin, end, heads, kv_heads, head_dim);
+}
 
 // qkv [tokens, (heads + 2 * kv_heads) * head_dim] contiguous; cos, sin [tokens, head_dim] in
 // qkv's dtype; caches [num_blocks, block_size, kv_heads, head_dim] contiguous in qkv's dtype, or int8 caches

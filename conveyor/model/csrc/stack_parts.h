@@ -1,0 +1,34 @@
+// A thread's share of the small ops of a decode step, for decode_layers.cpp, whose team of threads runs every op of
+// the step in one parallel region (team.h): the same arithmetic as add_rms_norm, rotary_and_cache and
+// decode_attention (kernels.h) on bfloat16 tensors with plain caches, given as pointers that the caller has checked.
+// Nothing here allocates a tensor or raises.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <vector>
+
+// Rows [begin, end) of add_rms_norm: hidden [*, dim] += delta (when not null), out = RMSNorm(hidden) * weight.
+void add_rms_norm_rows(c10::BFloat16* hidden, const c10::BFloat16* delta, const c10::BFloat16* weight,
+                       c10::BFloat16* out, int64_t begin, int64_t end, int64_t dim, double eps);
+
+// Tokens [begin, end) of rotary_and_cache: qkv [*, (heads + 2 kv_heads) head_dim], cos, sin [*, head_dim] ->
+// qk [*, heads + kv_heads, head_dim]; each token's rotated K and its V to its slot of the plain caches
+// [num_blocks, block_size, kv_heads, head_dim].
+void rotary_and_cache_rows(const c10::BFloat16* qkv, const c10::BFloat16* cos, const c10::BFloat16* sin,
+                           c10::BFloat16* k_cache, c10::BFloat16* v_cache, const int64_t* slots, c10::BFloat16* qk,
+                           int64_t begin, int64_t end, int64_t heads, int64_t kv_heads, int64_t head_dim);
+
+// decode_attention's split of a step's (sequence, KV head) items over `threads`: thread t takes items
+// bounds[t]..bounds[t + 1] - 1 (threads + 1 values). The same for every layer of a step.
+std::vector<int64_t> decode_attention_bounds(const int64_t* context_lens, int64_t num_seqs, int64_t kv_heads,
+                                             int64_t threads);
+
+// Items [begin, end) of decode_attention (item = seq * kv_heads + kv_head) over plain bfloat16 caches; scores: the
+// calling thread's scratch, grown as needed.
+void decode_attention_items(const c10::BFloat16* q, int64_t q_seq_stride, int64_t q_head_stride,
+                            const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* block_tables,
+                            int64_t max_blocks, const int64_t* context_lens, int64_t block_size, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim, double scale, c10::BFloat16* out, int64_t begin,
+                            int64_t end, std::vector<float>& scores);
