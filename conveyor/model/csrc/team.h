@@ -6,9 +6,12 @@
 // was time the other thread spent waiting: ~15% of its time in a W1 decode step (perf, benchmarks/RESULTS.md s29).
 #pragma once
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdint>
-#include <thread>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -16,38 +19,56 @@
 
 namespace conveyor_team {
 
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "a barrier's generation is a futex word");
+
 // The `threads` threads of a team wait at wait() until all of them are there (reusable: a count and a generation).
-// A waiting thread spins for about what an op's imbalance lasts, then yields its core between checks: on a machine
-// shared with other work the thread it waits for may need that core. abort() releases every wait, now and later
-// (a thread that failed), and wait() then returns false.
+// A waiting thread spins for about what an op's imbalance lasts (kSpins pause instructions), then sleeps on the
+// generation (a futex) until the last one arrives and wakes it: on a machine shared with other busy processes the
+// thread it waits for may need its core. W1's sync decode_layers call idle / beside a 2-thread torch process
+// (benchmarks/RESULTS.md, s29): 1000 spins 30.3-32.0 / 60-68 ms, 3000 29.8 / 62-63 ms, 10000 (conveyor/openmp.py's
+// count for libgomp's waits) 29.7-30.6 / 76-78 ms, yielding instead of sleeping 73 ms; one region per op 31.7-33.2 /
+// 59 ms.
+// abort() releases every wait, now and later (a thread that failed), and wait() then returns false.
 class SpinBarrier {
  public:
   bool wait(int64_t threads) {
-    const int64_t generation = generation_.load(std::memory_order_acquire);
-    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads) {
-      arrived_.store(0, std::memory_order_relaxed);
-      generation_.store(generation + 1, std::memory_order_release);
-      return !aborted_.load(std::memory_order_acquire);
+    const uint32_t generation = generation_.load();
+    if (arrived_.fetch_add(1) + 1 == threads) {
+      arrived_.store(0);
+      generation_.fetch_add(1);
+      if (sleepers_.load() > 0) wake();
+      return !aborted_.load();
     }
-    for (int64_t spins = 0; generation_.load(std::memory_order_acquire) == generation; ++spins) {
-      if (aborted_.load(std::memory_order_acquire)) return false;
-      if (spins < kSpins) {
+    for (int64_t spins = 0; spins < kSpins; ++spins) {
+      if (generation_.load(std::memory_order_acquire) != generation) return !aborted_.load();
 #if defined(__x86_64__)
-        _mm_pause();
+      _mm_pause();
 #endif
-      } else {
-        std::this_thread::yield();
-      }
     }
-    return !aborted_.load(std::memory_order_acquire);
+    sleepers_.fetch_add(1);  // seq_cst, before the generation is read again: the last thread then sees a sleeper
+    while (generation_.load() == generation) {
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), FUTEX_WAIT_PRIVATE, generation, nullptr, nullptr,
+              0);
+    }
+    sleepers_.fetch_sub(1);
+    return !aborted_.load();
   }
 
-  void abort() { aborted_.store(true, std::memory_order_release); }
+  void abort() {
+    aborted_.store(true);
+    generation_.fetch_add(1);  // a thread about to sleep on the old generation finds it changed
+    wake();
+  }
 
  private:
-  static constexpr int64_t kSpins = 4096;  // ~50-150 us of pause instructions
+  void wake() {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
+  }
+
+  static constexpr int64_t kSpins = 3000;  // tens of microseconds
   alignas(64) std::atomic<int64_t> arrived_{0};
-  alignas(64) std::atomic<int64_t> generation_{0};
+  alignas(64) std::atomic<uint32_t> generation_{0};
+  std::atomic<int32_t> sleepers_{0};
   std::atomic<bool> aborted_{false};
 };
 
