@@ -78,3 +78,35 @@ def test_a_float32_llama_keeps_the_python_loop(tmp_path: Any, amx: Any) -> None:
     build_tiny_model("llama", folder)
     llm = LLM(model=folder, dtype="float32", kernels="native", kv_cache_memory="8MiB", max_model_len=128)
     assert llm.engine.runner.model.decode_stack is None
+
+
+def test_the_decode_stack_refuses_a_block_or_slot_outside_the_cache(tmp_path: Any, amx: Any) -> None:
+    """The stack checks every operand before its one parallel region (nothing may raise inside it): a block id or a
+    slot outside the cache, or a context longer than its block table, raises a clear error instead of reading or
+    writing memory that is not the cache's; the same call with valid ids runs."""
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder)
+    llm = LLM(model=folder, dtype="bfloat16", kernels="native", kv_cache_memory="8MiB", max_model_len=128)
+    model = llm.engine.runner.model
+    stack = model.decode_stack
+    assert stack is not None
+    spec = model.spec
+    num_blocks, block_size = 4, 16
+    caches = [torch.zeros(num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype=torch.bfloat16)
+              for _ in range(2 * spec.num_layers)]
+
+    def run(block_tables: list[list[int]], slots: list[int], context_lens: list[int]) -> torch.Tensor:
+        hidden = torch.randn(2, spec.hidden_size).to(torch.bfloat16)  # [tokens, hidden]
+        return stack.kernels.decode_layers(
+            hidden, stack.input_norms, stack.qkv_tiles, stack.o_tiles, stack.post_norms, stack.gate_up_tiles,
+            stack.down_tiles, caches[0::2], caches[1::2], model.rotary.cos, model.rotary.sin,
+            torch.tensor([0, 0]), torch.tensor(slots), torch.tensor(block_tables), torch.tensor(context_lens),
+            stack.heads, stack.kv_heads, stack.head_dim, stack.inner, stack.eps, stack.scale)
+
+    assert run([[0], [1]], [0, 16], [1, 1]).shape == (2, spec.hidden_size)
+    with pytest.raises(RuntimeError, match=r"block_tables\[1\]\[0\] is 7"):
+        run([[0], [7]], [0, 16], [1, 1])
+    with pytest.raises(RuntimeError, match="slot 64 is outside the cache"):
+        run([[0], [1]], [0, 64], [1, 1])
+    with pytest.raises(RuntimeError, match=r"context_lens\[0\] is 17"):
+        run([[0], [1]], [0, 16], [17, 1])
