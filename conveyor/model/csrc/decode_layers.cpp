@@ -79,7 +79,6 @@ struct Step {
   int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
 };
 
-
 // The ops one by one, each in its own parallel region (an int8 cache). cos, sin: the step's rotary rows.
 torch::Tensor decode_layers_ops(torch::Tensor& hidden, const Weights& w, std::vector<torch::Tensor>& k_caches,
                                 std::vector<torch::Tensor>& v_caches, const torch::Tensor& cos,
