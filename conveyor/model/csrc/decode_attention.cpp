@@ -412,6 +412,22 @@ void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cach
 
 }  // namespace
 
+void check_contexts(const int64_t* context_lens, const int64_t* block_tables, int64_t num_seqs, int64_t max_blocks,
+                    int64_t block_size, int64_t num_blocks) {
+  // a length past the table or a block id outside the cache would read memory that is not the cache's
+  const int64_t capacity = max_blocks * block_size;
+  for (int64_t seq = 0; seq < num_seqs; ++seq) {
+    const int64_t ctx = context_lens[seq];
+    TORCH_CHECK(ctx >= 1 && ctx <= capacity, "context_lens[", seq, "] is ", ctx, "; each must be in 1..", capacity,
+                " (block_tables' width ", max_blocks, " x block_size ", block_size, ")");
+    for (int64_t b = 0; b < (ctx + block_size - 1) / block_size; ++b) {
+      const int64_t id = block_tables[seq * max_blocks + b];
+      TORCH_CHECK(id >= 0 && id < num_blocks, "block_tables[", seq, "][", b, "] is ", id,
+                  "; the blocks a context uses must be in 0..", num_blocks - 1, " (the cache's blocks)");
+    }
+  }
+}
+
 // One contiguous range of items per thread, of about equal cost (the tokens each reads, plus a few for its
 // setup): a step's sequences differ in length, and equal counts of items (OpenMP's static split) left one
 // thread waiting for the other ~5% of the call on W1's contexts. Each item is computed the same wherever it runs.
@@ -476,20 +492,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
                   context_lens.dim() == 1 && context_lens.size(0) == q.size(0) &&
                   context_lens.scalar_type() == torch::kInt64 && context_lens.is_contiguous(),
               "block_tables [num_seqs, max_blocks] and context_lens [num_seqs] must be contiguous int64");
-  // a length past the table or a block id outside the cache would read memory that is not the cache's
-  const int64_t capacity = block_tables.size(1) * block_size, num_blocks = k_cache.size(0);
-  const int64_t* len_ptr = context_lens.data_ptr<int64_t>();
-  const int64_t* table_ptr = block_tables.data_ptr<int64_t>();
-  for (int64_t seq = 0; seq < q.size(0); ++seq) {
-    const int64_t ctx = len_ptr[seq];
-    TORCH_CHECK(ctx >= 1 && ctx <= capacity, "context_lens[", seq, "] is ", ctx, "; each must be in 1..", capacity,
-                " (block_tables' width ", block_tables.size(1), " x block_size ", block_size, ")");
-    for (int64_t b = 0; b < (ctx + block_size - 1) / block_size; ++b) {
-      const int64_t id = table_ptr[seq * block_tables.size(1) + b];
-      TORCH_CHECK(id >= 0 && id < num_blocks, "block_tables[", seq, "][", b, "] is ", id,
-                  "; the blocks a context uses must be in 0..", num_blocks - 1, " (the cache's blocks)");
-    }
-  }
+  check_contexts(context_lens.data_ptr<int64_t>(), block_tables.data_ptr<int64_t>(), q.size(0), block_tables.size(1),
+                 block_size, k_cache.size(0));
   auto out = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
     decode_attention_kernel<scalar_t>(q, k_cache, v_cache, block_tables, context_lens, out, scale, block_size,

@@ -150,21 +150,9 @@ void check_team_step(const torch::Tensor& hidden, const Weights& w, const std::v
                   slots.size(0) == tokens && slots.scalar_type() == at::kLong && slots.is_contiguous(),
               "decode_layers: block_tables [tokens, max_blocks], context_lens and slot_mapping [tokens] must be "
               "contiguous int64");
-  const int64_t num_blocks = first.size(0), block_size = first.size(1), capacity = tables.size(1) * block_size;
-  const int64_t* len = lens.data_ptr<int64_t>();
-  const int64_t* table = tables.data_ptr<int64_t>();
-  const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    TORCH_CHECK(len[t] >= 1 && len[t] <= capacity, "context_lens[", t, "] is ", len[t], "; each must be in 1..",
-                capacity, " (block_tables' width ", tables.size(1), " x block_size ", block_size, ")");
-    for (int64_t b = 0; b < (len[t] + block_size - 1) / block_size; ++b) {
-      const int64_t id = table[t * tables.size(1) + b];
-      TORCH_CHECK(id >= 0 && id < num_blocks, "block_tables[", t, "][", b, "] is ", id,
-                  "; the blocks a context uses must be in 0..", num_blocks - 1, " (the cache's blocks)");
-    }
-    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_blocks * block_size, "slot ", slot[t], " is outside the cache (",
-                num_blocks * block_size, " slots)");
-  }
+  const int64_t num_blocks = first.size(0), block_size = first.size(1);
+  check_contexts(lens.data_ptr<int64_t>(), tables.data_ptr<int64_t>(), tokens, tables.size(1), block_size, num_blocks);
+  check_slots(slots.data_ptr<int64_t>(), tokens, num_blocks * block_size);
 }
 
 // The layers in one parallel region (plain bfloat16 caches; checked by check_team_step).

@@ -181,6 +181,12 @@ void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, const Cac
 
 }  // namespace
 
+void check_slots(const int64_t* slots, int64_t tokens, int64_t slots_total) {
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(slots[t] >= 0 && slots[t] < slots_total, "slot ", slots[t], " is outside the cache (", slots_total,
+                " slots)");
+}
+
 void rotary_and_cache_rows(const c10::BFloat16* qkv, const c10::BFloat16* cos, const c10::BFloat16* sin,
                            c10::BFloat16* k_cache, c10::BFloat16* v_cache, const int64_t* slots, c10::BFloat16* qk,
                            int64_t begin, int64_t end, int64_t heads, int64_t kv_heads, int64_t head_dim) {
@@ -228,9 +234,7 @@ torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& co
                   slot_mapping.numel() == tokens,
               "slot_mapping must be a contiguous int64 [tokens]");
   const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(slots[t] >= 0 && slots[t] < slots_total, "slot ", slots[t], " is outside the cache (", slots_total,
-                " slots)");
+  check_slots(slots, tokens, slots_total);
   auto qk = torch::empty({tokens, heads + kv_heads, head_dim}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary_and_cache", [&] {
     const CacheRows<scalar_t> k_rows{int8_cache ? nullptr : k_cache.data_ptr<scalar_t>(),

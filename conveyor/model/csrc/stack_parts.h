@@ -1,13 +1,22 @@
 // A thread's share of the small ops of a decode step, for decode_layers.cpp, whose team of threads runs every op of
 // the step in one parallel region (team.h): the same arithmetic as add_rms_norm, rotary_and_cache and
-// decode_attention (kernels.h) on bfloat16 tensors with plain caches, given as pointers that the caller has checked.
-// Nothing here allocates a tensor or raises.
+// decode_attention (kernels.h) on bfloat16 tensors with plain caches, given as pointers that the caller has checked
+// before the region (the ops' own checks of block tables and slots: check_contexts, check_slots). Nothing else here
+// raises, and nothing allocates a tensor.
 #pragma once
 
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
 #include <vector>
+
+// decode_attention's check of a step's contexts: each context_lens[s] in 1..max_blocks x block_size and every block
+// id it uses (block_tables [num_seqs, max_blocks]) in 0..num_blocks - 1; raises, naming the first that is not.
+void check_contexts(const int64_t* context_lens, const int64_t* block_tables, int64_t num_seqs, int64_t max_blocks,
+                    int64_t block_size, int64_t num_blocks);
+
+// rotary_and_cache's check of a step's slots: each in 0..slots_total - 1; raises, naming the first that is not.
+void check_slots(const int64_t* slots, int64_t tokens, int64_t slots_total);
 
 // Rows [begin, end) of add_rms_norm: hidden [*, dim] += delta (when not null), out = RMSNorm(hidden) * weight.
 void add_rms_norm_rows(c10::BFloat16* hidden, const c10::BFloat16* delta, const c10::BFloat16* weight,
