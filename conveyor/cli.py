@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "(reads metadata only, loads no weights)")
     insp.add_argument("paths", nargs="+", help=".gguf files or Hugging Face checkpoint folders")
 
-    from conveyor.bench.cli import add_bench_parser
+    from conveyor.bench.commands import add_bench_parser
     add_bench_parser(commands, add_engine_flags)
     return parser
 
@@ -260,14 +260,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             config = engine_config_from(args)
             if config.data_parallel_size > 1:  # replicas on Ray behind a routing front
-                from conveyor.server.dp_serve import serve_data_parallel
+                from conveyor.data_parallel.serving.serve_replicas import serve_data_parallel
                 return serve_data_parallel(args, config)
             from conveyor.server.main import serve
             return serve(args, config)
         if args.command == "inspect":
             return cmd_inspect(args)
         if args.command == "bench":
-            from conveyor.bench.cli import cmd_bench
+            from conveyor.bench.commands import cmd_bench
             return cmd_bench(args, None if args.bench_command == "serve" else engine_config_from(args))
         return cmd_chat(args)
     except ConveyorError as exc:

@@ -16,7 +16,7 @@ from conveyor.params import SamplingParams
 from conveyor.tools import ToolParser, ToolPlan, parser_for, plan_tools, render_conversation
 
 if TYPE_CHECKING:
-    from conveyor.distributed.offline import DataParallelGenerator
+    from conveyor.data_parallel.offline import DataParallelGenerator
 
 Prompt = Union[str, Sequence[int], dict[str, Any]]
 """A string, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [int, ...]}."""
@@ -36,7 +36,7 @@ class LLM:
         self.replicas: DataParallelGenerator | None = None
         """With data_parallel_size > 1: the Ray replicas that run the requests (there is no local engine)."""
         if self.config.data_parallel_size > 1:
-            from conveyor.distributed.offline import DataParallelGenerator  # Ray only when asked for
+            from conveyor.data_parallel.offline import DataParallelGenerator  # Ray only when asked for
             self.replicas = DataParallelGenerator(self.config)
             self.engine: Engine = None  # type: ignore[assignment]
         else:

@@ -20,7 +20,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
                       model_validator)
 
 from conveyor.errors import InvalidRequestError
-from conveyor.structured.spec import StructuredOutputs
+from conveyor.structured.constraint import StructuredOutputs
 
 MAX_STOP_TOKEN_IDS = 256
 MAX_STOP_STRINGS = 64

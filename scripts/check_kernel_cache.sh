@@ -2,7 +2,7 @@
 # Two clones of this repository at different paths run `bash scripts/run.sh` alternately, 4 times in all,
 # sharing one fresh kernel cache ($TORCH_EXTENSIONS_DIR): the native kernels must be compiled at most once.
 # Slow (each clone sets up its own .venv; one kernel build of 40-200 s); not part of the test suite, whose
-# tests/test_native_build.py shows the same with copies of the package. Usage: bash scripts/check_kernel_cache.sh
+# tests/model/test_native_build.py shows the same with copies of the package. Usage: bash scripts/check_kernel_cache.sh
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 work="$(mktemp -d)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The browser the web-page tests drive: Debian's chromium from apt (Playwright for Python comes with the
 # test extras from pip; it never downloads a browser of its own here). Idempotent; installs only when
-# missing; never fails the caller: without it tests/test_ui_browser.py skips and says why.
+# missing; never fails the caller: without it tests/server/test_ui_browser.py skips and says why.
 set -uo pipefail
 if [ -x /usr/bin/chromium ]; then
     exit 0

@@ -12,7 +12,7 @@ writes, skipping any that already exist:
     OUT_DIR/llama-1b-q4_0.gguf     llama_model_quantize(bf16 file, LLAMA_FTYPE_MOSTLY_Q4_0)
     OUT_DIR/llama-1b-q5_k_m.gguf   llama_model_quantize(bf16 file, LLAMA_FTYPE_MOSTLY_Q5_K_M)
 
-The converter comes from the llama-cpp-python 0.3.36 sdist on PyPI (cached by tests/gguf_convert.py); the
+The converter comes from the llama-cpp-python 0.3.36 sdist on PyPI (cached by tests/helpers/gguf_convert.py); the
 quantizer needs llama-cpp-python itself (`bash scripts/install_llama_cpp.sh`). Every file is written under a
 temporary name and renamed when complete, so a reader never sees half a file. About 4 minutes and 7 GB of disk.
 """
@@ -32,7 +32,7 @@ QUANTIZED = {"q4_k_m": 15, "q4_0": 2, "q5_k_m": 17}
 
 def _converted(folder: str, target: str, outtype: str) -> None:
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from gguf_convert import converter_dir
+    from helpers.gguf_convert import converter_dir
 
     script = os.path.join(converter_dir(), "convert_hf_to_gguf.py")
     partial = f"{target}.partial{os.getpid()}"

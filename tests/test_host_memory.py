@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import build_tiny_model
+from helpers.tiny_models import build_tiny_model
 
 ROOT = str(Path(__file__).resolve().parents[1])
 

@@ -42,7 +42,7 @@ def test_a_setting_in_the_environment_is_kept() -> None:
 
 
 def test_torch_imported_first_is_too_late_and_the_engine_says_so(tmp_path: Path) -> None:
-    from conftest import build_tiny_model
+    from helpers.tiny_models import build_tiny_model
 
     build_tiny_model("llama", str(tmp_path))
     code = ("import torch, conveyor\n"

@@ -24,7 +24,7 @@ import torch
 
 from conveyor.bench.workloads import random_workload
 from conveyor.config import EngineConfig
-from conveyor.model.spec import ModelSpec
+from conveyor.model.model_spec import ModelSpec
 from conveyor.params import SamplingParams
 from conveyor.runtime.timeline import HOST_LANE, Span
 

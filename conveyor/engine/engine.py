@@ -46,7 +46,7 @@ from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.runtime import Executor, StepHandle, make_executor
 from conveyor.device import detect_device
-from conveyor.runtime.device import resolve_async_batching
+from conveyor.runtime.async_mode import resolve_async_batching
 from conveyor.runtime.timeline import StepTimeline
 from conveyor.runtime.trace import Tracer
 
@@ -93,7 +93,7 @@ class Engine:
         self.sampling_defaults = dict(loaded.sampling_defaults)
         self.max_model_len = resolve_max_model_len(loaded.spec, config.max_model_len)
         if config.tensor_parallel_size > 1:
-            from conveyor.parallel.launch import start_tensor_parallel  # ranks 1..N-1 in their own processes
+            from conveyor.tensor_parallel.launch import start_tensor_parallel  # ranks 1..N-1 in their own processes
 
             self.runner: ModelRunner = start_tensor_parallel(config, loaded, self.dtype, self.max_model_len,
                                                              self.device_info)
@@ -259,12 +259,13 @@ class Engine:
         self._turn_running = True
         start = time.perf_counter()
         try:
-            if not self.executor.forward_on_engine_thread:
+            lending = self.executor.thread_lending
+            if lending is None:
                 return host_turn()
-            owed = self.executor.num_queued()  # before the host turn starts submitting
+            owed = lending.num_queued()  # before the host turn starts submitting
             host = self._host_thread.submit(self._guarded, host_turn)
             try:
-                self.executor.serve(until=host, owed=owed)
+                lending.serve(until=host, owed=owed)
             except BaseException:
                 self.executor.close()  # fails the queued steps, so the host turn cannot wait for them forever
                 raise
@@ -340,7 +341,7 @@ class Engine:
         if self._inflight:
             following = self._inflight[0]
             self.grammars.fill(following.plan, following.prepared, self.outputs, self.tracer)
-        if self.output_sink is not None and outputs and self.executor.forward_on_engine_thread:
+        if self.output_sink is not None and outputs and self.executor.thread_lending is not None:
             self.output_sink(outputs)  # out now, from the host thread, while the forward still runs
             return []
         return outputs

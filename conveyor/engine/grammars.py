@@ -19,7 +19,7 @@ from conveyor.core.plan import StepPlan
 from conveyor.engine.output import OutputProcessor
 from conveyor.errors import InvalidRequestError
 from conveyor.model.runner import PreparedStep
-from conveyor.model.spec import ModelSpec
+from conveyor.model.model_spec import ModelSpec
 from conveyor.params import SamplingParams
 from conveyor.runtime.trace import DEVICE_LANE, HOST_LANE, Tracer
 from conveyor.structured.backend import GrammarBackend, GrammarMatcher

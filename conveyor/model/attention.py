@@ -343,7 +343,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     materialises every score: 7-12x slower for a 144-token chunk of the 1B model, ~19x at 512 tokens. Its fused
     "flash" kernel works one (batch, head, query block) at a time with splits that depend only on the sequence
     lengths, so a head's output has the same bits whatever the number of heads or threads in the call
-    (tensor-parallel ranks each hold some of the heads; tests/test_attention.py checks this)."""
+    (tensor-parallel ranks each hold some of the heads; tests/model/test_attention.py checks this)."""
     if softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                               enable_gqa=k.shape[-3] != q.shape[-3])

@@ -4,29 +4,59 @@ LlamaModel.forward's Python loop calls ~8 kernels per layer with torch view ops 
 model's 64-row decode step that glue cost ~180 us per layer, ~5 ms of a ~48 ms step (30 layers; measured by
 timing every kernel call against the whole forward, W1, benchmarks/RESULTS.md session s15). csrc/decode_layers.cpp
 runs the same kernels in the same order on the same tensors, so the step gives the same bits (tested against the
-Python loop, tests/test_decode_stack.py); the loop stays the path for everything else: prefill chunks, mixed steps,
+Python loop, tests/model/test_decode_stack.py); the loop stays the path for everything else: prefill chunks, mixed steps,
 other layer kinds, tensor parallelism.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
 import torch
 
 from conveyor.model.attention import AttentionBatch
 from conveyor.model.layers import Projection, SiluGateProjection
+from conveyor.model.model_spec import ModelSpec
 from conveyor.model.native import NativeKernels
+from conveyor.model.ops import LayerOps
 from conveyor.model.rope import RotaryEmbedding
 
-if TYPE_CHECKING:
-    from conveyor.model.llama import LlamaModel
+
+class StackLayer(Protocol):
+    """What the stack reads of one decoder layer (llama.py's layers)."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: Projection
+    o_proj: Projection
+    down: Projection
+    silu_gate: SiluGateProjection | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    attn_out_norm: torch.Tensor | None
+    mlp_out_norm: torch.Tensor | None
+
+
+class StackModel(Protocol):
+    """What the stack reads of the model (llama.py's LlamaModel), named here so that this module does not import
+    the model that imports it."""
+
+    spec: ModelSpec
+    scale: float
+    dtype: torch.dtype
+    kernels: NativeKernels | None
+    ops: LayerOps
+    local_rotary: RotaryEmbedding | None
+    windows: Sequence[int | None]
+
+    @property
+    def layers(self) -> Sequence[StackLayer]: ...
 
 
 class DecodeStack:
     """The model's per-layer weights as lists for decode_layers; built only where every layer is the plain kind."""
 
-    def __init__(self, model: LlamaModel, kernels: NativeKernels) -> None:
+    def __init__(self, model: StackModel, kernels: NativeKernels) -> None:
         spec = model.spec
         self.kernels = kernels
         self.input_norms = [layer.input_norm for layer in model.layers]
@@ -41,7 +71,7 @@ class DecodeStack:
         self.scale = model.scale
 
     @staticmethod
-    def applies(model: LlamaModel) -> bool:
+    def applies(model: StackModel) -> bool:
         """Every layer is RMSNorm -> QKV (no bias) -> rotary -> full attention (no soft cap) -> o_proj -> RMSNorm ->
         SiLU gate/up -> down, all on AMX-packed bfloat16 weights, with no per-head or sandwich norms; one rotary
         table; the native decode attention."""

@@ -23,7 +23,7 @@ from conveyor.model.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, read
 from conveyor.model.gguf_quant import FORMATS, QuantizedWeight
 from conveyor.model.weights import LoadedModel, fuse_weights
 from conveyor.model.rope import yarn_attention_factor
-from conveyor.model.spec import ModelSpec, RopeSpec
+from conveyor.model.model_spec import ModelSpec, RopeSpec
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ dequantizes the whole stack into bfloat16 tiles in the layout of a bfloat16 chec
 (csrc/gguf_linear.cpp's gguf_pack_tiles, into a scratch each forward thread reuses for every projection) and
 multiplies them with the bfloat16 checkpoint's kernel; a SiLU MLP's gate/up stack then also applies the activation
 inside that product (GGUFSiluGate), as SiluGateProjection does for bfloat16 weights. The same bits as the per-chunk
-path (tests/test_gguf_quant.py).
+path (tests/model/test_gguf_quant.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 from conveyor.errors import ModelLoadError
 from conveyor.model.weights import LoadedModel, fuse_weights
 from conveyor.model.rope import ROPE_SCALING_TYPES, yarn_attention_factor
-from conveyor.model.spec import SUPPORTED_ARCHITECTURES, ModelSpec, RopeSpec
+from conveyor.model.model_spec import SUPPORTED_ARCHITECTURES, ModelSpec, RopeSpec
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ModelLoadError
-from conveyor.model.spec import ModelSpec, RopeSpec
+from conveyor.model.model_spec import ModelSpec, RopeSpec
 
 if TYPE_CHECKING:
     from conveyor.model.gguf_file import GGUFFile

@@ -102,7 +102,7 @@ class SiluGateProjection:
     """silu(x Wg^T) * (x Wu^T) for the gated MLP's stacked [Wg; Wu] [2 inner, hidden], in one AMX product whose
     blocks of 32 weight rows each hold 16 gate rows and their 16 up rows (interleave_gate_up), so that the
     activation is applied to the accumulators before anything is stored: no [tokens, 2 inner] output written and
-    read back. The same bits as Projection followed by the silu_and_mul op (tests/test_bf16_amx.py). Default model
+    read back. The same bits as Projection followed by the silu_and_mul op (tests/model/test_bf16_amx.py). Default model
     (benchmarks/RESULTS.md, session s14): 2048 rows 3.4 ms per layer against 4.2-4.3 for product and op; W1 run
     synchronously 6.48-6.77 s against 6.96-6.97 s (before the stores overlapped the products)."""
 

@@ -15,10 +15,10 @@ from conveyor.model.rope import RotaryEmbedding
 from conveyor.model.ops import layer_ops
 from conveyor.model.gguf_quant import embedding_rows, place_weights
 from conveyor.model.quant import Int4Projection, make_lm_head, make_projection
-from conveyor.model.spec import ModelSpec
+from conveyor.model.model_spec import ModelSpec
 
 if TYPE_CHECKING:
-    from conveyor.parallel.group import TensorParallelGroup
+    from conveyor.tensor_parallel.group import TensorParallelGroup
 
 
 class LlamaModel:

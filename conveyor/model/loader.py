@@ -12,7 +12,7 @@ import os
 import torch
 
 from conveyor.errors import ModelLoadError
-from conveyor.model.spec import ModelSpec
+from conveyor.model.model_spec import ModelSpec
 from conveyor.model.weights import LoadedModel, fuse_weights
 
 __all__ = ["LoadedModel", "fuse_weights", "load_model", "model_path", "resolve_dtype", "resolve_max_model_len",

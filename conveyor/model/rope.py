@@ -31,7 +31,7 @@ import math
 
 import torch
 
-from conveyor.model.spec import RopeSpec
+from conveyor.model.model_spec import RopeSpec
 
 ROPE_SCALING_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
 """Every scaling type Conveyor computes; anything else is refused by name at load."""

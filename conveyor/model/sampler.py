@@ -194,7 +194,7 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
     counter-based noise. Everything is computed in float32, except a batch that is only plain
     greedy rows: its argmax is taken in the model's dtype, which gives the same ids (widening to
     float32 is exact and keeps the order and the ties) without the float32 copy of the logits
-    (bfloat16, 64 x 49,152, medians of 60 alternating calls: 1.38 -> 1.18 ms; tests/test_sampler.py
+    (bfloat16, 64 x 49,152, medians of 60 alternating calls: 1.38 -> 1.18 ms; tests/model/test_sampler.py
     checks the ids).
 
     `grammar` (rows [k], bitmask [k, words]): structured-output rows, whose forbidden tokens are set

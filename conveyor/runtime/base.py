@@ -14,15 +14,17 @@ A step's grammar masks (structured output) travel with it as data (`handle.gramm
 engine fills them once every earlier step is committed, possibly after `submit`; the step's
 forward waits for them only when it reaches sampling.
 
-`forward_on_engine_thread`: the forward must run on the thread that calls Engine.step (on
-CPU, the thread whose OpenMP team computes); the engine then runs its host turn on a host
-thread meanwhile and lends the executor its own thread through `serve(until, owed)`, where
-`owed` is `num_queued()` taken before the host turn began (a step the turn submits may wait
-for masks that only the next turn can make, so it must not be counted).
+Thread lending (`ThreadLending`, an executor's `thread_lending`): a capability of executors whose forward
+must run on the thread that calls Engine.step (on CPU, the thread whose OpenMP team computes); the engine
+then runs its host turn on a host thread meanwhile and lends the executor its own thread through
+`serve(until, owed)`, where `owed` is `num_queued()` taken before the host turn began (a step the turn
+submits may wait for masks that only the next turn can make, so it must not be counted). Executors
+without it (synchronous, CUDA streams) return None and the engine runs its host turn itself.
 """
 
 from __future__ import annotations
 
+import abc
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -46,13 +48,26 @@ class StepHandle:
         return self.prepared.grammar
 
 
-class Executor:
-    """Base of every executor: the runner it drives, the tracer, the device-busy clock."""
+class ThreadLending(abc.ABC):
+    """The capability of an executor whose forward runs on the engine's own thread, lent to it by `serve`
+    while the host turn runs on a host thread (see the module docstring)."""
+
+    @abc.abstractmethod
+    def num_queued(self) -> int:
+        """Steps submitted whose forward has not started."""
+
+    @abc.abstractmethod
+    def serve(self, until: Future[object], owed: int) -> None:
+        """Lend the calling thread to the executor until `until` is done, running the `owed` oldest queued
+        steps and any step `wait` asks for."""
+
+
+class Executor(abc.ABC):
+    """The contract every executor implements (submit, wait, close), with what they share: the runner they
+    drive, the tracer, the device-busy clock."""
 
     depth = 1
     """Steps the engine may keep submitted and not yet waited for (1 or 2)."""
-    forward_on_engine_thread = False
-    """True when the forward runs on the engine's own thread during `serve` (see the module docstring)."""
 
     def __init__(self, runner: ModelRunner, tracer: Tracer) -> None:
         self.runner = runner
@@ -68,19 +83,18 @@ class Executor:
         self._last_plan = plan
         return prepared
 
+    @property
+    def thread_lending(self) -> ThreadLending | None:
+        """The executor's thread-lending capability when its forward runs on the engine's thread, else None."""
+        return None
+
+    @abc.abstractmethod
     def submit(self, plan: StepPlan) -> StepHandle:
-        raise NotImplementedError
+        """Prepare the plan's step and start it (or queue it to start); returns its handle."""
 
+    @abc.abstractmethod
     def wait(self, handle: StepHandle) -> StepResult:
-        raise NotImplementedError
-
-    def num_queued(self) -> int:
-        """Steps submitted whose forward has not started (only when forward_on_engine_thread)."""
-        return 0
-
-    def serve(self, until: Future[object], owed: int) -> None:
-        """Lend the calling thread to the executor until `until` is done, running the `owed` oldest queued
-        steps and any step `wait` asks for (only when forward_on_engine_thread)."""
+        """The result of the oldest submitted step (handles are waited for in submission order)."""
 
     def close(self) -> None:
         """Stop any thread of the executor's own (after the engine has waited for every step)."""

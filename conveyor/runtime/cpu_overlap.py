@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.model.runner import ModelRunner
-from conveyor.runtime.base import Executor, StepHandle
+from conveyor.runtime.base import Executor, StepHandle, ThreadLending
 from conveyor.runtime.trace import Tracer
 
 
@@ -34,14 +34,17 @@ class QueuedStep(StepHandle):
     """The host thread waits for this step: run it in this turn even if it was queued during it."""
 
 
-class CpuOverlapExecutor(Executor):
+class CpuOverlapExecutor(Executor, ThreadLending):
     depth = 2
-    forward_on_engine_thread = True
 
     def __init__(self, runner: ModelRunner, tracer: Tracer) -> None:
         super().__init__(runner, tracer)
         self._queue: deque[QueuedStep] = deque()
         self._changed = threading.Condition()
+
+    @property
+    def thread_lending(self) -> ThreadLending:
+        return self
 
     def submit(self, plan: StepPlan) -> QueuedStep:
         handle = QueuedStep(plan, self.prepare(plan))

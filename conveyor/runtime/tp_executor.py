@@ -8,11 +8,9 @@ the step's forward. close() ends the inner executor, then every worker process.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 from conveyor.core.plan import StepPlan, StepResult
-from conveyor.parallel.launch import TensorParallelRunner
-from conveyor.runtime.base import Executor, StepHandle
+from conveyor.tensor_parallel.launch import TensorParallelRunner
+from conveyor.runtime.base import Executor, StepHandle, ThreadLending
 
 
 class TensorParallelExecutor(Executor):
@@ -21,7 +19,6 @@ class TensorParallelExecutor(Executor):
         self.runner = runner
         self.tracer = inner.tracer
         self.depth = inner.depth
-        self.forward_on_engine_thread = inner.forward_on_engine_thread
         self._closed = False
 
     @property  # type: ignore[override]
@@ -34,11 +31,9 @@ class TensorParallelExecutor(Executor):
     def wait(self, handle: StepHandle) -> StepResult:
         return self.inner.wait(handle)
 
-    def num_queued(self) -> int:
-        return self.inner.num_queued()
-
-    def serve(self, until: Future[object], owed: int) -> None:
-        self.inner.serve(until, owed)
+    @property
+    def thread_lending(self) -> ThreadLending | None:
+        return self.inner.thread_lending
 
     def close(self) -> None:
         self.inner.close()

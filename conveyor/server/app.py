@@ -11,8 +11,9 @@ from fastapi.responses import JSONResponse, Response
 
 from conveyor import __version__
 from conveyor.outputs import RequestOutput
-from conveyor.server.errors import APIError, as_api_error, error_response, install_error_handlers
-from conveyor.server.guard import GuardMiddleware, ServerState
+from conveyor.server.error_responses import APIError, as_api_error, error_response, install_error_handlers
+from conveyor.server.guard import GuardMiddleware
+from conveyor.server.state import ServerState
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.logprobs import TokenBytes
 from conveyor.server.request_id import RequestIdMiddleware, response_id

@@ -1,40 +1,18 @@
-"""The server's state, and the guard every HTTP request passes before routing: API keys, the
-body-size cap, and 503 while draining."""
+"""The guard every HTTP request passes before routing: API keys, the body-size cap, and 503 while draining."""
 
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.engine.async_engine import AsyncEngine
-from conveyor.server.errors import error_response
-from conveyor.server.metrics import Metrics
+from conveyor.server.error_responses import error_response
+from conveyor.server.state import ServerOptions
 from conveyor.server.ui import is_page_path
 
 OPEN_PATHS = ("/health", "/metrics", "/version")
 """Paths served without an API key (as vLLM guards only /v1): probes and Prometheus scrapes."""
-
-
-@dataclass
-class ServerOptions:
-    model_name: str
-    api_keys: tuple[str, ...] = ()
-    max_body_bytes: int = 4 * 2**20
-    request_timeout: float | None = None
-    allowed_origins: tuple[str, ...] = ()
-    ui: bool = True
-    """Serve the web page at / and /ui/ (off with --no-ui)."""
-
-
-@dataclass
-class ServerState:
-    engine: AsyncEngine
-    options: ServerOptions
-    metrics: Metrics = field(default_factory=Metrics)
-    draining: bool = False
 
 
 class Guarded(Protocol):

@@ -16,7 +16,7 @@ import uvicorn
 from conveyor.config import EngineConfig
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.server.app import build_app
-from conveyor.server.guard import ServerOptions, ServerState
+from conveyor.server.state import ServerOptions, ServerState
 from conveyor.server.metrics import Metrics
 from conveyor.server.vllm_metrics import export_vllm_names
 

@@ -68,7 +68,7 @@ class _SamplingFields(VllmFields):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     # structured output: OpenAI's response_format, vLLM's structured_outputs and older guided_* fields
-    # (read and checked in server/structured.py)
+    # (read and checked in server/request_constraints.py)
     response_format: Optional[dict[str, Any]] = None
     structured_outputs: Optional[dict[str, Any]] = None
     guided_json: Optional[Union[dict[str, Any], str]] = None

@@ -10,7 +10,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from conveyor.server.errors import error_response
+from conveyor.server.error_responses import error_response
 
 HEADER = "x-request-id"
 MAX_LENGTH = 256

@@ -14,10 +14,10 @@ from conveyor.engine.info import EngineInfo
 from conveyor.errors import InvalidRequestError
 from conveyor.outputs import CompletionOutput, RequestOutput
 from conveyor.params import SamplingParams
-from conveyor.server.errors import APIError, param_of, sse_error
+from conveyor.server.error_responses import APIError, param_of, sse_error
 from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completion_logprobs, echoed, generated
 from conveyor.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from conveyor.server.structured import chat_constraint, request_constraint
+from conveyor.server.request_constraints import chat_constraint, request_constraint
 from conveyor.server.vllm_extras import (ResponseExtras, choice_token_ids, extras_of, generation_prompt,
                                          no_streamed_prompt_logprobs, prompt_fields)
 from conveyor.tools import ToolParser, ToolPlan, parser_for, render_conversation

@@ -8,8 +8,8 @@ from typing import Any, AsyncIterator
 from fastapi.responses import StreamingResponse
 
 from conveyor.outputs import RequestOutput
-from conveyor.server.errors import as_api_error
-from conveyor.server.guard import ServerState
+from conveyor.server.error_responses import as_api_error
+from conveyor.server.state import ServerState
 from conveyor.server.logprobs import TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, generated
 from conveyor.server.serving import (Prepared, completion_entries, finish_reason, merged, now, sse, stream_error,
                                      usage)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from conveyor.server.errors import APIError
+from conveyor.server.error_responses import APIError
 from conveyor.server.protocol import ChatMessage
 from conveyor.server.serving import Serving
 from conveyor.server.vllm_extras import generation_prompt

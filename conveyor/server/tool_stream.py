@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, AsyncIterator
 
 from conveyor.outputs import RequestOutput
-from conveyor.server.errors import as_api_error
+from conveyor.server.error_responses import as_api_error
 from conveyor.server.logprobs import TokenBytes, chat_logprobs, generated
 from conveyor.server.serving import Prepared, finish_reason, merged, now, sse, usage
 

@@ -21,7 +21,7 @@ from fastapi.staticfiles import StaticFiles
 from conveyor.runtime.timeline import DEVICE_LANE, Span
 
 if TYPE_CHECKING:
-    from conveyor.server.guard import ServerState
+    from conveyor.server.state import ServerState
 
 STATIC_DIR = Path(__file__).parent / "static"
 RATE_WINDOW_S = 3.0

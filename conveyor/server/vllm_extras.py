@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from conveyor.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from conveyor.params import MAX_LOGPROBS
-from conveyor.server.errors import APIError
+from conveyor.server.error_responses import APIError
 from conveyor.server.logprobs import TokenBytes
 
 

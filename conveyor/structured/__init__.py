@@ -7,6 +7,6 @@
 """
 
 from conveyor.structured.backend import CompiledGrammar, GrammarBackend, GrammarMatcher
-from conveyor.structured.spec import StructuredOutputs
+from conveyor.structured.constraint import StructuredOutputs
 
 __all__ = ["CompiledGrammar", "GrammarBackend", "GrammarMatcher", "StructuredOutputs"]

@@ -10,7 +10,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from conveyor.structured.spec import StructuredOutputs
+from conveyor.structured.constraint import StructuredOutputs
 
 
 class GrammarMatcher(Protocol):

@@ -22,7 +22,7 @@ import llguidance.torch
 import torch
 
 from conveyor.errors import InvalidRequestError
-from conveyor.structured.spec import StructuredOutputs
+from conveyor.structured.constraint import StructuredOutputs
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,50 @@
+"""SIGTERM: refuse new work with 503, let in-flight requests finish up to the timeout, abort the rest, exit 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from helpers.server_process import ServerProcess
+
+
+def _stream(url: str, body: dict[str, Any], sink: list[str]) -> None:
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line:
+                sink.append(line)
+
+
+def test_sigterm_drains_then_exits_zero() -> None:
+    server = ServerProcess("--shutdown-timeout", "4")
+    try:
+        server.wait_ready()
+        short: list[str] = []
+        long: list[str] = []
+        base = {"prompt": "Count:", "temperature": 0, "ignore_eos": True, "stream": True}
+        threads = [threading.Thread(target=_stream, args=(server.url, base | {"max_tokens": 40}, short)),
+                   threading.Thread(target=_stream, args=(server.url, base | {"max_tokens": 1900}, long))]
+        for t in threads:
+            t.start()
+        while len(long) < 3:
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        refused = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=10)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+        assert httpx.get(server.url + "/health").status_code == 503
+        for t in threads:
+            t.join(timeout=60)
+        assert short[-1] == "data: [DONE]"
+        assert json.loads(short[-2][6:])["choices"][0]["finish_reason"] == "length"  # finished normally
+        assert long[-1] == "data: [DONE]"
+        error = json.loads(long[-2][6:])
+        assert "error" in error and "shutting down" in error["error"]["message"]  # aborted at the timeout
+        assert server.proc.wait(timeout=30) == 0
+    finally:
+        server.stop()
