@@ -1,12 +1,11 @@
-"""bfloat16 linears: our AMX kernel over weights packed in tiles (csrc/amx_product.cpp) against oneDNN's packed
-product (what Projection used before), alternating in one process, on a model's shapes.
+"""Is our AMX bfloat16 product (csrc/amx_product.cpp, weights packed in tiles) faster than oneDNN's packed product on a model's linears?
 
-    flock -w 900 /work/bench.lock timeout 300 \
-        .venv/bin/python benchmarks/ab_bf16_amx.py --model 135m --rows 1,4,16,64,256,2048
+Alternating in one process, on the default model's (135m) or the 1B's shapes. "step": every linear of the
+model in order (all layers, then the LM head), as a decode step reads them (the weights streamed from L3 /
+memory, each once); "alone": one matrix in a loop (its weights hot in cache). The best of --repeats
+alternations of each; ratios are oneDNN's time over ours (above 1: ours faster). Needs AMX-BF16.
 
-"step": every linear of the model in order (all layers, then the LM head), as a decode step reads them (the
-weights streamed from L3 / memory, each once); "alone": one matrix in a loop (its weights hot in cache). The
-best of --repeats alternations of each; ratios are oneDNN's time over ours (above 1: ours faster).
+    .venv/bin/python benchmarks/kernels/bf16_amx_vs_onednn.py --model 135m --rows 1,4,16,64,256,2048
 """
 
 from __future__ import annotations

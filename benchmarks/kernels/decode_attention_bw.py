@@ -1,15 +1,15 @@
-"""The native decode attention's read bandwidth at W1's shape (default model: 3 KV heads of 64, 9 query heads,
-64 sequences, ~210 tokens of context each, blocks scattered over the cache) against a plain streaming read of
-the same number of bytes (torch sum over a contiguous bfloat16 tensor) and the bfloat16 argmax over the
-64 x 49,152 logits as the sampler takes it.
+"""How close does the native decode attention read the paged KV cache to a plain streaming read of the same bytes?
 
-    .venv/bin/python benchmarks/decode_attention_bw.py [--seqs 64] [--context 210]
+At W1's shape (default model: 3 KV heads of 64, 9 query heads, 64 sequences, ~210 tokens of context each,
+blocks scattered over the cache), against a torch sum over a contiguous bfloat16 tensor of the same size, and
+the bfloat16 argmax over the 64 x 49,152 logits as the sampler takes it. Prints medians of alternating calls.
+
+    .venv/bin/python benchmarks/kernels/decode_attention_bw.py [--seqs 64] [--context 210]
         [--heads 9 --kv-heads 3 --dim 64] [--block 16] [--threads N]
 
 Other shapes: the 1B model's --heads 32 --kv-heads 8; one long context --seqs 1 --context 4000; --threads 1
 for a measure that the other processes of a shared machine disturb less (a 2-thread call waits for both cores).
-
-Run under the bench lock; it prints medians of alternating calls.
+Needs the native kernels (AVX-512; any CPU the kernels build on).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
-"""The GGUF products side by side in one process, on the linear layers of a Llama-3.2-1B-shaped model (Q, K, V
-fused 3072 x 2048, O 2048 x 2048, gate/up 16384 x 2048, down 2048 x 8192; random weights quantized with
-gguf_quant.quantize): per type and row count, the row kernel (int8 dot products / float dequantization), the
-tile kernel (dequantized tiles into torch's GEMM) and bfloat16 weights packed for oneDNN (the dense layout).
-Median milliseconds for one pass over the four layers, the arms alternating; prints JSON.
+"""How fast is each GGUF product kernel (row kernel, tile kernel) per quantized type and row count, against bfloat16 weights?
 
-    flock /work/bench.lock .venv/bin/python benchmarks/ab_gguf_linear.py --rows 1 2 4 8 16 64 --types Q4_K Q6_K Q8_0
+On the linear layers of a Llama-3.2-1B-shaped model (Q, K, V fused 3072 x 2048, O 2048 x 2048, gate/up
+16384 x 2048, down 2048 x 8192; random weights quantized with gguf_quant.quantize): the row kernel (int8 dot
+products, AVX-512 VNNI), the tile kernel (dequantized tiles into torch's GEMM: the many-rows path on CPUs
+without AMX) and bfloat16 weights in the engine's Projection. Median ms for one pass over the four layers,
+the arms alternating; prints JSON.
+
+    .venv/bin/python benchmarks/kernels/gguf_products.py --rows 1 2 4 8 16 64 --types Q4_K Q6_K Q8_0
 """
 
 from __future__ import annotations

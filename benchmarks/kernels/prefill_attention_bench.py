@@ -1,8 +1,10 @@
-"""The native prefill attention (csrc/prefill_attention.cpp) against torch's fused SDPA kernel called once per
-prompt chunk, as paged_attention calls it without the native op; bfloat16, fresh prompts (K/V already in a paged
-cache for ours, contiguous for SDPA), one layer's call; median ms of alternating rounds.
+"""Is the native prefill attention (csrc/prefill_attention.cpp) faster than torch's fused SDPA on the engine's prompt chunks?
 
-    flock /work/bench.lock .venv/bin/python benchmarks/prefill_attention_bench.py [--threads 1 2] [--rounds 5]
+Torch's kernel is called once per prompt chunk, as paged_attention calls it without the native op; bfloat16,
+fresh prompts (K/V already in a paged cache for ours, contiguous for SDPA), one layer's call; median ms of
+alternating rounds. Needs AMX (the native prefill attention runs on AMX tiles).
+
+    .venv/bin/python benchmarks/kernels/prefill_attention_bench.py [--threads 1 2] [--rounds 5]
 
 Shapes: W1's first step (13 prompts of 32-256 tokens, 9/3 heads of 64: the default model), the 1B model (32/8
 heads of 64) with 16 prompts of 128 and one of 512, one 2048-token prompt, and head_dim 128.
@@ -20,7 +22,7 @@ import torch.nn.functional as F
 
 from conveyor.model.attention import build_attention_batch
 from conveyor.model.native import load_kernels
-from decode_attention_bw import median_ms  # the sibling script's timer (benchmarks/ is on sys.path when run)
+from decode_attention_bw import median_ms  # the sibling script's timer (benchmarks/kernels/ is on sys.path when run)
 
 
 def main() -> None:

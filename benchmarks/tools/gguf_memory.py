@@ -1,10 +1,12 @@
-"""Memory of a loaded model: the bytes of weights the model holds (GGUF blocks, float tensors, AMX tiles, oneDNN
-packs) against the checkpoint's tensor bytes (a GGUF file's, or a Hugging Face folder's safetensors), the KV
-cache, and the process RSS after load (anonymous and file-backed), which also holds torch's runtime and the
-tokenizer; `rss_minus_weights_and_kv` is the issue's "RSS <= weights + KV + 0.5 GB". Prints JSON.
+"""How much memory does a loaded model take: weights held against the checkpoint's bytes, KV cache, and RSS over both?
 
-    .venv/bin/python benchmarks/gguf_memory.py /work/ckpt/llama-1b-q4_k_m.gguf --gguf-weights compact
-    .venv/bin/python benchmarks/gguf_memory.py /work/ckpt/llama-1b --kv-cache-memory default
+The bytes of weights the model holds (GGUF blocks, float tensors, AMX tiles, oneDNN packs) against the
+checkpoint's tensor bytes (a GGUF file's, or a Hugging Face folder's safetensors), the KV cache, and the
+process RSS after load (anonymous and file-backed), which also holds torch's runtime and the tokenizer;
+`rss_minus_weights_and_kv` is what the engine costs beyond weights and KV. Also the load time. Prints JSON.
+
+    .venv/bin/python benchmarks/tools/gguf_memory.py /work/ckpt/llama-1b-q4_k_m.gguf --gguf-weights compact
+    .venv/bin/python benchmarks/tools/gguf_memory.py /work/ckpt/llama-1b --kv-cache-memory default
 """
 
 from __future__ import annotations

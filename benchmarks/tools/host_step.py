@@ -1,14 +1,12 @@
-"""Host time per decode step (schedule + prepare + commit, the forward excluded) with penalties on or off.
+"""How much host time (schedule + prepare + commit, the forward excluded) does a decode step take, with penalties on or off?
 
-Runs with whichever checkout's package the interpreter imports, so the same file measures a baseline and a
-branch side by side (it uses only conveyor.bench.decode_step's helpers, which both have):
+Uses only conveyor.bench.decode_step's helpers, so the same file runs against two checkouts (PYTHONPATH) for a
+side-by-side comparison. Prints one JSON line: the median host milliseconds per step and its parts, and the
+median step time. A 2-layer random-weight model (scripts/make_random_checkpoint.py TINY --shape llama-tiny)
+makes the host's part show.
 
-    flock -w 900 /work/bench.lock sh -c '
-      for py in /work/base/.venv/bin/python .venv/bin/python; do
-        timeout 300 $py benchmarks/host_step.py --model MODEL --num-seqs 256 --prompt-len 512 --repetition-penalty 1.1
-      done'
-
-Prints one JSON line: the median host milliseconds per step and its parts, and the median step time.
+    .venv/bin/python benchmarks/tools/host_step.py --model TINY --num-seqs 256 --prompt-len 512 --steps 16 \
+        --repetition-penalty 1.1 --kv-cache-memory 512MiB
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""Bytes of step plans rank 0 sends to its tensor-parallel workers over one run (deterministic: no clock,
-no lock). Runs with whichever checkout's package the interpreter imports, so base and branch compare:
+"""How many bytes of step plans does tensor-parallel rank 0 send its workers over one run?
 
-    python benchmarks/tp_plan_bytes.py MODEL_DIR 1.1     # repetition penalty 1.1 (rows carry histories)
-    /work/base/.venv/bin/python benchmarks/tp_plan_bytes.py MODEL_DIR 1.0
+Deterministic (no clock): TP=2, 64 requests of 512 random tokens, 32 new tokens each, with the repetition
+penalty given (rows with penalties carry their histories). Prints one JSON line.
+
+    .venv/bin/python benchmarks/tools/tp_plan_bytes.py MODEL_DIR 1.1
+    .venv/bin/python benchmarks/tools/tp_plan_bytes.py MODEL_DIR 1.0
 """
 
 from __future__ import annotations

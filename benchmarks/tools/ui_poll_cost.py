@@ -1,13 +1,13 @@
-"""What the open engine view costs the engine: W1 through `conveyor serve`, with nothing watching,
-with the page's polling alone (an HTTP client asking exactly what the page asks, as often), and with
-the real page open in headless chromium, interleaved round by round on one server.
+"""Does the open engine view (the web page polling /v1/engine/status) slow the engine down?
 
-W1 = 64 requests, random-token prompts of 32-256, 128 new tokens each, greedy, EOS ignored, all 64
-sent at once (streaming /v1/completions). Each round runs every arm once on the same prompts, in a
-rotating order; the report gives per-run output tok/s, medians, and per-round ratios to "none".
-Run it alone on the machine (other engineers share the cores):
+W1 through `conveyor serve`, with nothing watching, with the page's polling alone (an HTTP client asking
+exactly what the page asks, as often), and with the real page open in headless chromium, interleaved round by
+round on one server. W1 = 64 requests, random-token prompts of 32-256, 128 new tokens each, greedy, EOS
+ignored, all 64 sent at once (streaming /v1/completions). Each round runs every arm once on the same prompts,
+in a rotating order; the report gives per-run output tok/s, medians, and per-round ratios to "none".
 
-    flock /work/bench.lock .venv/bin/python benchmarks/ui_poll_cost.py --rounds 5 --out benchmarks/ui_poll_cost.json
+    .venv/bin/python benchmarks/tools/ui_poll_cost.py --rounds 5 --out /tmp/ui_poll_cost.json
+    .venv/bin/python benchmarks/tools/ui_poll_cost.py --endpoint-cpu     # one poll's CPU cost, in-process
 
 The browser arm needs Playwright for Python and /usr/bin/chromium (both installed by scripts/test.sh);
 without them it is left out and the report says why.
@@ -123,7 +123,7 @@ def endpoint_cpu(polls: int = 400) -> dict[str, Any]:
     from conveyor.engine.stats import EngineStats
     from conveyor.runtime.timeline import DEVICE_LANE, HOST_LANE, StepTimeline
     from conveyor.server.app import build_app
-    from conveyor.server.guard import ServerOptions, ServerState
+    from conveyor.server.state import ServerOptions, ServerState
 
     class FilledEngine(AsyncEngine):  # a started engine's public surface, without loading a model
         def __init__(self) -> None:
@@ -210,7 +210,7 @@ def main() -> int:
         server.wait(timeout=120)
     report: dict[str, Any] = {
         "workload": "W1 through the server: 64 requests at once, prompts 32-256 random tokens, 128 new, greedy",
-        "command": "flock /work/bench.lock .venv/bin/python benchmarks/ui_poll_cost.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/tools/ui_poll_cost.py " + " ".join(sys.argv[1:]),
         "server_args": args.server_args, "rounds": args.rounds, "tok_per_s": runs,
         "median_tok_per_s": {arm: statistics.median(v) for arm, v in runs.items()},
         "browser_left_out": skipped,

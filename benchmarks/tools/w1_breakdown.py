@@ -1,10 +1,10 @@
-"""Where W1's time goes: every forward of one W1 run timed by kind (prefill-carrying vs pure decode), then one
-64-row decode step and one prefill step profiled op by op (torch.profiler, synchronous engine so the forward
-runs on the profiled thread).
+"""Where does W1's time go: prompt-carrying steps against pure decode steps, and each op of a step?
 
-    .venv/bin/python benchmarks/w1_breakdown.py [--profile] [--async-batching false]
+Every forward of one W1 run timed by kind (prefill-carrying vs pure decode), then, with --profile, one 64-row
+decode step and one prefill step profiled op by op (torch.profiler; use --async-batching false so that the
+forward runs on the profiled thread). Prints plain text.
 
-Run it under the bench lock (flock -w 900 /work/bench.lock timeout 300 ...); it prints plain text.
+    .venv/bin/python benchmarks/tools/w1_breakdown.py [--profile] [--async-batching false]
 """
 
 from __future__ import annotations
