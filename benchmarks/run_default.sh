@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The default model's peer comparison (RESULTS.md, "Default model"), one command:
+# The default model's peer comparison (docs/performance.md, the default model's tables), one command:
 #
 #     bash benchmarks/run_default.sh
 #
@@ -9,7 +9,8 @@
 #   W2: one request, 128-token prompt, 128 new tokens, ours (bf16, then int4 weights) and the peers
 #       interleaved round by round, medians of 3.
 # Same lock, load reporting and result folder conventions as benchmarks/run_1b.sh; baselines w1-default and
-# w2-default are rewritten (benchmarks/baselines/).
+# w2-default are rewritten (benchmarks/baselines/, local to this machine, not committed). Results: $OUT (default
+# benchmarks/results, not committed), one JSON per command with the exact command line and the machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
