@@ -87,12 +87,15 @@ def keep_freed_host_memory() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, KEEP_FREE_BYTES)):
-        logger.warning("host memory: glibc's mallopt refused M_MMAP_MAX / M_TRIM_THRESHOLD; each step's "
-                       "activations may page-fault anew")
+        logger.warning(
+            "host memory: glibc's mallopt refused M_MMAP_MAX / M_TRIM_THRESHOLD; each step's "
+            "activations may page-fault anew"
+        )
         return False
     _state["applied"] = True
-    logger.info("host memory: freed blocks are kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=%d MiB)",
-                KEEP_FREE_BYTES >> 20)
+    logger.info(
+        "host memory: freed blocks are kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=%d MiB)", KEEP_FREE_BYTES >> 20
+    )
     return True
 
 

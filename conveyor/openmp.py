@@ -54,7 +54,9 @@ def warn_if_spinning() -> None:
     """Log once per process when torch was imported before conveyor with no spin count or wait policy set."""
     if _state["too_late"]:
         _state["too_late"] = False
-        logger.warning("torch was imported before conveyor, so its OpenMP threads spin-wait between ops; on a "
-                       "machine shared with other busy processes that can make Conveyor 10-20x slower. Import "
-                       "conveyor before torch, or start Python with GOMP_SPINCOUNT=10000 (or OMP_WAIT_POLICY=PASSIVE) in the "
-                       "environment")
+        logger.warning(
+            "torch was imported before conveyor, so its OpenMP threads spin-wait between ops; on a "
+            "machine shared with other busy processes that can make Conveyor 10-20x slower. Import "
+            "conveyor before torch, or start Python with GOMP_SPINCOUNT=10000 (or OMP_WAIT_POLICY=PASSIVE) in the "
+            "environment"
+        )

@@ -32,8 +32,12 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict[str, Any]:
         return {"enum": values}
     if kind == "array":
         low = rng.randint(0, 1)
-        return {"type": "array", "items": random_schema(rng, depth + 1), "minItems": low,
-                "maxItems": low + rng.randint(0, 2)}
+        return {
+            "type": "array",
+            "items": random_schema(rng, depth + 1),
+            "minItems": low,
+            "maxItems": low + rng.randint(0, 2),
+        }
     return random_object(rng, depth + 1)
 
 
@@ -42,4 +46,3 @@ def random_object(rng: random.Random, depth: int = 0) -> dict[str, Any]:
     properties = {n: random_schema(rng, depth) for n in names}
     required = [n for n in names if rng.random() < 0.6]
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-

@@ -17,8 +17,12 @@ def window_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[
     that one is called directly; any other tokenizer (a subclass with its own `_decode`, space clean-up
     on, a slow tokenizer) goes through its `decode`."""
     kind = type(tokenizer)
-    plain = (isinstance(tokenizer, TokenizersBackend) and kind._decode is TokenizersBackend._decode
-             and kind.decode is PreTrainedTokenizerBase.decode and not tokenizer.clean_up_tokenization_spaces)
+    plain = (
+        isinstance(tokenizer, TokenizersBackend)
+        and kind._decode is TokenizersBackend._decode
+        and kind.decode is PreTrainedTokenizerBase.decode
+        and not tokenizer.clean_up_tokenization_spaces
+    )
     if plain:
         backend = tokenizer.backend_tokenizer
         return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -39,18 +43,19 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text = ""
         self._decode: Callable[[list[int]], str] | None = (
-            window_decoder(tokenizer, skip_special_tokens) if tokenizer is not None else None)
+            window_decoder(tokenizer, skip_special_tokens) if tokenizer is not None else None
+        )
 
     def add(self, token_id: int) -> str:
         """Append one token; return the text it completes (maybe empty)."""
         self.ids.append(token_id)
         if self.tokenizer is None:
             return ""
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return ""
-        delta = new_text[len(prefix_text):]
+        delta = new_text[len(prefix_text) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
         self.text += delta
@@ -61,9 +66,9 @@ class IncrementalDetokenizer:
         so the final text is the streamed text plus that tail; returns the tail."""
         if self.tokenizer is None or self.read_offset >= len(self.ids):
             return ""
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
-        delta = new_text[len(prefix_text):] if new_text.startswith(prefix_text) else ""
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
+        delta = new_text[len(prefix_text) :] if new_text.startswith(prefix_text) else ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
         self.text += delta

@@ -27,8 +27,14 @@ from conveyor.structured.bitmask import bitmask_words
 
 
 class EngineGrammars:
-    def __init__(self, tokenizer: Any, spec: ModelSpec, compile_timeout_s: float, model_source: str,
-                 masks_when_sampled: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        spec: ModelSpec,
+        compile_timeout_s: float,
+        model_source: str,
+        masks_when_sampled: bool = False,
+    ) -> None:
         self._tokenizer = tokenizer
         self._spec = spec
         self._timeout = compile_timeout_s
@@ -43,12 +49,14 @@ class EngineGrammars:
         """llguidance, built on first use (it indexes the vocabulary once, ~0.3 s for 49,152 tokens)."""
         if self._backend is None:
             if self._tokenizer is None:
-                raise InvalidRequestError(f"SamplingParams.structured_outputs needs a tokenizer, and model "
-                                          f"{self._source} has none")
+                raise InvalidRequestError(
+                    f"SamplingParams.structured_outputs needs a tokenizer, and model {self._source} has none"
+                )
             from conveyor.structured.guidance import GuidanceBackend
 
-            self._backend = GuidanceBackend(self._tokenizer, self._spec.vocab_size, self._spec.eos_token_ids,
-                                            self._timeout)
+            self._backend = GuidanceBackend(
+                self._tokenizer, self._spec.vocab_size, self._spec.eos_token_ids, self._timeout
+            )
         return self._backend
 
     def matchers(self, params: SamplingParams) -> list[GrammarMatcher] | None:
@@ -66,16 +74,18 @@ class EngineGrammars:
         try:
             matchers = outputs.matchers_of(plan)  # resolved now: the output processor belongs to this thread
             if self.masks_when_sampled:
-                prepared.grammar.set_filler(lambda: self._masks(matchers, plan.step_id, tracer, DEVICE_LANE,
-                                                                torch.get_num_threads()))
+                prepared.grammar.set_filler(
+                    lambda: self._masks(matchers, plan.step_id, tracer, DEVICE_LANE, torch.get_num_threads())
+                )
             else:
                 prepared.grammar.set(self._masks(matchers, plan.step_id, tracer, HOST_LANE, 1))
         except BaseException as exc:
             prepared.grammar.fail(exc)
             raise
 
-    def _masks(self, matchers: Sequence[GrammarMatcher | None], step_id: int, tracer: Tracer, lane: int,
-               num_threads: int) -> torch.Tensor:
+    def _masks(
+        self, matchers: Sequence[GrammarMatcher | None], step_id: int, tracer: Tracer, lane: int, num_threads: int
+    ) -> torch.Tensor:
         bitmask = torch.empty((len(matchers), bitmask_words(self._spec.vocab_size)), dtype=torch.int32)
         with tracer.span("grammar", lane=lane, step=step_id, seqs=len(matchers)):
             self.backend.fill_bitmask(matchers, bitmask, num_threads)

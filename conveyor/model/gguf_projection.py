@@ -66,8 +66,14 @@ class _PackScratch(threading.local):
 _scratch = _PackScratch()
 
 
-def packed_tiles(kernels: NativeKernels, blocks: list[torch.Tensor], kinds: list[int], in_features: int,
-                 out_features: int, gate_up: bool) -> torch.Tensor:
+def packed_tiles(
+    kernels: NativeKernels,
+    blocks: list[torch.Tensor],
+    kinds: list[int],
+    in_features: int,
+    out_features: int,
+    gate_up: bool,
+) -> torch.Tensor:
     """The stack dequantized into this thread's scratch as pack_bf16_tiles lays it out (interleave_gate_up's rows
     where gate_up): -> tiles [rows / 16 rounded up to even, in / 32, 16, 32], valid until the next call here."""
     row_tiles = -(-out_features // 32) * 2
@@ -87,8 +93,11 @@ def amx_rows(kernels: NativeKernels) -> bool:
     if amx:
         logger.info("GGUF products of more than %d bfloat16 rows: AMX-BF16 tiles (gguf_linear_amx)", ROWS_MAX)
     else:
-        logger.info("GGUF products of more than %d rows: dequantized tiles into torch's GEMM (gguf_linear_tiles); "
-                    "this CPU or kernel offers no AMX-BF16", ROWS_MAX)
+        logger.info(
+            "GGUF products of more than %d rows: dequantized tiles into torch's GEMM (gguf_linear_tiles); "
+            "this CPU or kernel offers no AMX-BF16",
+            ROWS_MAX,
+        )
     return amx
 
 
@@ -98,14 +107,16 @@ class GGUFProjection:
     def __init__(self, weight: QuantizedWeight | RowStack, bias: torch.Tensor | None, kernels: NativeKernels) -> None:
         parts = weight.parts if isinstance(weight, RowStack) else (weight,)
         self.parts: list[QuantizedWeight | Projection] = [
-            p if isinstance(p, QuantizedWeight) else Projection(p, None, kernels) for p in parts]
+            p if isinstance(p, QuantizedWeight) else Projection(p, None, kernels) for p in parts
+        ]
         self.kernels = kernels
         self.bias = bias
         self.out_features, self.in_features = weight.shape
         compact = [p for p in self.parts if isinstance(p, QuantizedWeight)]
         # all parts in blocks: few rows take one call for the whole stack (x quantized once, one output)
         self.stacked: tuple[list[torch.Tensor], list[int]] | None = (
-            ([p.blocks for p in compact], [p.type_id for p in compact]) if len(compact) == len(self.parts) else None)
+            ([p.blocks for p in compact], [p.type_id for p in compact]) if len(compact) == len(self.parts) else None
+        )
 
     def _part(self, part: QuantizedWeight | Projection, x: torch.Tensor) -> torch.Tensor:
         if isinstance(part, Projection):
@@ -137,14 +148,19 @@ class GGUFProjection:
     def packs(self, x: torch.Tensor) -> bool:
         """Whether a product with x takes the packed path: all parts in blocks, packed_rows_min bfloat16 rows or
         more, AMX here."""
-        return (self.stacked is not None and x.dtype == torch.bfloat16
-                and x.shape[0] >= packed_rows_min(self.in_features) and amx_rows(self.kernels))
+        return (
+            self.stacked is not None
+            and x.dtype == torch.bfloat16
+            and x.shape[0] >= packed_rows_min(self.in_features)
+            and amx_rows(self.kernels)
+        )
 
     def multiplies_blocks(self, x: torch.Tensor) -> bool:
         """Whether a product with x (short of packed_rows_min rows) dequantizes the stack block by block on AMX tiles
         (gguf_linear_amx_parts): all parts in blocks, more than ROWS_MAX bfloat16 rows, AMX here."""
-        return (self.stacked is not None and x.shape[0] > ROWS_MAX and x.dtype == torch.bfloat16
-                and amx_rows(self.kernels))
+        return (
+            self.stacked is not None and x.shape[0] > ROWS_MAX and x.dtype == torch.bfloat16 and amx_rows(self.kernels)
+        )
 
     def packed(self, gate_up: bool) -> torch.Tensor:
         """The stack in this thread's scratch of packed tiles (packed_tiles), gate and up rows interleaved where
@@ -155,8 +171,9 @@ class GGUFProjection:
     def unpacked(self) -> torch.Tensor:
         """-> W [out, in] float32, dequantized by the `gguf` package (the values the float paths multiply by;
         the int8 dot products of bfloat16 activations round the activations, not these)."""
-        return torch.cat([p.dequantize() if isinstance(p, QuantizedWeight) else p.unpacked().float()
-                          for p in self.parts])
+        return torch.cat(
+            [p.dequantize() if isinstance(p, QuantizedWeight) else p.unpacked().float() for p in self.parts]
+        )
 
 
 class GGUFSiluGate:
@@ -175,8 +192,7 @@ class GGUFSiluGate:
     @staticmethod
     def applies(projection: GGUFProjection) -> bool:
         """All parts in blocks, no bias, and halves that split into 16-row tiles."""
-        return (projection.stacked is not None and projection.bias is None
-                and projection.out_features % 32 == 0)
+        return projection.stacked is not None and projection.bias is None and projection.out_features % 32 == 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, hidden] -> [tokens, inner]."""

@@ -35,8 +35,9 @@ class Projection:
     default model with a 64 MiB KV cache: RSS 888 -> 686 MiB in bfloat16, 1035 -> 779 MiB with int4).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 kernels: NativeKernels | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernels: NativeKernels | None = None
+    ) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.tiles = pack_bf16_tiles(weight) if _amx_bf16(weight, bias, kernels) else None  # [out/16, in/32, 16, 32]
@@ -48,8 +49,9 @@ class Projection:
             self.bias = bias.contiguous()
         packed_once = self.tiles is not None or self.packed is not None or self.panels is not None
         self.transposed = not packed_once and weight.dtype == torch.float32 and weight.device.type == "cpu"
-        self.weight: torch.Tensor | None = None if packed_once else (
-            weight.t().contiguous() if self.transposed else weight)  # [in, out] or [out, in]
+        self.weight: torch.Tensor | None = (
+            None if packed_once else (weight.t().contiguous() if self.transposed else weight)
+        )  # [in, out] or [out, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in] -> [tokens, out]."""
@@ -62,7 +64,7 @@ class Projection:
             if x.shape[0] <= F32_NATIVE_MAX_ROWS:
                 assert self.kernels is not None
                 return self.kernels.f32_linear(x.contiguous(), self.panels, self.out_features, self.bias)
-            weight = self.panels.transpose(0, 1).reshape(self.in_features, -1)[:, :self.out_features]  # [in, out]
+            weight = self.panels.transpose(0, 1).reshape(self.in_features, -1)[:, : self.out_features]  # [in, out]
             return x @ weight if self.bias is None else torch.addmm(self.bias, x, weight)
         weight = self.weight
         assert weight is not None
@@ -82,8 +84,10 @@ class Projection:
         has one: torch's max(dim=-1).indices), without writing self(x) (a greedy step's LM head: the logits are
         never stored and read back). Only where computes_argmax."""
         if self.tiles is None or self.kernels is None:
-            raise ValueError("first_argmax needs bfloat16 weights packed in AMX tiles on the native kernels; this "
-                             "projection keeps another layout: take the argmax of its output instead")
+            raise ValueError(
+                "first_argmax needs bfloat16 weights packed in AMX tiles on the native kernels; this "
+                "projection keeps another layout: take the argmax of its output instead"
+            )
         return self.kernels.bf16_linear_argmax_amx(x, self.tiles, self.out_features)
 
     def unpacked(self) -> torch.Tensor:
@@ -92,7 +96,7 @@ class Projection:
         if self.tiles is not None:
             return unpack_bf16_tiles(self.tiles, self.out_features)
         if self.panels is not None:
-            return self.panels.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]
+            return self.panels.transpose(1, 2).reshape(-1, self.in_features)[: self.out_features]
         if self.weight is None:
             raise ValueError("this projection holds only oneDNN's packed bfloat16 weights")
         return self.weight.t() if self.transposed else self.weight
@@ -156,8 +160,13 @@ def pack_f32_panels(weight: torch.Tensor) -> torch.Tensor:
 
 def _native_f32(weight: torch.Tensor, kernels: NativeKernels | None) -> bool:
     """The native float32 kernel applies: given, built with AVX-512, and W float32 on the CPU."""
-    return kernels is not None and weight.dtype == torch.float32 and weight.device.type == "cpu" \
-        and weight.shape[1] > 0 and kernels.f32_linear_vectorized()
+    return (
+        kernels is not None
+        and weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and weight.shape[1] > 0
+        and kernels.f32_linear_vectorized()
+    )
 
 
 _TILE_ROWS, _TILE_K = 16, 32
@@ -174,14 +183,15 @@ def pack_bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
     pairs = tiles.view(padded_rows // _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, _TILE_ROWS, 2)
 
     def place(row_tiles: slice, rows: torch.Tensor) -> None:  # rows [16 n, in] (any strides) -> tiles n
-        pairs[row_tiles].copy_(rows.reshape(-1, _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, 2)
-                               .permute(0, 2, 3, 1, 4))  # [n, in / 32, pair, row, 2]
+        pairs[row_tiles].copy_(
+            rows.reshape(-1, _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, 2).permute(0, 2, 3, 1, 4)
+        )  # [n, in / 32, pair, row, 2]
 
     whole = out_features // _TILE_ROWS  # full tiles
-    place(slice(0, whole), weight[:whole * _TILE_ROWS])
+    place(slice(0, whole), weight[: whole * _TILE_ROWS])
     if padded_rows > whole * _TILE_ROWS:
         rest = weight.new_zeros(padded_rows - whole * _TILE_ROWS, in_features)  # [< 32, in]
-        rest[:out_features - whole * _TILE_ROWS] = weight[whole * _TILE_ROWS:]
+        rest[: out_features - whole * _TILE_ROWS] = weight[whole * _TILE_ROWS :]
         place(slice(whole, None), rest)
     return tiles  # [out / 16, in / 32, 16, 32]
 
@@ -196,8 +206,15 @@ def unpack_bf16_tiles(tiles: torch.Tensor, out_features: int) -> torch.Tensor:
 def _amx_bf16(weight: torch.Tensor, bias: torch.Tensor | None, kernels: NativeKernels | None) -> bool:
     """Our AMX kernel applies: the native kernels given and built with AMX on a CPU that grants it, W bfloat16 on
     the CPU with an input width a multiple of 32, and no bias (those keep oneDNN's pack, which adds it)."""
-    return kernels is not None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu" \
-        and bias is None and weight.shape[1] > 0 and weight.shape[1] % _TILE_K == 0 and kernels.bf16_amx_available()
+    return (
+        kernels is not None
+        and weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and bias is None
+        and weight.shape[1] > 0
+        and weight.shape[1] % _TILE_K == 0
+        and kernels.bf16_amx_available()
+    )
 
 
 _PACK_BATCH_HINT = 64

@@ -25,8 +25,15 @@ import torch
 
 from conveyor.errors import ConfigError
 from conveyor.model.gguf_projection import GGUFProjection
-from conveyor.model.gguf_quant import (FORMATS, QUANTIZATIONS, AnyWeight, QuantizedWeight, dense, kernels_keep_compact,
-                                       quantize)
+from conveyor.model.gguf_quant import (
+    FORMATS,
+    QUANTIZATIONS,
+    AnyWeight,
+    QuantizedWeight,
+    dense,
+    kernels_keep_compact,
+    quantize,
+)
 from conveyor.model.layers import Projection
 from conveyor.model.native import NativeKernels
 
@@ -89,8 +96,9 @@ def fast_native(kernels: NativeKernels | None) -> NativeKernels | None:
 class Int4Projection:
     """y = x W^T + b with W in int4 for small batches and in bfloat16 (same values) for large ones."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 kernels: NativeKernels | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernels: NativeKernels | None = None
+    ) -> None:
         codes, scale, zero = quantize_int4(weight)
         self.kernels = fast_native(kernels)
         self.blocks: torch.Tensor | None = None  # [out / 16, in / 32, 320] uint8, the native kernel's
@@ -163,8 +171,9 @@ def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.float() * scale.float()[:, None]
 
 
-def make_lm_head(weight: AnyWeight, quantization: str | None,
-                 kernels: NativeKernels | None = None) -> Projection | Int8Projection | GGUFProjection:
+def make_lm_head(
+    weight: AnyWeight, quantization: str | None, kernels: NativeKernels | None = None
+) -> Projection | Int8Projection | GGUFProjection:
     """The LM head: GGUF blocks as loaded, or Q8_0 with quantization='q*'; int8 rows beside int4 decoder
     weights; else the dtype's fastest layout."""
     if quantization == "int4_latency":
@@ -178,8 +187,9 @@ def make_lm_head(weight: AnyWeight, quantization: str | None,
     return Projection(weight, None, kernels)
 
 
-def make_projection(weight: AnyWeight, bias: torch.Tensor | None, quantization: str | None,
-                    kernels: NativeKernels | None = None) -> Projection | Int4Projection | GGUFProjection:
+def make_projection(
+    weight: AnyWeight, bias: torch.Tensor | None, quantization: str | None, kernels: NativeKernels | None = None
+) -> Projection | Int4Projection | GGUFProjection:
     """The decoder's linear layers: GGUF blocks as loaded; quantized into a GGUF format where asked (q*);
     int4 where asked and the shape allows it; else the dtype's fastest layout."""
     if quantization == "int4_latency":
@@ -201,14 +211,21 @@ def quantize_for_load(weight: torch.Tensor, quantization: str, kernels: NativeKe
     """A checkpoint's weight [out, in] -> GGUF blocks of the asked format (quantization='q4_k' etc.)."""
     reason = kernels_keep_compact(kernels, weight.device, weight.dtype)
     if reason is not None:
-        raise ConfigError(f"quantization={quantization!r} needs the native GGUF kernels, but {reason}; leave "
-                          f"quantization unset, or use kernels='auto' on a CPU with AVX-512 BF16/VNNI")
+        raise ConfigError(
+            f"quantization={quantization!r} needs the native GGUF kernels, but {reason}; leave "
+            f"quantization unset, or use kernels='auto' on a CPU with AVX-512 BF16/VNNI"
+        )
     kind = quantization.upper()
     if weight.shape[1] % FORMATS[kind].block and kind in K_QUANT_FALLBACKS:
         fallback = K_QUANT_FALLBACKS[kind]
-        logger.warning("quantization=%r: a weight %s has %d input columns, not a multiple of 256; it is "
-                       "quantized to %s instead (as llama.cpp does)", quantization, tuple(weight.shape),
-                       weight.shape[1], fallback)
+        logger.warning(
+            "quantization=%r: a weight %s has %d input columns, not a multiple of 256; it is "
+            "quantized to %s instead (as llama.cpp does)",
+            quantization,
+            tuple(weight.shape),
+            weight.shape[1],
+            fallback,
+        )
         kind = fallback
     return quantize(weight, kind)
 

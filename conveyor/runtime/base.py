@@ -108,5 +108,14 @@ class Executor(abc.ABC):
         finally:
             end = time.perf_counter()
             self.device_busy_s += end - start
-            self.tracer.add("forward+sample", DEVICE_LANE, start, end, plan.step_id, len(plan.seqs),
-                            plan.num_computed_tokens, plan.num_sampled, plan.num_steps)
+            self.tracer.add(
+                "forward+sample",
+                DEVICE_LANE,
+                start,
+                end,
+                plan.step_id,
+                len(plan.seqs),
+                plan.num_computed_tokens,
+                plan.num_sampled,
+                plan.num_steps,
+            )

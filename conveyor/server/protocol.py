@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 from conveyor.params import SamplingParams
 from conveyor.server.vllm_extras import VllmChatFields, VllmFields
 
+
 def bounds(name: str) -> dict[str, Any]:
     """The numeric bounds SamplingParams puts on its field `name` (ge / gt / le / lt), so the server
     refuses exactly what the engine would: one source for every value range."""
@@ -138,10 +139,14 @@ class ChatMessage(BaseModel):
             if self.role != "assistant":
                 raise ValueError("only assistant messages carry tool_calls")
             if not isinstance(calls, list) or not all(
-                    isinstance(c, dict) and isinstance(c.get("function"), dict)
-                    and isinstance(c["function"].get("name"), str) for c in calls):
-                raise ValueError("tool_calls must be a list of {'id', 'type': 'function', 'function': {'name', "
-                                 "'arguments'}}")
+                isinstance(c, dict)
+                and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str)
+                for c in calls
+            ):
+                raise ValueError(
+                    "tool_calls must be a list of {'id', 'type': 'function', 'function': {'name', 'arguments'}}"
+                )
         return self
 
     def as_dict(self) -> dict[str, Any]:

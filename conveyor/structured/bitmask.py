@@ -101,12 +101,21 @@ def bitmask_penalty(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype =
 def native_applies(logits: torch.Tensor) -> bool:
     """Whether the native kernels take these logits: on the CPU, float32 or bfloat16, [batch, vocab] with
     contiguous rows."""
-    return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() == 2 \
+    return (
+        logits.device.type == "cpu"
+        and logits.dtype in (torch.float32, torch.bfloat16)
+        and logits.dim() == 2
         and logits.stride(-1) == 1
+    )
 
 
-def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, native: MaskInPlace | None = None,
-                  owned: bool = False) -> torch.Tensor:
+def apply_bitmask(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    bitmask: torch.Tensor,
+    native: MaskInPlace | None = None,
+    owned: bool = False,
+) -> torch.Tensor:
     """logits [batch, vocab] float; rows [k] int64 (distinct); bitmask [k, words] int32 -> logits with every
     token a row's grammar forbids at -inf (other rows unchanged).
 

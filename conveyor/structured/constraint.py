@@ -29,8 +29,10 @@ class StructuredOutputs(BaseModel):
     def _exactly_one(self) -> "StructuredOutputs":
         given = [k for k in KINDS if self._value(k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of {', '.join(KINDS)} (json_object=True for any JSON object); "
-                             f"got {', '.join(given) if given else 'none'}")
+            raise ValueError(
+                f"give exactly one of {', '.join(KINDS)} (json_object=True for any JSON object); "
+                f"got {', '.join(given) if given else 'none'}"
+            )
         if isinstance(self.json_, str):
             try:
                 parsed = json.loads(self.json_)

@@ -53,7 +53,8 @@ class Front:
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=options.request_timeout, write=30.0, pool=None),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-            headers={"Authorization": f"Bearer {replicas.api_key}"})
+            headers={"Authorization": f"Bearer {replicas.api_key}"},
+        )
         self._open: set[httpx.Response] = set()
         """Upstream responses being relayed (abort_all closes them)."""
         self._abort_reason: str | None = None
@@ -133,9 +134,13 @@ class Front:
         while True:
             candidates = [i for i in self.replicas.healthy if i not in tried]
             if not candidates:
-                return error_response(503, f"no data-parallel replica is up to take the request (replicas tried: "
-                                           f"{sorted(tried) or 'none'}); retry shortly", code="no_replica",
-                                      headers={"Retry-After": "2"})
+                return error_response(
+                    503,
+                    f"no data-parallel replica is up to take the request (replicas tried: "
+                    f"{sorted(tried) or 'none'}); retry shortly",
+                    code="no_replica",
+                    headers={"Retry-After": "2"},
+                )
             unavailable = set(range(len(self.replicas.replicas))) - set(candidates)
             route = self.router.route(ids, budget, unavailable=unavailable)
             address = self.replicas.replicas[route.replica].address
@@ -145,23 +150,30 @@ class Front:
                     raise httpx.ConnectError("the replica went down")
                 upstream = await self.client.send(
                     self.client.build_request("POST", f"http://{address}{path}", content=body, headers=headers),
-                    stream=True)
+                    stream=True,
+                )
                 if not (streamed and upstream.status_code == 200):
                     content = await upstream.aread()  # nothing reaches the client before the whole answer
                     self.router.finished(route)
                     await upstream.aclose()
                     self._count(route)
-                    return Response(content, status_code=upstream.status_code,
-                                    media_type=upstream.headers.get("content-type"),
-                                    headers={REPLICA_HEADER: str(route.replica)})
+                    return Response(
+                        content,
+                        status_code=upstream.status_code,
+                        media_type=upstream.headers.get("content-type"),
+                        headers={REPLICA_HEADER: str(route.replica)},
+                    )
                 chunks = upstream.aiter_raw()
                 first = await anext(chunks, b"")  # until the replica has sent something, it may be retried
             except httpx.TransportError as exc:
                 self.router.finished(route)
                 if upstream is not None:
                     await upstream.aclose()
-                logger.warning("replica %d could not be reached for a request (%s); trying another",
-                               route.replica, type(exc).__name__)
+                logger.warning(
+                    "replica %d could not be reached for a request (%s); trying another",
+                    route.replica,
+                    type(exc).__name__,
+                )
                 self.replicas.mark_down(route.replica)
                 self.metrics.retried.inc()
                 tried.add(route.replica)
@@ -169,10 +181,12 @@ class Front:
             self._count(route)
             self._open.add(upstream)
             end = _RelayEnd(self, upstream, route)
-            return _RelayResponse(self._relay(chunks, first, route, end), end,
-                                  media_type="text/event-stream",
-                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                           REPLICA_HEADER: str(route.replica)})
+            return _RelayResponse(
+                self._relay(chunks, first, route, end),
+                end,
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", REPLICA_HEADER: str(route.replica)},
+            )
 
     async def finish_relay(self, upstream: httpx.Response, route: Route) -> None:
         """A relayed stream ended (see _RelayEnd: called once per stream)."""
@@ -186,8 +200,9 @@ class Front:
         if route.matched_blocks:
             self.metrics.affinity_hits.labels(str(route.replica)).inc()
 
-    async def _relay(self, chunks: AsyncIterator[bytes], first: bytes, route: Route,
-                     end: "_RelayEnd") -> AsyncIterator[bytes]:
+    async def _relay(
+        self, chunks: AsyncIterator[bytes], first: bytes, route: Route, end: "_RelayEnd"
+    ) -> AsyncIterator[bytes]:
         """The replica's events as they come; if it stops before [DONE], an error event and [DONE]."""
         tail = first[-64:]
         try:
@@ -201,9 +216,11 @@ class Front:
                 pass  # told below
             if _DONE not in tail:
                 self.metrics.streams_lost.inc()
-                reason = self._abort_reason or (f"data-parallel replica {route.replica} stopped while streaming "
-                                                f"this response; the tokens sent are all there will be: retry "
-                                                f"the request")
+                reason = self._abort_reason or (
+                    f"data-parallel replica {route.replica} stopped while streaming "
+                    f"this response; the tokens sent are all there will be: retry "
+                    f"the request"
+                )
                 if self._abort_reason is None:
                     self.replicas.mark_down(route.replica)
                 yield sse_error(502, reason, code="replica_lost").encode()
@@ -215,23 +232,31 @@ class Front:
     async def pass_through(self, request: Request, path: str) -> Response:
         healthy = self.replicas.healthy
         if not healthy:
-            return error_response(503, "no data-parallel replica is up; retry shortly", code="no_replica",
-                                  headers={"Retry-After": "2"})
+            return error_response(
+                503, "no data-parallel replica is up; retry shortly", code="no_replica", headers={"Retry-After": "2"}
+            )
         address = self.replicas.replicas[healthy[0]].address
         try:
-            response = await self.client.request(request.method, f"http://{address}{path}",
-                                                 content=await request.body(),
-                                                 headers={"content-type": "application/json"})
+            response = await self.client.request(
+                request.method,
+                f"http://{address}{path}",
+                content=await request.body(),
+                headers={"content-type": "application/json"},
+            )
         except httpx.TransportError as exc:
-            return error_response(502, f"replica {healthy[0]} could not be reached ({type(exc).__name__}); retry",
-                                  code="replica_lost")
-        return Response(response.content, status_code=response.status_code,
-                        media_type=response.headers.get("content-type"))
+            return error_response(
+                502, f"replica {healthy[0]} could not be reached ({type(exc).__name__}); retry", code="replica_lost"
+            )
+        return Response(
+            response.content, status_code=response.status_code, media_type=response.headers.get("content-type")
+        )
 
     def health(self) -> Response:
         healthy = set(self.replicas.healthy)
-        states = [{"replica": r.index, "up": r.index in healthy, "restarts": r.restarts, "pid": r.pid}
-                  for r in self.replicas.replicas]
+        states = [
+            {"replica": r.index, "up": r.index in healthy, "restarts": r.restarts, "pid": r.pid}
+            for r in self.replicas.replicas
+        ]
         up = sum(s["up"] for s in states)
         if self.draining:
             return error_response(503, "the server is shutting down", code="draining")
@@ -290,8 +315,13 @@ def build_front_app(front: Front) -> FastAPI:
     install_error_handlers(app)
     if front.options.allowed_origins:
         origins = list(front.options.allowed_origins)
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials="*" not in origins,
-                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["Authorization", "Content-Type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_credentials="*" not in origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     app.add_middleware(GuardMiddleware, state=front)  # API keys, body cap, 503 while draining
     app.add_middleware(RequestIdMiddleware)
 

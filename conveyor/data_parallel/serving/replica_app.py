@@ -15,6 +15,9 @@ MAX_BODY_BYTES = 64 * 2**20
 
 
 def build_replica_app(engine: AsyncEngine, model_name: str, api_key: str) -> FastAPI:
-    state = ServerState(engine, ServerOptions(model_name=model_name, api_keys=(api_key,), ui=False,
-                                              max_body_bytes=MAX_BODY_BYTES), Metrics())
+    state = ServerState(
+        engine,
+        ServerOptions(model_name=model_name, api_keys=(api_key,), ui=False, max_body_bytes=MAX_BODY_BYTES),
+        Metrics(),
+    )
     return build_app(state)
