@@ -5,7 +5,7 @@ every linear layer costs 2 x rows x in x out, the LM head runs once per sequence
 costs 4 x heads x head_dim x context per sequence and layer (QK^T and PV).
 
 Two peaks are measured in the same run, both as the best square matmul:
-- the float32 matmul peak, the machine's reference (the one the benchmark issue and PERF_NOTES give);
+- the float32 matmul peak, the machine's reference;
 - the peak in the step's own dtype (for bfloat16 on a CPU with AMX, several times the float32 one).
 A step is reported against both, so a dtype change cannot hide behind a change of yardstick.
 

@@ -1,7 +1,7 @@
 """Single-request latency (time to first token, time per output token), ours and the peers interleaved.
 
-The machines are noisy (PERF_NOTES; llama.cpp's time per token moved between 11.3 and 17 ms within one
-afternoon here), so the contestants take turns: a warm-up run each, then `runs` rounds of one run each,
+Shared machines are noisy (one contestant's time per token can move by half within an hour), so the
+contestants take turns: a warm-up run each, then `runs` rounds of one run each,
 and the medians. A slow minute then slows every contestant alike instead of whichever ran in it.
 """
 

@@ -2,8 +2,8 @@
 
 llama-cpp-python's high-level `Llama` runs one sequence at a time, which would understate
 llama.cpp. Here up to `max_seqs` sequences decode together in one `llama_decode` per step, each
-in its own KV stream (`kv_unified=False`: PERF_NOTES measured a unified buffer 2.5-3x slower at
-64 sequences), with prompts fed in chunks under the same token budget as ours; a finished
+in its own KV stream (`kv_unified=False`: with a unified buffer every sequence's attention spans the
+whole buffer, several times slower at 64 sequences), with prompts fed in chunks under the same token budget as ours; a finished
 sequence's slot is cleared and refilled from the queue. Greedy: argmax of each row's logits.
 """
 

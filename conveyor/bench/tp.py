@@ -100,8 +100,9 @@ def measure_decode(
 LINKS_GBPS = (10, 25, 100)
 SHAPES = {"llama-8b": dict(hidden=4096, layers=32), "llama-70b": dict(hidden=8192, layers=80)}
 HOP_LATENCY_US = {10: 20.0, 25: 10.0, 100: 5.0}
-"""Per-message latency assumed for a TCP hop at each link speed (kernel TCP over Ethernet: ~5-20 us;
-RDMA would be ~2 us). Our loopback gloo measures ~100 us per all-reduce: gloo's own overhead dominates."""
+"""Per-message latency assumed for a kernel-TCP hop over Ethernet at each link speed, in microseconds (RDMA would
+be several times less). Not taken from the loopback gloo all-reduce this benchmark times: gloo's own overhead
+dominates that."""
 
 
 def scaling_model(tp: int = 2, batch: int = 1, bytes_per_value: int = 2) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ _CONTEXT_TOKENS = 5
 def window_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
     """The decode a detokenizer calls twice per token. For a plain tokenizers-backed tokenizer that
     does not clean up spaces, transformers' `decode` is exactly `backend_tokenizer.decode` behind
-    input conversion that costs ~4x the decode itself (a fifth of the host's commit at 256 rows), so
+    input conversion that costs several times the decode itself (a large share of the host's commit), so
     that one is called directly; any other tokenizer (a subclass with its own `_decode`, space clean-up
     on, a slow tokenizer) goes through its `decode`."""
     kind = type(tokenizer)

@@ -187,8 +187,8 @@ class Engine:
         """Admit a request (n samples when params.n > 1); returns its id. Raises InvalidRequestError.
 
         By default step() returns the request's output at every step that gives it a token (for streaming);
-        with final_only, only once, when it ends (LLM.generate and the benchmarks: building a 64-request batch's
-        outputs at every step cost ~0.3 ms of a ~40 ms CPU decode step, benchmarks/RESULTS.md s27)."""
+        with final_only, only once, when it ends (LLM.generate and the benchmarks, which read only the final
+        outputs and so skip building every request's output at every step on the host)."""
         self._check_owner("add_request()")
         params = params or SamplingParams()
         text = prompt if isinstance(prompt, str) else None

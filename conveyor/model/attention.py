@@ -64,10 +64,9 @@ class PrefillChunk:
 
 NATIVE_PREFILL_MAX_CONTEXT = 4096
 """Context length up to which a prefill chunk takes the native kernel (csrc/prefill_attention.cpp) where it applies;
-longer ones take torch's fused kernel. Measured up to here, one prompt from scratch, bfloat16 (session s23,
-benchmarks/results/2026-12-05-s23/prefill_attention_long.py -> outputs/prefill_attention_long.txt): against torch's
-SDPA 1.19-1.31x at 2048 tokens, 1.08-1.77x at 4096 (9/3 and 32/8 heads of 64, 16/4 of 128; one and two threads);
-beyond, not measured."""
+longer ones take torch's fused kernel. The native kernel was checked to beat torch's SDPA up to this length (one
+prompt from scratch, bfloat16, 64- and 128-wide heads, grouped and not); beyond it, torch's kernel is kept.
+Tuned with `conveyor bench latency --input-len N` (time to first token)."""
 
 
 @dataclass
@@ -202,8 +201,8 @@ def read_blocks(
 def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """cache [num_blocks, block_size, kv_heads, d], blocks [k] -> [k, block_size * kv_heads * d].
 
-    index_select over a 2-D view copies whole rows and runs about 2x faster on CPU than
-    advanced indexing (cache[blocks]), which goes through the generic gather path."""
+    index_select over a 2-D view copies whole contiguous rows, where advanced indexing (cache[blocks]) goes
+    through the generic element-wise gather path, which is slower on CPU."""
     return cache.view(cache.shape[0], -1).index_select(0, blocks)
 
 
@@ -386,7 +385,7 @@ def attend(
     with a softcap, the scores are capped explicitly (SDPA has no such option), softmax in float32.
 
     Always 4-D: on CPU, torch sends 3-D inputs to its "math" fallback, which copies q, k, v to float32 and
-    materialises every score: 7-12x slower for a 144-token chunk of the 1B model, ~19x at 512 tokens. Its fused
+    materialises every score, several times slower, and more so as chunks grow. Its fused
     "flash" kernel works one (batch, head, query block) at a time with splits that depend only on the sequence
     lengths, so a head's output has the same bits whatever the number of heads or threads in the call
     (tensor-parallel ranks each hold some of the heads; tests/model/test_attention.py checks this)."""

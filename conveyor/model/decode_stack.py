@@ -1,8 +1,8 @@
 """A pure-decode step's decoder layers in one native call, for the plain Llama layer on our AMX kernels.
 
-LlamaModel.forward's Python loop calls ~8 kernels per layer with torch view ops between them; at the default
-model's 64-row decode step that glue cost ~180 us per layer, ~5 ms of a ~48 ms step (30 layers; measured by
-timing every kernel call against the whole forward, W1, benchmarks/RESULTS.md session s15). csrc/decode_layers.cpp
+LlamaModel.forward's Python loop calls ~8 kernels per layer with torch view ops between them; in a decode step,
+whose kernels are short, that per-layer Python and dispatch glue is a noticeable share of the step (the difference
+between timing every kernel call and timing the whole forward; `conveyor bench decode-step`). csrc/decode_layers.cpp
 runs the same kernels in the same order on the same tensors, so the step gives the same bits (tested against the
 Python loop, tests/model/test_decode_stack.py); the loop stays the path for everything else: prefill chunks, mixed steps,
 other layer kinds, tensor parallelism.

@@ -1,8 +1,8 @@
 """A GGUF file's metadata and tensor views, read fast.
 
 The `gguf` package's `GGUFReader` builds a numpy view per metadata value: for a tokenizer of 49,152 tokens and
-48,900 merges that is ~1 million memmap slices and 3-9 s per load on this machine (every server start, every
-`LLM()`). Here the header is walked once with `struct` over the file's memory map (~0.1 s for the same file),
+48,900 merges that is ~1 million memmap slices, seconds of every load (every server start, every `LLM()`).
+Here the header is walked once with `struct` over the file's memory map,
 array values are decoded in bulk, and each tensor is a numpy view of the map shaped as `GGUFReader` shapes it
 (float and integer types in their own dtype, block types as uint8 `[..., row bytes]`), so the loader code reads
 both alike. The type tables (`GGUFValueType`, `GGMLQuantizationType`, `GGML_QUANT_SIZES`) are the gguf package's.

@@ -29,20 +29,20 @@ from conveyor.model.layers import Projection
 from conveyor.model.native import NativeKernels
 
 ROWS_MAX = 4
-"""Activation rows up to which the row kernel is used (see benchmarks/RESULTS.md, GGUF kernels)."""
+"""Activation rows up to which the row kernel is used: it streams the quantized weights once per row, which beats
+the tiled product only while rows are few. Tuned with `conveyor bench decode-step --num-seqs N` on a GGUF model."""
 
 
 PACKED_ROWS_MIN = 512
 """Activation rows from which a bfloat16 AMX product of an input up to PANEL_COLUMNS wide first dequantizes the
-weights into packed bfloat16 tiles (once per call) instead of once per 256-row chunk of rows inside the product
-(benchmarks/RESULTS.md, session s20; ms per call, per chunk against packed): the 1B Q4_K_M file's fused gate/up
-(16384 x 2048, Q4_K) 384 rows 12.9 / 13.2 (packed slower), 512 17.6 / 16.3, 768 25.7 / 23.3; its QKV 512 rows 3.6 /
-3.2; the default model's Q4_1 gate/up (3072 x 576) 512 rows 1.33 / 1.09, down 0.70 / 0.50."""
+weights into packed bfloat16 tiles (once per call) instead of once per 256-row chunk of rows inside the product.
+Packing costs a pass over the weights and a scratch buffer, so it pays only once the product has at least two
+chunks of rows to share it; below this, per-chunk dequantization was as fast or faster (Q4_K, Q6_K and Q4_1
+weights alike). Tuned with `conveyor bench latency --input-len N` on a GGUF model (prefill chunks of N rows)."""
 
 PACKED_ROWS_MIN_WIDE = 257
 """The same for inputs wider than PANEL_COLUMNS (a down projection): from two chunks of rows on, where the product
-would dequantize every block once per chunk. The 1B Q4_K_M file's down (2048 x 8192, Q6_K), per chunk against
-packed: 257 rows 8.0 / 7.0 ms, 512 12.1 / 10.0, 767 17.3 / 14.0 (RESULTS.md, s20)."""
+would dequantize every block once per chunk, packing already pays (tuned as PACKED_ROWS_MIN is)."""
 
 PANEL_COLUMNS = 2048
 """Input columns the AMX product takes at a time (amx_product.cpp's kPanelValues)."""

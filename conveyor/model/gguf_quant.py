@@ -92,7 +92,7 @@ class QuantizedWeight:
 
     def dequantize(self, kernels: object | None = None) -> torch.Tensor:
         """-> W [out, in] float32 by the `gguf` package's reference dequantization, or by the native kernels'
-        when given (the same values exactly: test_gguf_quant.py checks it; ~50x faster, so loads are quick)."""
+        when given (the same values exactly: test_gguf_quant.py checks it; vectorized and threaded, so loads are quick)."""
         if kernels is not None:
             return kernels.gguf_dequantize(self.blocks, self.type_id, self.in_features)  # type: ignore[attr-defined]
         from gguf import GGMLQuantizationType

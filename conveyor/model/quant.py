@@ -3,11 +3,11 @@
 Single-sequence decoding on a CPU is memory-bound: every step reads every weight once. 4-bit
 weights are a quarter of bfloat16's bytes. Two kernels multiply them: the native one
 (csrc/quant_linear.cpp, on CPUs with AVX-512 BF16) and torch's (`_weight_int4pack_mm_for_cpu`)
-elsewhere. Measured on the 2-core machine, all decoder linears of the default model at 1 row,
-alternating in one process: native 4.75 ms, torch 5.58 ms, bfloat16 (oneDNN-packed) 20.2 ms.
-Both stop paying at about 8 rows (16 rows: int4 ~38 ms, bfloat16 ~25 ms), so batches of more
-than SMALL_BATCH_ROWS rows (prefill chunks, busy decode steps) use a bfloat16 copy of the very
-same dequantized weights: int4 takes more weight memory than bfloat16 and buys latency.
+elsewhere. At one row both are several times faster than bfloat16 (they read a quarter of the
+bytes); as rows grow, unpacking the 4-bit codes again for every row costs more than the bytes saved,
+and from about 8 rows bfloat16 is faster, so batches of more than SMALL_BATCH_ROWS rows (prefill
+chunks, busy decode steps) use a bfloat16 copy of the very same dequantized weights: int4 takes
+more weight memory than bfloat16 and buys latency. Tuned with `conveyor bench decode-step --num-seqs N`.
 The LM head (tied to the embedding in small models) is kept at 8 bits per weight, one scale per
 row (Int8Projection), as llama.cpp keeps a Q4_1 file's Q8_0 output matrix.
 
@@ -124,11 +124,11 @@ class Int4Projection:
 
 
 LM_HEAD_INT8_ROWS = 2
-"""Rows up to which the LM head multiplies int8 weights with torch's kernel (measured at 1 row: 0.95 ms
-against 1.37 ms in bfloat16 for 576 -> 49,152; at 4 rows it is already slower: 1.70 against 1.40 ms)."""
+"""Rows up to which the LM head multiplies int8 weights with torch's kernel (faster than bfloat16 at a row or two,
+which read half the bytes; already slower at 4 rows). Tuned with `conveyor bench decode-step --num-seqs N`."""
 LM_HEAD_INT8_ROWS_NATIVE = 4
-"""The same with the native kernel (1 row: 0.63 ms, torch's 1.06, bfloat16 1.64; 4 rows: 1.52 against
-bfloat16's 1.62; 8 rows: 2.98 against 1.82)."""
+"""The same with the native kernel, which stays ahead of bfloat16 up to 4 rows and falls behind by 8 (tuned
+the same way)."""
 
 
 class Int8Projection:

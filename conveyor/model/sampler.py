@@ -59,7 +59,7 @@ class PenaltyTensors:
 @dataclass
 class SamplingTensors:
     # The five below are read only for random rows: None when every row is greedy (all_greedy), so that a greedy
-    # step builds none of them (five small tensors a step on the host: ~0.25 ms of a CPU decode step, s27).
+    # step builds none of them (five small host tensors a step, on the host's critical path of a CPU decode step).
     temperature: torch.Tensor | None  # [rows] float32; 0 = greedy
     top_k: torch.Tensor | None  # [rows] int64; <= 0 = off
     top_p: torch.Tensor | None  # [rows] float32; 1.0 = off
@@ -157,8 +157,8 @@ class SamplingKernels(GrammarKernels, Protocol):
 
 def _first_argmax(x: torch.Tensor, kernels: SamplingKernels | None = None) -> torch.Tensor:
     """[rows, vocab] -> [rows] index of each row's first maximum (the first NaN where a row has one).
-    `max(dim).indices` has argmax's tie rule and runs ~2.5x faster on CPU than argmax (0.84 vs 2.1 ms for
-    64 x 49152 float32); the native kernel gives the same ids and reads the logits once at memory speed
+    `max(dim).indices` has argmax's tie rule and is faster on CPU than argmax, whose reduction kernel is not
+    vectorized the same way; the native kernel gives the same ids and reads the logits once at memory speed
     (64 x 49,152 bfloat16: benchmarks/decode_attention_bw.py has both)."""
     if kernels is not None and native_applies(x):
         return kernels.argmax_rows(x)
@@ -204,8 +204,7 @@ def sample(
     counter-based noise. Everything is computed in float32, except a batch that is only plain
     greedy rows: its argmax is taken in the model's dtype, which gives the same ids (widening to
     float32 is exact and keeps the order and the ties) without the float32 copy of the logits
-    (bfloat16, 64 x 49,152, medians of 60 alternating calls: 1.38 -> 1.18 ms; tests/model/test_sampler.py
-    checks the ids).
+    (tests/model/test_sampler.py checks the ids).
 
     `grammar` (rows [k], bitmask [k, words]): structured-output rows, whose forbidden tokens are set
     to -inf after the other logits processing (so no bias or penalty can bring them back), by the

@@ -91,8 +91,8 @@ def bitmask_penalty(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype =
     """[rows, words] int32 -> [rows, vocab]: 0 where a token is allowed, -inf where it is not.
 
     One table lookup per byte of the mask (bit i of byte j of word w is token 32w + 8j + i on a
-    little-endian machine, which torch's CPUs and GPUs all are); measured ~2x faster on this CPU than
-    shifting out each of the 32 bits and masking."""
+    little-endian machine, which torch's CPUs and GPUs all are): a quarter of the ops of shifting out
+    each of the 32 bits and masking."""
     table = _byte_penalty(bitmask.device, dtype)
     as_bytes = bitmask.contiguous().view(torch.uint8).int()  # [rows, words * 4]
     return table[as_bytes].flatten(1)[:, :vocab_size]  # [rows, vocab]

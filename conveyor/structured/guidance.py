@@ -141,8 +141,8 @@ class GuidanceBackend:
     ) -> None:
         # numpy's fill, not torch's: this runs on the engine's host thread, and a torch op large enough to go
         # parallel (98k words at 64 rows) would start a second OpenMP team there, whose threads then fight
-        # the forward's for the cores on every later step (runtime/overlap.py; measured: a 64-row decode
-        # step went from 39 to 63 ms after the first constrained step, and stayed there)
+        # the forward's for the cores on every later step (runtime/overlap.py: every decode step after the first
+        # constrained one stays slower)
         bitmask.numpy().fill(-1)
         live = [(m.matcher, i) for i, m in enumerate(matchers) if m is not None and not m.matcher.is_error()]
         if live:
