@@ -14,13 +14,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
-    "SamplingParams",
-    "EngineConfig",
-    "RequestOutput",
     "CompletionOutput",
-    "ConveyorError",
     "ConfigError",
+    "ConveyorError",
+    "EngineConfig",
     "InvalidRequestError",
     "ModelLoadError",
+    "RequestOutput",
+    "SamplingParams",
     "__version__",
 ]

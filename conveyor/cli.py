@@ -7,14 +7,15 @@ import dataclasses
 import logging
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from conveyor.config import (
     RENAMED_QUANTIZATIONS,
-    SUPPORTED_GGUF_WEIGHTS,
-    SUPPORTED_KERNELS,
     SUPPORTED_DEVICES,
     SUPPORTED_DTYPES,
+    SUPPORTED_GGUF_WEIGHTS,
+    SUPPORTED_KERNELS,
     SUPPORTED_QUANTIZATIONS,
     SUPPORTED_TOOL_CALL_PARSERS,
     EngineConfig,

@@ -8,11 +8,12 @@ objects (`model.spec.ModelSpec`, `core.kv_cache.CachePlan`), not here.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 from conveyor.errors import ConfigError
 
@@ -31,9 +32,9 @@ SUPPORTED_TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 _SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
-def parse_memory_size(value: Union[int, float, str]) -> Union[int, float]:
+def parse_memory_size(value: int | float | str) -> int | float:
     """'2GiB' -> 2147483648; 0.25 -> 0.25 (a fraction of available memory); 10**9 -> 10**9."""
-    if isinstance(value, bool) or isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
         raise ConfigError(
             f"kv_cache_memory={value!r} is not a size; give bytes (e.g. 2000000000), "
             "a string like '2GiB', or a fraction of available memory in (0, 1]"
@@ -77,10 +78,10 @@ class EngineConfig:
     quantization: str | None = None
     """Weight-only quantization of a checkpoint at load: None; 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1',
     'q4_k', 'q5_k' or 'q6_k' (CPU with the native kernels: decoder weights and the LM head quantized into
-    that GGUF format and kept compact, as a GGUF file of those types is; the LM head in Q8_0); or 'int4'
-    'int4_latency' (formerly 'int4', still accepted; CPU, dtype bfloat16: 4-bit decoder weights in groups of 32 and an 8-bit LM head for
-    small batches, plus bfloat16 copies of the same weights for large ones, so it takes more weight memory
-    than bfloat16, not less). GGUF files need none of this: their quantized weights stay compact."""
+    that GGUF format and kept compact, as a GGUF file of those types is; the LM head in Q8_0); or
+    'int4_latency' (formerly 'int4', still accepted; CPU, dtype bfloat16: 4-bit decoder weights in groups of 32
+    and an 8-bit LM head for small batches, plus bfloat16 copies of the same weights for large ones, so it takes
+    more weight memory than bfloat16, not less). GGUF files need none of this: their quantized weights stay compact."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu' or 'cuda'."""
     kernels: str = "auto"
@@ -108,13 +109,13 @@ class EngineConfig:
     """Most requests running in one step."""
     max_num_batched_tokens: int = 2048
     """Token budget of one step (prefill chunks + decodes)."""
-    kv_cache_memory: Union[int, float, str, None] = None
+    kv_cache_memory: int | float | str | None = None
     """KV cache size: bytes, a string like '2GiB', or a fraction of available memory. None = on CPU, room for
     max(max_num_seqs x 256, max_model_len) tokens, capped at 20% of available memory and 2 GiB (a 1B-class
     Llama at 128 sequences: 1 GiB); on CUDA, 80% of free memory capped at max_num_seqs full-length requests."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of identical prompt prefixes across requests."""
-    async_batching: Union[bool, Literal["auto"]] = "auto"
+    async_batching: bool | Literal["auto"] = "auto"
     """Overlap host work with device compute: 'auto', True or False."""
     num_scheduler_steps: int = 8
     """Most decode steps one plan runs back to back (the runner feeds each step's tokens to the next, with no
@@ -246,7 +247,7 @@ class EngineConfig:
                 f"{', '.join(SUPPORTED_TOOL_CALL_PARSERS)}"
             )
 
-    def replace(self, **changes: object) -> "EngineConfig":
+    def replace(self, **changes: object) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -258,7 +259,7 @@ def field_docs() -> dict[str, str]:
     tree = ast.parse(inspect.getsource(EngineConfig))
     docs: dict[str, str] = {}
     body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, following in zip(body, body[1:]):
+    for node, following in itertools.pairwise(body):
         if (
             isinstance(node, ast.AnnAssign)
             and isinstance(following, ast.Expr)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -18,7 +19,7 @@ from conveyor.tools import ToolParser, ToolPlan, parser_for, plan_tools, render_
 if TYPE_CHECKING:
     from conveyor.data_parallel.offline import DataParallelGenerator
 
-Prompt = Union[str, Sequence[int], dict[str, Any]]
+Prompt = str | Sequence[int] | dict[str, Any]
 """A string, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [int, ...]}."""
 Message = dict[str, Any]
 
@@ -52,7 +53,7 @@ class LLM:
         elif self.engine is not None:
             self.engine.close()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -135,7 +136,7 @@ class LLM:
             for out in outputs:
                 for c in out.outputs:
                     if c.finish_reason == "stop":
-                        content, calls = plan.read_reply(c.text, parser)
+                        _content, calls = plan.read_reply(c.text, parser)
                         c.tool_calls = calls or None
         return outputs
 
@@ -279,10 +280,7 @@ def _as_conversations(messages: Sequence[Message] | Sequence[Sequence[Message]])
     items = list(messages)
     if not items:
         raise InvalidRequestError("no messages given; pass a list of {'role': ..., 'content': ...} dicts")
-    if all(isinstance(m, dict) for m in items):
-        conversations = [items]
-    else:
-        conversations = [list(c) for c in items]
+    conversations = [items] if all(isinstance(m, dict) for m in items) else [list(c) for c in items]
     for ci, conv in enumerate(conversations):
         if not conv:
             raise InvalidRequestError(f"conversation {ci} is empty; give at least one message")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -47,7 +47,9 @@ def _whole_number(value: Any) -> Any:
 
 def _real_number(value: Any) -> Any:
     """A float field takes numbers (integers too), never a bool or a string, and no NaN."""
-    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+    if isinstance(value, (bool, str, bytes)) or (
+        not isinstance(value, (int, float)) and not hasattr(value, "__float__")
+    ):
         raise ValueError(f"must be a number, got a {type(value).__name__}")
     if math.isnan(float(value)):
         raise ValueError("must be a number, got NaN")
@@ -104,7 +106,7 @@ class SamplingParams(BaseModel):
 
     @field_validator("stop", mode="before")
     @classmethod
-    def _stop_as_tuple(cls, value: Union[str, list[str], tuple[str, ...], None]) -> Any:
+    def _stop_as_tuple(cls, value: str | list[str] | tuple[str, ...] | None) -> Any:
         if value is None:
             return ()
         return (value,) if isinstance(value, str) else value
@@ -138,7 +140,7 @@ class SamplingParams(BaseModel):
         return bias
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "SamplingParams":
+    def _cross_field(self) -> SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise FieldValueError(
                 "min_tokens", f"min_tokens={self.min_tokens} is larger than max_tokens={self.max_tokens}"
@@ -166,7 +168,7 @@ class SamplingParams(BaseModel):
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
-    def clone(self, **changes: Any) -> "SamplingParams":
+    def clone(self, **changes: Any) -> SamplingParams:
         return SamplingParams(**{**self.model_dump(), **changes})
 
 

@@ -34,9 +34,9 @@ RUN_ID = re.compile(r"\bs[0-9]{1,2}\b")
 RESULTS = re.compile(r"RESULTS\.md|benchmarks/results")
 _NUM = r"\d(?:[\d.,]*\d)?"
 TIMING = re.compile(
-    rf"(?<![\w.]){_NUM}(?:\s?(?:-|–|to)\s?{_NUM})?\s?(?:ms|µs|us|ns|GB/s|MB/s|GiB/s|MiB/s|tok/s|tokens/s|"
+    rf"(?<![\w.]){_NUM}(?:\s?(?:-|\u2013|to)\s?{_NUM})?\s?(?:ms|µs|us|ns|GB/s|MB/s|GiB/s|MiB/s|tok/s|tokens/s|"
     rf"GFLOP/s|TFLOP/s)(?!\w)"
-    rf"|(?<![\w.]){_NUM}(?:\s?(?:-|–)\s?{_NUM})?x (?:faster|slower)\b"
+    rf"|(?<![\w.]){_NUM}(?:\s?(?:-|\u2013)\s?{_NUM})?x (?:faster|slower)\b"
 )
 _LIMIT_WORDS = re.compile(r"\b(default|defaults to|at most|at least|up to|timeout|every|after|within)\W*$", re.I)
 """A number with a unit right after one of these words states an interface fact ("default 500 ms",

@@ -327,7 +327,7 @@ def _decode_step(args: argparse.Namespace, config: Any) -> int:
 
 def _tp(args: argparse.Namespace, config: Any) -> int:
     from conveyor.bench.tp import measure_collectives, measure_decode, scaling_model
-    from conveyor.model.loader import load_model, resolve_dtype, model_path
+    from conveyor.model.loader import load_model, model_path, resolve_dtype
 
     spec = load_model(
         config.model, resolve_dtype(config.dtype, model_path(config.model), "cpu", config.quantization)

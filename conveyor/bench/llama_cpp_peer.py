@@ -3,8 +3,8 @@
 llama-cpp-python's high-level `Llama` runs one sequence at a time, which would understate
 llama.cpp. Here up to `max_seqs` sequences decode together in one `llama_decode` per step, each
 in its own KV stream (`kv_unified=False`: with a unified buffer every sequence's attention spans the
-whole buffer, several times slower at 64 sequences), with prompts fed in chunks under the same token budget as ours; a finished
-sequence's slot is cleared and refilled from the queue. Greedy: argmax of each row's logits.
+whole buffer, several times slower at 64 sequences), with prompts fed in chunks under the same token budget
+as ours; a finished sequence's slot is cleared and refilled from the queue. Greedy: argmax of each row's logits.
 """
 
 from __future__ import annotations

@@ -96,8 +96,8 @@ def measure_step_cost(config: EngineConfig, num_seqs: int, prompt_len: int, step
 def measure_compile_times(config: EngineConfig, num_schemas: int = 200, seed: int = 19) -> dict[str, Any]:
     """Compile the structured-output tests' random schemas with a fresh backend (no cache), then again (cached)."""
     from conveyor.model.loader import load_model
-    from conveyor.structured.guidance import GuidanceBackend
     from conveyor.structured.constraint import StructuredOutputs
+    from conveyor.structured.guidance import GuidanceBackend
 
     loaded = load_model(config.model, "float32")
     start = time.perf_counter()

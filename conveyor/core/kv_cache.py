@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from conveyor.errors import ConfigError
-
 
 FREED_BLOCK = -1
 """A block-table entry whose block was released while the request runs: every layer's sliding window has
@@ -52,7 +52,7 @@ class CachePlan:
     @classmethod
     def from_budget(
         cls, budget_bytes: int, block_size: int, bytes_per_token: int, max_model_len: int, budget_text: str
-    ) -> "CachePlan":
+    ) -> CachePlan:
         bytes_per_block = block_size * bytes_per_token
         num_blocks = budget_bytes // bytes_per_block
         needed = -(-max_model_len // block_size)

@@ -9,8 +9,9 @@ tokens recomputed later). Knows nothing of tensors.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from conveyor.core.kv_cache import EMPTY_MATCH, BlockManager
 from conveyor.core.plan import PLACEHOLDER_TOKEN, SamplingSpec, ScheduledSeq, StepPlan
@@ -122,9 +123,11 @@ class Scheduler:
                 i += 1
                 continue
             start = request.num_computed_tokens
-            if self.limits.kv_window is not None:  # the queries from `start` on attend to start - W + 1 onward
-                if self.blocks.free_behind(request.request_id, start - self.limits.kv_window + 1, in_flight):
-                    self._table_changed(request.request_id, 0)  # rare (once a block): the table goes whole
+            # with a window, the queries from `start` on attend to start - W + 1 onward
+            if self.limits.kv_window is not None and self.blocks.free_behind(
+                request.request_id, start - self.limits.kv_window + 1, in_flight
+            ):
+                self._table_changed(request.request_id, 0)  # rare (once a block): the table goes whole
             if self.blocks.holds_privately(request.request_id, start + count, start):  # nothing to allocate
                 planned.append((request, count))
                 budget -= count

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request

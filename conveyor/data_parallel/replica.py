@@ -21,7 +21,8 @@ import logging
 import os
 import socket
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 

@@ -15,9 +15,10 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any
 
 from conveyor.config import EngineConfig
 from conveyor.engine.engine import Engine
@@ -98,7 +99,8 @@ class AsyncEngine:
         return self.error is not None
 
     async def wait_ready(self) -> None:
-        while not self._ready.is_set() and self.error is None:
+        # polled: both are set from the engine thread, where no asyncio.Event can be set
+        while not self._ready.is_set() and self.error is None:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         if self.error is not None:
             raise EngineDeadError(self.error)
@@ -298,7 +300,7 @@ class AsyncEngine:
 
     def _die(self, exc: BaseException) -> None:
         self.error = f"the engine loop failed: {type(exc).__name__}: {exc}"
-        logger.exception("engine loop failed")
+        logger.error("engine loop failed", exc_info=exc)
         with self._streams_lock:
             streams = list(self._streams.values())
         for stream in streams:

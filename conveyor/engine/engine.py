@@ -7,8 +7,9 @@ Threads, and what each owns:
   op (the forward), on CPU inside step() through the executor's `serve`.
 - During a step() under CPU async batching, the host thread ("conveyor-host") runs the host turn:
   the scheduler, the block manager, the output processor (detokenizer, stops), grammar masks and
-  the prepare of step tensors (with the runner's persistent batch, which only prepare touches). The engine thread only computes forwards meanwhile and touches none
-  of them; step() returns only after the host turn ended, so ownership passes back whole.
+  the prepare of step tensors (with the runner's persistent batch, which only prepare touches). The engine
+  thread only computes forwards meanwhile and touches none of them; step() returns only after the host turn
+  ended, so ownership passes back whole.
 - The engine's tokenizer is used by one of those two threads at a time (tokenize on admission,
   detokenize in commit), never by both at once. Frontends get their own copy (EngineInfo.tokenizer
   from AsyncEngine), so server threads tokenizing never share a tokenizer with the engine (a shared
@@ -24,17 +25,17 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
 
 import torch
 
 from conveyor.config import EngineConfig
-from conveyor.openmp import warn_if_spinning
 from conveyor.core.kv_cache import BlockManager
 from conveyor.core.plan import StepPlan
 from conveyor.core.request import Request
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
+from conveyor.device import detect_device
 from conveyor.engine.grammars import EngineGrammars
 from conveyor.engine.info import EngineInfo
 from conveyor.engine.output import OutputProcessor
@@ -42,10 +43,10 @@ from conveyor.engine.stats import EngineStats
 from conveyor.errors import ConfigError, InvalidRequestError
 from conveyor.model.loader import load_model, model_path, resolve_dtype, resolve_max_model_len
 from conveyor.model.runner import ModelRunner
+from conveyor.openmp import warn_if_spinning
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.runtime import Executor, StepHandle, make_executor
-from conveyor.device import detect_device
 from conveyor.runtime.async_mode import resolve_async_batching
 from conveyor.runtime.timeline import StepTimeline
 from conveyor.runtime.trace import Tracer

@@ -11,15 +11,16 @@ Where a step's masks are computed:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from conveyor.core.plan import StepPlan
 from conveyor.engine.output import OutputProcessor
 from conveyor.errors import InvalidRequestError
-from conveyor.model.runner import PreparedStep
 from conveyor.model.model_spec import ModelSpec
+from conveyor.model.runner import PreparedStep
 from conveyor.params import SamplingParams
 from conveyor.runtime.trace import DEVICE_LANE, HOST_LANE, Tracer
 from conveyor.structured.backend import GrammarBackend, GrammarMatcher

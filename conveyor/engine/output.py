@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from conveyor.core.plan import StepPlan, StepResult, TokenLogprobs
 from conveyor.core.request import Request, RequestStatus

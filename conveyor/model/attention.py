@@ -30,8 +30,8 @@ The native decode kernel has no window; windowed layers take the torch path (log
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -96,7 +96,8 @@ class AttentionBatch:
     prefill_spans: torch.Tensor | None = None
     """[native chunks, 3] int64: each native prefill chunk's first row, rows and context length (None if none)."""
     prefill_tables: torch.Tensor | None = None
-    """[native chunks, max_blocks] int64: each native prefill chunk's block table (covering its context), zero-padded."""
+    """[native chunks, max_blocks] int64: each native prefill chunk's block table (covering its context),
+    zero-padded."""
 
 
 def build_attention_batch(

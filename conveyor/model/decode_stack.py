@@ -4,13 +4,14 @@ LlamaModel.forward's Python loop calls ~8 kernels per layer with torch view ops 
 whose kernels are short, that per-layer Python and dispatch glue is a noticeable share of the step (the difference
 between timing every kernel call and timing the whole forward; `conveyor bench decode-step`). csrc/decode_layers.cpp
 runs the same kernels in the same order on the same tensors, so the step gives the same bits (tested against the
-Python loop, tests/model/test_decode_stack.py); the loop stays the path for everything else: prefill chunks, mixed steps,
-other layer kinds, tensor parallelism.
+Python loop, tests/model/test_decode_stack.py); the loop stays the path for everything else: prefill chunks, mixed
+steps, other layer kinds, tensor parallelism.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 

@@ -21,9 +21,9 @@ import torch
 from conveyor.errors import ModelLoadError
 from conveyor.model.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, read_gguf
 from conveyor.model.gguf_quant import FORMATS, QuantizedWeight
-from conveyor.model.weights import LoadedModel, fuse_weights
-from conveyor.model.rope import yarn_attention_factor
 from conveyor.model.model_spec import ModelSpec, RopeSpec
+from conveyor.model.rope import yarn_attention_factor
+from conveyor.model.weights import LoadedModel, fuse_weights
 
 logger = logging.getLogger(__name__)
 

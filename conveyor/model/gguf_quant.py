@@ -92,7 +92,8 @@ class QuantizedWeight:
 
     def dequantize(self, kernels: object | None = None) -> torch.Tensor:
         """-> W [out, in] float32 by the `gguf` package's reference dequantization, or by the native kernels'
-        when given (the same values exactly: test_gguf_quant.py checks it; vectorized and threaded, so loads are quick)."""
+        when given (the same values exactly: test_gguf_quant.py checks it; vectorized and threaded, so loads are
+        quick)."""
         if kernels is not None:
             return kernels.gguf_dequantize(self.blocks, self.type_id, self.in_features)  # type: ignore[attr-defined]
         from gguf import GGMLQuantizationType
@@ -108,12 +109,8 @@ def cat_rows(parts: list[torch.Tensor | QuantizedWeight]) -> torch.Tensor | Quan
     runs: list[list[torch.Tensor | QuantizedWeight]] = []
     for part in parts:
         last = runs[-1][-1] if runs else None
-        same = (
-            isinstance(part, torch.Tensor)
-            and isinstance(last, torch.Tensor)
-            or isinstance(part, QuantizedWeight)
-            and isinstance(last, QuantizedWeight)
-            and part.kind == last.kind
+        same = (isinstance(part, torch.Tensor) and isinstance(last, torch.Tensor)) or (
+            isinstance(part, QuantizedWeight) and isinstance(last, QuantizedWeight) and part.kind == last.kind
         )
         if same:
             runs[-1].append(part)

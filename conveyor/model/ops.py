@@ -9,8 +9,8 @@ import torch
 
 from conveyor.model.attention import DecodeAttention, PrefillAttention
 from conveyor.model.layers import apply_rotary, rms_norm, silu_and_mul
-from conveyor.model.native import NativeKernels
 from conveyor.model.model_spec import ModelSpec
+from conveyor.model.native import NativeKernels
 
 
 class LayerOps(Protocol):

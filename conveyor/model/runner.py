@@ -10,11 +10,12 @@ from typing import Any
 import torch
 
 from conveyor.config import EngineConfig
-from conveyor.errors import ConfigError
-from conveyor.host_memory import advise_huge_pages, keep_freed_host_memory
 from conveyor.core.kv_cache import CachePlan
 from conveyor.core.persistent_batch import PersistentBatch
 from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
+from conveyor.device import DeviceInfo, available_memory
+from conveyor.errors import ConfigError
+from conveyor.host_memory import advise_huge_pages, keep_freed_host_memory
 from conveyor.model import kv_int8
 from conveyor.model.attention import DECODE_GROUP_SIZE, AttentionBatch, build_attention_batch
 from conveyor.model.llama import LlamaModel
@@ -22,7 +23,6 @@ from conveyor.model.loader import LoadedModel
 from conveyor.model.native import resolve_kernels
 from conveyor.model.sampler import SampleOutput, SamplingKernels, SamplingTensors, plain_greedy, raw_logprobs, sample
 from conveyor.model.sampling_inputs import build_sampling_tensors
-from conveyor.device import DeviceInfo, available_memory
 from conveyor.structured.bitmask import DeferredBitmask
 
 logger = logging.getLogger(__name__)

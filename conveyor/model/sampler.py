@@ -222,7 +222,7 @@ def sample(
     processed = process_logits(logits, t)  # [rows, vocab]
     if grammar is not None:
         # in place only into a tensor of our own: `logits` is still read for the raw logprobs below
-        own = processed is not logits or t.num_logprobs is None and (logits is not raw or logits_owned)
+        own = processed is not logits or (t.num_logprobs is None and (logits is not raw or logits_owned))
         processed = apply_bitmask(
             processed, *grammar, native=None if kernels is None else kernels.apply_token_bitmask_, owned=own
         )

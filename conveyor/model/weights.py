@@ -13,8 +13,8 @@ import torch
 
 from conveyor.errors import ModelLoadError
 from conveyor.model.gguf_quant import AnyWeight, cast_weight, cat_rows, dense
-from conveyor.model.rope import partial_rotary_order
 from conveyor.model.model_spec import ModelSpec
+from conveyor.model.rope import partial_rotary_order
 
 
 @dataclass

@@ -96,7 +96,7 @@ class Executor(abc.ABC):
     def wait(self, handle: StepHandle) -> StepResult:
         """The result of the oldest submitted step (handles are waited for in submission order)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: executors without threads of their own keep this no-op
         """Stop any thread of the executor's own (after the engine has waited for every step)."""
 
     def run_here(self, plan: StepPlan, prepared: PreparedStep) -> StepResult:

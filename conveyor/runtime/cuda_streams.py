@@ -16,8 +16,9 @@ at the next `submit` or at its `wait`, whichever comes first.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

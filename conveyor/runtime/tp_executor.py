@@ -9,8 +9,8 @@ the step's forward. close() ends the inner executor, then every worker process.
 from __future__ import annotations
 
 from conveyor.core.plan import StepPlan, StepResult
-from conveyor.tensor_parallel.launch import TensorParallelRunner
 from conveyor.runtime.base import Executor, StepHandle, ThreadLending
+from conveyor.tensor_parallel.launch import TensorParallelRunner
 
 
 class TensorParallelExecutor(Executor):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from conveyor.runtime.timeline import DEVICE_LANE, HOST_LANE, StepTimeline
 

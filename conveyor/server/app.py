@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -13,11 +14,11 @@ from conveyor import __version__
 from conveyor.outputs import RequestOutput
 from conveyor.server.error_responses import APIError, as_api_error, error_response, install_error_handlers
 from conveyor.server.guard import GuardMiddleware
-from conveyor.server.state import ServerState
-from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.logprobs import TokenBytes
+from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.request_id import RequestIdMiddleware, response_id
 from conveyor.server.serving import Prepared, Serving, chat_choice, completion_choice, new_id, now, usage
+from conveyor.server.state import ServerState
 from conveyor.server.streaming import sse_response, stream_chat, stream_completion
 from conveyor.server.tokenizer_routes import tokenizer_routes
 from conveyor.server.ui import mount_ui
@@ -132,7 +133,7 @@ async def _respond(
         _raise_if_failed(outputs)
         body_choices = choices(outputs, tokens)
     except BaseException as exc:
-        gone = isinstance(exc, asyncio.CancelledError) or isinstance(exc, APIError) and exc.status == 499
+        gone = isinstance(exc, asyncio.CancelledError) or (isinstance(exc, APIError) and exc.status == 499)
         state.metrics.requests.labels("abort" if gone else "error").inc()
         raise
     state.metrics.requests.labels("ok").inc()

@@ -111,7 +111,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
+        logger.error("unhandled error", exc_info=exc)
         return error_response(500, "internal server error; the request was not completed (see the server log)")
 
 

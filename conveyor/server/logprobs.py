@@ -16,7 +16,8 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 

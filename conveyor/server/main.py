@@ -16,8 +16,8 @@ import uvicorn
 from conveyor.config import EngineConfig
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.server.app import build_app
-from conveyor.server.state import ServerOptions, ServerState
 from conveyor.server.metrics import Metrics
+from conveyor.server.state import ServerOptions, ServerState
 from conveyor.server.vllm_metrics import export_vllm_names
 
 logger = logging.getLogger("conveyor.serve")
@@ -103,7 +103,8 @@ class DrainingServer(uvicorn.Server):
         engine = self.work
         deadline = self._loop.time() + self.shutdown_timeout if self._loop else 0
         logger.info("draining: %d request(s) in flight, up to %.0f s", engine.num_active, self.shutdown_timeout)
-        while engine.num_active and self._loop and self._loop.time() < deadline:
+        # polled: a count that changes from several places, and a deadline
+        while engine.num_active and self._loop and self._loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         if engine.num_active:
             logger.info("shutdown timeout: aborting %d request(s)", engine.num_active)

@@ -6,8 +6,9 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import Any
 
 from conveyor.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from conveyor.engine.info import EngineInfo

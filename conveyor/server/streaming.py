@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from conveyor.outputs import RequestOutput
 from conveyor.server.error_responses import as_api_error
-from conveyor.server.state import ServerState
 from conveyor.server.logprobs import TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, generated
 from conveyor.server.serving import Prepared, completion_entries, finish_reason, merged, now, sse, stream_error, usage
+from conveyor.server.state import ServerState
 from conveyor.server.vllm_extras import choice_token_ids, running_usage
 
 

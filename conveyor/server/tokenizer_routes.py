@@ -4,7 +4,7 @@ POST /detokenize, GET /tokenizer_info. Same request and response shapes as vLLM'
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,17 +21,17 @@ class TokenizeRequest(BaseModel):
     """vLLM's two forms in one: a `prompt`, or chat `messages` rendered by the chat template."""
 
     model_config = ConfigDict(extra="forbid")
-    model: Optional[str] = None
-    prompt: Optional[str] = None
-    messages: Optional[list[ChatMessage]] = Field(default=None, min_length=1)
-    add_special_tokens: Optional[bool] = None
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool | None = None
     """Default: true for a prompt; false for messages (the chat template writes them), as vLLM."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
 
     @model_validator(mode="after")
-    def _prompt_or_messages(self) -> "TokenizeRequest":
+    def _prompt_or_messages(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError(
                 "send either `prompt` (text) or `messages` (a chat), not "
@@ -42,7 +42,7 @@ class TokenizeRequest(BaseModel):
 
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: Optional[str] = None
+    model: str | None = None
     tokens: list[int] = Field(max_length=MAX_TOKENS_TO_DECODE)
 
 

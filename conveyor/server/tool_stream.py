@@ -8,7 +8,8 @@ calls themselves and goes out once complete."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from conveyor.outputs import RequestOutput
 from conveyor.server.error_responses import as_api_error

@@ -10,8 +10,9 @@ logprobs count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -26,7 +27,7 @@ class VllmFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     """Logprobs of each prompt token (and its top-N alternatives), in vLLM's shape; not when streaming."""
     return_token_ids: bool = False
     """Add prompt_token_ids and each choice's generated token_ids to the response."""
@@ -34,7 +35,7 @@ class VllmFields(BaseModel):
     """Name tokens in logprobs as 'token_id:<id>' (for tokens that are not valid UTF-8 on their own)."""
     use_beam_search: bool = False
     length_penalty: float = 1.0
-    prompt_embeds: Optional[Any] = None
+    prompt_embeds: Any | None = None
 
     @field_validator("logprobs", "top_logprobs", "prompt_logprobs", mode="before", check_fields=False)
     @classmethod
@@ -110,7 +111,7 @@ def extras_of(body: Any, role: str = "assistant", chat_echo: str = "") -> Respon
 class TokenIdNames(TokenBytes):
     """TokenBytes whose display text is 'token_id:<id>' (return_tokens_as_token_ids); the bytes stay real."""
 
-    def __init__(self, inner: TokenBytes | None) -> None:  # noqa: super().__init__ not called: wraps inner
+    def __init__(self, inner: TokenBytes | None) -> None:  # super().__init__ not called: wraps inner
         self.inner = inner
 
     def of(self, token_id: int) -> tuple[bytes, str]:

@@ -7,7 +7,7 @@ Conveyor series without a vLLM counterpart keep only their own name (see README,
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric

@@ -6,7 +6,8 @@ preempted request recomputes) and asks for the masks of a step's constrained row
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 

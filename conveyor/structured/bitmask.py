@@ -13,8 +13,9 @@ fills it then; on CPU it gets a filler that the sampling thread runs (engine/gra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 

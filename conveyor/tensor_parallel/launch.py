@@ -31,6 +31,7 @@ from conveyor.errors import ConfigError
 from conveyor.model.loader import LoadedModel
 from conveyor.model.runner import ModelRunner, PreparedStep, StepOutput
 from conveyor.tensor_parallel.group import TensorParallelGroup
+from conveyor.tensor_parallel.plan_wire import encode_plan
 from conveyor.tensor_parallel.shard import (
     check_tensor_parallel,
     kv_heads_replicated,
@@ -39,7 +40,6 @@ from conveyor.tensor_parallel.shard import (
     vocab_range,
 )
 from conveyor.tensor_parallel.wire import STOP, write_frame
-from conveyor.tensor_parallel.plan_wire import encode_plan
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -22,13 +23,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from conveyor import __version__
-from conveyor.data_parallel.serving.front_metrics import FrontMetrics
 from conveyor.data_parallel.replicas import ReplicaSet
 from conveyor.data_parallel.router import PrefixAffinityRouter, Route
+from conveyor.data_parallel.serving.front_metrics import FrontMetrics
 from conveyor.server.error_responses import error_response, install_error_handlers, sse_error
 from conveyor.server.guard import GuardMiddleware
-from conveyor.server.state import ServerOptions
 from conveyor.server.request_id import HEADER, RequestIdMiddleware
+from conveyor.server.state import ServerOptions
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class Front:
             headers={"Authorization": f"Bearer {replicas.api_key}"},
         )
         self._open: set[httpx.Response] = set()
+        self._closing: set[asyncio.Future[None]] = set()
         """Upstream responses being relayed (abort_all closes them)."""
         self._abort_reason: str | None = None
         self._in_flight = 0
@@ -77,7 +79,9 @@ class Front:
         """Close every upstream stream: each client gets an error event naming `reason`, then [DONE]."""
         self._abort_reason = reason
         for response in list(self._open):
-            asyncio.ensure_future(response.aclose())
+            closing = asyncio.ensure_future(response.aclose())
+            self._closing.add(closing)  # held until done: the loop keeps only a weak reference to a task
+            closing.add_done_callback(self._closing.discard)
 
     # ---- routing ---------------------------------------------------------------------
     async def _prompt_ids(self, path: str, payload: dict[str, Any]) -> list[int]:
@@ -201,7 +205,7 @@ class Front:
             self.metrics.affinity_hits.labels(str(route.replica)).inc()
 
     async def _relay(
-        self, chunks: AsyncIterator[bytes], first: bytes, route: Route, end: "_RelayEnd"
+        self, chunks: AsyncIterator[bytes], first: bytes, route: Route, end: _RelayEnd
     ) -> AsyncIterator[bytes]:
         """The replica's events as they come; if it stops before [DONE], an error event and [DONE]."""
         tail = first[-64:]

@@ -7,8 +7,8 @@ from fastapi import FastAPI
 
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.server.app import build_app
-from conveyor.server.state import ServerOptions, ServerState
 from conveyor.server.metrics import Metrics
+from conveyor.server.state import ServerOptions, ServerState
 
 MAX_BODY_BYTES = 64 * 2**20
 """The front applies the user's cap; this one only bounds what the front may pass on."""

@@ -12,10 +12,10 @@ from types import FrameType
 import uvicorn
 
 from conveyor.config import EngineConfig
-from conveyor.data_parallel.serving.front import Front, build_front_app
 from conveyor.data_parallel.replicas import ReplicaSet
-from conveyor.server.state import ServerOptions
+from conveyor.data_parallel.serving.front import Front, build_front_app
 from conveyor.server.main import DrainingServer, api_keys, model_name
+from conveyor.server.state import ServerOptions
 
 logger = logging.getLogger("conveyor.serve")
 
