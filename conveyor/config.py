@@ -13,7 +13,7 @@ import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from conveyor.errors import ConfigError
 
@@ -247,7 +247,7 @@ class EngineConfig:
                 f"{', '.join(SUPPORTED_TOOL_CALL_PARSERS)}"
             )
 
-    def replace(self, **changes: object) -> EngineConfig:
+    def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 
 

@@ -50,7 +50,7 @@ class IncrementalDetokenizer:
     def add(self, token_id: int) -> str:
         """Append one token; return the text it completes (maybe empty)."""
         self.ids.append(token_id)
-        if self.tokenizer is None:
+        if self._decode is None:  # no tokenizer
             return ""
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])
@@ -65,7 +65,7 @@ class IncrementalDetokenizer:
     def finish(self) -> str:
         """Flush the held-back tail (decoded with its context window, like every other piece),
         so the final text is the streamed text plus that tail; returns the tail."""
-        if self.tokenizer is None or self.read_offset >= len(self.ids):
+        if self._decode is None or self.read_offset >= len(self.ids):  # no tokenizer, or nothing held back
             return ""
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])

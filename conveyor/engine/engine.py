@@ -225,7 +225,7 @@ class Engine:
         if taken:
             raise InvalidRequestError(f"request id {taken[0]!r} is already in use; ids must be unique")
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        samples = []
+        samples: list[Request] = []
         multi_step = final_only and _plain_greedy(params)
         for i in range(params.n):
             samples.append(

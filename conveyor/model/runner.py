@@ -165,6 +165,7 @@ class ModelRunner:
         else:
             bytes_per_token = spec.kv_bytes_per_token(torch.empty((), dtype=self.model.dtype).element_size())
         self.cache_plan = plan_kv_cache(config, info, bytes_per_token, max_model_len)
+        shape: tuple[int, ...]
         if self.cache_dtype == torch.int8:  # each [num_blocks, kv_heads, block_size * (head_dim + 4)] int8 pages
             shape = kv_int8.cache_shape(self.cache_plan.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         else:  # each [num_blocks, block_size, kv_heads, head_dim]
@@ -462,12 +463,12 @@ def to_result(plan: StepPlan, out: StepOutput) -> StepResult:
                 logprobs.append(None if n is None else TokenLogprobs(row.token_id, row.logprob, row.rank, row.top[:n]))
     prompt: dict[str, list[TokenLogprobs | None]] = {}
     if out.prompt is not None:
-        rows = iter(_logprob_rows(out.prompt))
+        prompt_rows = iter(_logprob_rows(out.prompt))
         for seq in plan.seqs:
             if seq.prompt_logprob_targets is None:
                 continue
             prompt[seq.request_id] = [
-                None if target < 0 else _trim(next(rows), seq.num_prompt_logprobs)
+                None if target < 0 else _trim(next(prompt_rows), seq.num_prompt_logprobs)
                 for target in seq.prompt_logprob_targets
             ]
     later = [tokens.tolist() for tokens in out.later] if out.later else []

@@ -28,6 +28,7 @@ import abc
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.model.runner import ModelRunner, PreparedStep
@@ -57,7 +58,7 @@ class ThreadLending(abc.ABC):
         """Steps submitted whose forward has not started."""
 
     @abc.abstractmethod
-    def serve(self, until: Future[object], owed: int) -> None:
+    def serve(self, until: Future[Any], owed: int) -> None:
         """Lend the calling thread to the executor until `until` is done, running the `owed` oldest queued
         steps and any step `wait` asks for."""
 

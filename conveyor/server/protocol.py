@@ -12,7 +12,8 @@ from conveyor.server.vllm_extras import VllmChatFields, VllmFields
 
 def bounds(name: str) -> dict[str, Any]:
     """The numeric bounds SamplingParams puts on its field `name` (ge / gt / le / lt), so the server
-    refuses exactly what the engine would: one source for every value range."""
+    refuses exactly what the engine would: one source for every value range. (mypy's pydantic support cannot
+    see through `Field(**bounds(...))`, hence the `type: ignore[misc]` at each use.)"""
     found: dict[str, Any] = {}
     for constraint in SamplingParams.model_fields[name].metadata:
         for key in ("ge", "gt", "le", "lt"):
@@ -45,12 +46,12 @@ class _SamplingFields(VllmFields):
 
     model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
-    temperature: float | None = Field(default=None, **bounds("temperature"))
-    top_p: float | None = Field(default=None, **bounds("top_p"))
+    temperature: float | None = Field(default=None, **bounds("temperature"))  # type: ignore[misc]
+    top_p: float | None = Field(default=None, **bounds("top_p"))  # type: ignore[misc]
     stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, **bounds("seed"))  # int64, as OpenAI and vLLM
-    presence_penalty: float = Field(default=0.0, **bounds("presence_penalty"))
-    frequency_penalty: float = Field(default=0.0, **bounds("frequency_penalty"))
+    seed: int | None = Field(default=None, **bounds("seed"))  # type: ignore[misc]  # int64, as OpenAI and vLLM
+    presence_penalty: float = Field(default=0.0, **bounds("presence_penalty"))  # type: ignore[misc]
+    frequency_penalty: float = Field(default=0.0, **bounds("frequency_penalty"))  # type: ignore[misc]
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -60,10 +61,10 @@ class _SamplingFields(VllmFields):
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     # vLLM's extra sampling fields
-    top_k: int = Field(default=0, **bounds("top_k"))
-    min_p: float = Field(default=0.0, **bounds("min_p"))
-    repetition_penalty: float = Field(default=1.0, **bounds("repetition_penalty"))
-    min_tokens: int = Field(default=0, **bounds("min_tokens"))
+    top_k: int = Field(default=0, **bounds("top_k"))  # type: ignore[misc]
+    min_p: float = Field(default=0.0, **bounds("min_p"))  # type: ignore[misc]
+    repetition_penalty: float = Field(default=1.0, **bounds("repetition_penalty"))  # type: ignore[misc]
+    min_tokens: int = Field(default=0, **bounds("min_tokens"))  # type: ignore[misc]
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = Field(default=None, max_length=256)
     include_stop_str_in_output: bool = False
@@ -108,7 +109,7 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     max_tokens: int | None = Field(default=16, ge=0)
     """0 only with echo: score the prompt (its logprobs) without generating."""
-    logprobs: int | None = Field(default=None, **bounds("logprobs"))
+    logprobs: int | None = Field(default=None, **bounds("logprobs"))  # type: ignore[misc]
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1)
@@ -171,7 +172,7 @@ class ChatCompletionRequest(_SamplingFields, VllmChatFields):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, **bounds("logprobs"))
+    top_logprobs: int | None = Field(default=None, **bounds("logprobs"))  # type: ignore[misc]
     add_generation_prompt: bool = True
     # tool calling (checked in conveyor/tools/choice.py)
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
