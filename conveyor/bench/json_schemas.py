@@ -21,8 +21,8 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict[str, Any]:
         low = rng.randint(-50, 50)
         return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 500)}
     if kind == "number":
-        low = rng.choice([-10.0, 0.0, 0.5, 3.0])
-        return {"type": "number", "minimum": low, "maximum": low + rng.choice([1.0, 10.0, 100.0])}
+        bottom = rng.choice([-10.0, 0.0, 0.5, 3.0])
+        return {"type": "number", "minimum": bottom, "maximum": bottom + rng.choice([1.0, 10.0, 100.0])}
     if kind == "boolean":
         return {"type": "boolean"}
     if kind == "enum":

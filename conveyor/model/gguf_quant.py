@@ -117,9 +117,8 @@ def cat_rows(parts: list[torch.Tensor | QuantizedWeight]) -> torch.Tensor | Quan
         else:
             runs.append([part])
     merged = [
-        torch.cat(run, dim=0)
+        torch.cat(run, dim=0)  # type: ignore[arg-type]  # a run is all tensors or all QuantizedWeight
         if isinstance(run[0], torch.Tensor)
-        # type: ignore[arg-type]
         else replace(run[0], blocks=torch.cat([p.blocks for p in run], dim=0))  # type: ignore[union-attr]
         for run in runs
     ]
@@ -227,7 +226,7 @@ def embedding_rows(
     if isinstance(embed, torch.Tensor):
         return torch.nn.functional.embedding(token_ids, embed)
     rows = embed.blocks.index_select(0, token_ids)  # [n, row bytes]
-    return kernels.gguf_dequantize(rows, embed.type_id, embed.in_features).to(embed.dtype)  # type: ignore
+    return kernels.gguf_dequantize(rows, embed.type_id, embed.in_features).to(embed.dtype)  # type: ignore[union-attr]
 
 
 def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:

@@ -113,7 +113,7 @@ def _map_output(output: StepOutput, fn: Callable[[torch.Tensor], torch.Tensor]) 
         if s is None:
             return None
         return SampleOutput(
-            *(None if t is None else fn(t) for t in (s.tokens, s.logprob, s.rank, s.top_ids, s.top_logprobs))
-        )  # type: ignore[arg-type]
+            *(None if t is None else fn(t) for t in (s.tokens, s.logprob, s.rank, s.top_ids, s.top_logprobs))  # type: ignore[arg-type]  # tokens is never None
+        )
 
     return StepOutput(each(output.sample), each(output.prompt))

@@ -21,8 +21,8 @@ class TensorParallelExecutor(Executor):
         self.depth = inner.depth
         self._closed = False
 
-    @property  # type: ignore[override]
-    def device_busy_s(self) -> float:
+    @property
+    def device_busy_s(self) -> float:  # type: ignore[override]  # read-only here: the inner executor's
         return self.inner.device_busy_s
 
     def submit(self, plan: StepPlan) -> StepHandle:

@@ -130,7 +130,8 @@ class Front:
             return error_response(400, f"the request body must be a JSON object, got {type(payload).__name__}")
         streamed = payload.get("stream") is True
         max_tokens = payload.get("max_tokens", payload.get("max_completion_tokens"))
-        n = payload.get("n") if isinstance(payload.get("n"), int) else 1
+        n_given = payload.get("n")
+        n = n_given if isinstance(n_given, int) else 1
         budget = (max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS_GUESS) * max(1, n)
         ids = await self._prompt_ids(path, payload)
         headers = {"content-type": "application/json", HEADER: request.state.request_id}
