@@ -12,5 +12,15 @@ from conveyor.params import SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 
-__all__ = ["LLM", "SamplingParams", "EngineConfig", "RequestOutput", "CompletionOutput", "ConveyorError",
-           "ConfigError", "InvalidRequestError", "ModelLoadError", "__version__"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "ConfigError",
+    "ConveyorError",
+    "EngineConfig",
+    "InvalidRequestError",
+    "ModelLoadError",
+    "RequestOutput",
+    "SamplingParams",
+    "__version__",
+]

@@ -8,11 +8,12 @@ objects (`model.spec.ModelSpec`, `core.kv_cache.CachePlan`), not here.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import re
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Any, Literal
 
 from conveyor.errors import ConfigError
 
@@ -28,31 +29,38 @@ SUPPORTED_GGUF_WEIGHTS = ("auto", "compact", "dequantize")
 SUPPORTED_KV_CACHE_DTYPES = ("auto", "int8")
 SUPPORTED_TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral")
 
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
-def parse_memory_size(value: Union[int, float, str]) -> Union[int, float]:
+def parse_memory_size(value: int | float | str) -> int | float:
     """'2GiB' -> 2147483648; 0.25 -> 0.25 (a fraction of available memory); 10**9 -> 10**9."""
-    if isinstance(value, bool) or isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"kv_cache_memory={value!r} is not a size; give bytes (e.g. 2000000000), "
-                          "a string like '2GiB', or a fraction of available memory in (0, 1]")
+    if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
+        raise ConfigError(
+            f"kv_cache_memory={value!r} is not a size; give bytes (e.g. 2000000000), "
+            "a string like '2GiB', or a fraction of available memory in (0, 1]"
+        )
     if isinstance(value, (int, float)):
         if value <= 0:
-            raise ConfigError(f"kv_cache_memory={value!r} must be positive: bytes (e.g. 2000000000), "
-                              "a string like '2GiB', or a fraction of available memory in (0, 1]")
+            raise ConfigError(
+                f"kv_cache_memory={value!r} must be positive: bytes (e.g. 2000000000), "
+                "a string like '2GiB', or a fraction of available memory in (0, 1]"
+            )
         if isinstance(value, float) and value > 1:
             return int(value)
         return value
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _SIZE_UNITS:
-        raise ConfigError(f"kv_cache_memory={value!r} is not a size I can read; use bytes, "
-                          "a unit among B, KB, MB, GB, KiB, MiB, GiB (e.g. '2GiB'), or a fraction like 0.2")
+        raise ConfigError(
+            f"kv_cache_memory={value!r} is not a size I can read; use bytes, "
+            "a unit among B, KB, MB, GB, KiB, MiB, GiB (e.g. '2GiB'), or a fraction like 0.2"
+        )
     amount = float(match.group(1))
     if amount <= 0:
-        raise ConfigError(f"kv_cache_memory={value!r} must be positive: bytes, a size like '2GiB', or a fraction "
-                          "of available memory in (0, 1]")
+        raise ConfigError(
+            f"kv_cache_memory={value!r} must be positive: bytes, a size like '2GiB', or a fraction "
+            "of available memory in (0, 1]"
+        )
     if unit == "" and amount <= 1:
         return amount
     return int(amount * _SIZE_UNITS[unit])
@@ -70,10 +78,10 @@ class EngineConfig:
     quantization: str | None = None
     """Weight-only quantization of a checkpoint at load: None; 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1',
     'q4_k', 'q5_k' or 'q6_k' (CPU with the native kernels: decoder weights and the LM head quantized into
-    that GGUF format and kept compact, as a GGUF file of those types is; the LM head in Q8_0); or 'int4'
-    'int4_latency' (formerly 'int4', still accepted; CPU, dtype bfloat16: 4-bit decoder weights in groups of 32 and an 8-bit LM head for
-    small batches, plus bfloat16 copies of the same weights for large ones, so it takes more weight memory
-    than bfloat16, not less). GGUF files need none of this: their quantized weights stay compact."""
+    that GGUF format and kept compact, as a GGUF file of those types is; the LM head in Q8_0); or
+    'int4_latency' (formerly 'int4', still accepted; CPU, dtype bfloat16: 4-bit decoder weights in groups of 32
+    and an 8-bit LM head for small batches, plus bfloat16 copies of the same weights for large ones, so it takes
+    more weight memory than bfloat16, not less). GGUF files need none of this: their quantized weights stay compact."""
     device: str = "auto"
     """'auto' (CUDA when available, else CPU), 'cpu' or 'cuda'."""
     kernels: str = "auto"
@@ -101,13 +109,13 @@ class EngineConfig:
     """Most requests running in one step."""
     max_num_batched_tokens: int = 2048
     """Token budget of one step (prefill chunks + decodes)."""
-    kv_cache_memory: Union[int, float, str, None] = None
+    kv_cache_memory: int | float | str | None = None
     """KV cache size: bytes, a string like '2GiB', or a fraction of available memory. None = on CPU, room for
     max(max_num_seqs x 256, max_model_len) tokens, capped at 20% of available memory and 2 GiB (a 1B-class
     Llama at 128 sequences: 1 GiB); on CUDA, 80% of free memory capped at max_num_seqs full-length requests."""
     enable_prefix_caching: bool = True
     """Reuse KV blocks of identical prompt prefixes across requests."""
-    async_batching: Union[bool, Literal["auto"]] = "auto"
+    async_batching: bool | Literal["auto"] = "auto"
     """Overlap host work with device compute: 'auto', True or False."""
     num_scheduler_steps: int = 8
     """Most decode steps one plan runs back to back (the runner feeds each step's tokens to the next, with no
@@ -142,33 +150,50 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.quantization in RENAMED_QUANTIZATIONS:
             new_name = RENAMED_QUANTIZATIONS[self.quantization]
-            logging.getLogger(__name__).warning("quantization=%r is now called %r (it keeps bfloat16 copies of the "
-                                                "weights; 'q4_0' / 'q4_k' keep them compact)", self.quantization,
-                                                new_name)
+            logging.getLogger(__name__).warning(
+                "quantization=%r is now called %r (it keeps bfloat16 copies of the "
+                "weights; 'q4_0' / 'q4_k' keep them compact)",
+                self.quantization,
+                new_name,
+            )
             object.__setattr__(self, "quantization", new_name)
         if self.dtype not in SUPPORTED_DTYPES:
-            raise ConfigError(f"dtype={self.dtype!r} is not supported; choose one of "
-                              f"{', '.join(SUPPORTED_DTYPES)} ('auto' is the default)")
+            raise ConfigError(
+                f"dtype={self.dtype!r} is not supported; choose one of "
+                f"{', '.join(SUPPORTED_DTYPES)} ('auto' is the default)"
+            )
         if self.quantization not in SUPPORTED_QUANTIZATIONS:
-            raise ConfigError(f"quantization={self.quantization!r} is not supported; choose one of "
-                              f"{', '.join(str(q) for q in SUPPORTED_QUANTIZATIONS)}")
+            raise ConfigError(
+                f"quantization={self.quantization!r} is not supported; choose one of "
+                f"{', '.join(str(q) for q in SUPPORTED_QUANTIZATIONS)}"
+            )
         if self.quantization is not None and self.dtype not in ("auto", "bfloat16"):
-            raise ConfigError(f"quantization={self.quantization!r} computes with bfloat16 activations, but dtype={self.dtype!r}; "
-                              f"leave dtype at 'auto' or pass dtype='bfloat16'")
+            raise ConfigError(
+                f"quantization={self.quantization!r} computes with bfloat16 activations, but dtype={self.dtype!r}; "
+                f"leave dtype at 'auto' or pass dtype='bfloat16'"
+            )
         if self.device not in SUPPORTED_DEVICES:
             raise ConfigError(f"device={self.device!r} is not supported; choose one of {', '.join(SUPPORTED_DEVICES)}")
         if self.gguf_weights not in SUPPORTED_GGUF_WEIGHTS:
-            raise ConfigError(f"gguf_weights={self.gguf_weights!r} is not supported; choose one of "
-                              f"{', '.join(SUPPORTED_GGUF_WEIGHTS)} ('auto' is the default)")
+            raise ConfigError(
+                f"gguf_weights={self.gguf_weights!r} is not supported; choose one of "
+                f"{', '.join(SUPPORTED_GGUF_WEIGHTS)} ('auto' is the default)"
+            )
         if self.kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
-            raise ConfigError(f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; choose one of "
-                              f"{', '.join(SUPPORTED_KV_CACHE_DTYPES)} ('auto' is the default)")
+            raise ConfigError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is not supported; choose one of "
+                f"{', '.join(SUPPORTED_KV_CACHE_DTYPES)} ('auto' is the default)"
+            )
         if self.kv_cache_dtype == "int8" and self.device == "cuda":
-            raise ConfigError("kv_cache_dtype='int8' runs on CPU only for now; pass device='cpu', or leave "
-                              "kv_cache_dtype at 'auto' on a GPU")
+            raise ConfigError(
+                "kv_cache_dtype='int8' runs on CPU only for now; pass device='cpu', or leave "
+                "kv_cache_dtype at 'auto' on a GPU"
+            )
         if self.kernels not in SUPPORTED_KERNELS:
-            raise ConfigError(f"kernels={self.kernels!r} is not supported; choose one of "
-                              f"{', '.join(SUPPORTED_KERNELS)} ('auto' is the default)")
+            raise ConfigError(
+                f"kernels={self.kernels!r} is not supported; choose one of "
+                f"{', '.join(SUPPORTED_KERNELS)} ('auto' is the default)"
+            )
         for name, lowest in (("block_size", 1), ("max_num_seqs", 1), ("max_num_batched_tokens", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < lowest:
@@ -176,13 +201,16 @@ class EngineConfig:
         if self.block_size > 1024:
             raise ConfigError(f"block_size={self.block_size} is too large; use at most 1024 (16 is typical)")
         if self.max_model_len is not None and (not isinstance(self.max_model_len, int) or self.max_model_len < 2):
-            raise ConfigError(f"max_model_len={self.max_model_len!r} must be an integer >= 2 (or None for the model's own)")
+            raise ConfigError(
+                f"max_model_len={self.max_model_len!r} must be an integer >= 2 (or None for the model's own)"
+            )
         if self.kv_cache_memory is not None:
             object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
         if not isinstance(self.enable_prefix_caching, bool):
             raise ConfigError(f"enable_prefix_caching={self.enable_prefix_caching!r} must be True or False")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
-                                      or not 0 <= self.seed < 2**63):
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63
+        ):
             raise ConfigError(f"seed={self.seed!r} must be an integer in [0, 2**63), or None for a random one")
         if self.async_batching not in (True, False, "auto"):
             raise ConfigError(f"async_batching={self.async_batching!r} must be 'auto', True or False")
@@ -198,8 +226,10 @@ class EngineConfig:
         if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= 64:
             raise ConfigError(f"tensor_parallel_size={tp!r} must be an integer in [1, 64] (1: one process)")
         if tp > 1 and self.device == "cuda":
-            raise ConfigError(f"tensor_parallel_size={tp} runs on CPU (gloo) only for now; NCCL on CUDA is not "
-                              f"built yet: pass device='cpu', or tensor_parallel_size=1 on a GPU")
+            raise ConfigError(
+                f"tensor_parallel_size={tp} runs on CPU (gloo) only for now; NCCL on CUDA is not "
+                f"built yet: pass device='cpu', or tensor_parallel_size=1 on a GPU"
+            )
         dp = self.data_parallel_size
         if not isinstance(dp, int) or isinstance(dp, bool) or not 1 <= dp <= 256:
             raise ConfigError(f"data_parallel_size={dp!r} must be an integer in [1, 256] (1: no replicas)")
@@ -207,13 +237,17 @@ class EngineConfig:
             if not isinstance(self.ray_address, str) or not self.ray_address.strip():
                 raise ConfigError(f"ray_address={self.ray_address!r} must be 'auto' or a Ray head's host:port")
             if dp == 1:
-                raise ConfigError(f"ray_address={self.ray_address!r} is used only with data_parallel_size > 1; "
-                                  f"pass --data-parallel-size N, or leave the address out")
+                raise ConfigError(
+                    f"ray_address={self.ray_address!r} is used only with data_parallel_size > 1; "
+                    f"pass --data-parallel-size N, or leave the address out"
+                )
         if self.tool_call_parser not in SUPPORTED_TOOL_CALL_PARSERS:
-            raise ConfigError(f"tool_call_parser={self.tool_call_parser!r} is not supported; choose one of "
-                              f"{', '.join(SUPPORTED_TOOL_CALL_PARSERS)}")
+            raise ConfigError(
+                f"tool_call_parser={self.tool_call_parser!r} is not supported; choose one of "
+                f"{', '.join(SUPPORTED_TOOL_CALL_PARSERS)}"
+            )
 
-    def replace(self, **changes: object) -> "EngineConfig":
+    def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -225,9 +259,12 @@ def field_docs() -> dict[str, str]:
     tree = ast.parse(inspect.getsource(EngineConfig))
     docs: dict[str, str] = {}
     body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, following in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(following, ast.Expr) \
-                and isinstance(following.value, ast.Constant) and isinstance(node.target, ast.Name):
+    for node, following in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(node.target, ast.Name)
+        ):
             docs[node.target.id] = str(following.value.value)
     return docs
-

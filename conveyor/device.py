@@ -38,9 +38,11 @@ class DeviceInfo:
 
 def detect_device(requested: str) -> DeviceInfo:
     if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device='cuda' was requested but torch sees no CUDA device "
-                          f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
-                          "use device='cpu' or device='auto'")
+        raise ConfigError(
+            "device='cuda' was requested but torch sees no CUDA device "
+            f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+            "use device='cpu' or device='auto'"
+        )
     if requested in ("cuda", "auto") and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
         return DeviceInfo(device, True, torch.cuda.get_device_name(device))

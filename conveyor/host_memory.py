@@ -5,11 +5,9 @@ Why: glibc serves every block above its mmap threshold (dynamic, at most 32 MiB)
 it on free, and hands the top of its heap back to the OS past a trim threshold. A forward on the CPU allocates its
 activations anew at every layer, so each prompt-carrying step touched new pages, and the kernel zeroed each one on
 its first write. The 1B-class model's step of 2048 prompt tokens allocates ~100 MB per layer (the gate/up product
-alone is 2048 x 16384 bfloat16, 67 MB), ~1.6 GB of fresh pages per step: silu_and_mul over those 2048 rows took
-15.7 ms with fresh pages and 11.0 ms reusing them. Measured with `conveyor bench throughput`, W1 (64 requests),
-alternating with CONVEYOR_KEEP_FREED_MEMORY=0 (benchmarks/RESULTS.md, "End of session s12"): the 1B-class model
-167-177 -> 189-197 output tok/s; the default model, whose activations stay under glibc's 32 MiB limit, unchanged
-(983-1019 against 986-1015).
+alone is 2048 x 16384 bfloat16, 67 MB), ~1.6 GB of fresh pages per step, and an elementwise op over fresh pages
+pays for zeroing them on top of its own work. Models whose activations stay under glibc's 32 MiB limit are not
+affected. `conveyor bench throughput`, alternating with CONVEYOR_KEEP_FREED_MEMORY=0, measures the difference.
 
 What: once the model's weights and the KV cache are allocated (so that they keep mappings of their own and a
 load's transient copies go back to the OS), `keep_freed_host_memory` sets M_MMAP_MAX = 0 (every block from the
@@ -22,14 +20,13 @@ Left alone when the C library is not glibc, when the environment already tunes g
 MALLOC_TRIM_THRESHOLD_, MALLOC_MMAP_THRESHOLD_, MALLOC_TOP_PAD_, or GLIBC_TUNABLES naming glibc.malloc), when
 LD_PRELOAD puts another allocator in front (jemalloc, tcmalloc, mimalloc), or when CONVEYOR_KEEP_FREED_MEMORY=0
 (glibc's defaults as they are). Setting any MALLOC_* value is not the same as glibc's defaults: it also fixes the
-mmap threshold at 128 KiB, which glibc otherwise raises as large blocks are freed (W1 on the default model ran at
-0.8x with MALLOC_MMAP_MAX_=65536).
+mmap threshold at 128 KiB, which glibc otherwise raises as large blocks are freed, so that even mid-sized
+activations get fresh mappings again (MALLOC_MMAP_MAX_=65536 makes every step slower).
 
 Huge pages: decode attention reads a few KiB of every sequence's blocks scattered over the whole cache, one page
 walk per 4 KiB page. `advise_huge_pages` asks Linux for transparent huge pages (madvise MADV_HUGEPAGE, which takes
 effect where /sys/kernel/mm/transparent_hugepage/enabled says "always" or "madvise") before the cache is first
-written. Measured (benchmarks/RESULTS.md, "Session s13"): the default model's decode attention at W1's shape
-~5% faster.
+written: one walk per 2 MiB page instead, and fewer TLB misses in decode attention.
 """
 
 from __future__ import annotations
@@ -87,12 +84,15 @@ def keep_freed_host_memory() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, KEEP_FREE_BYTES)):
-        logger.warning("host memory: glibc's mallopt refused M_MMAP_MAX / M_TRIM_THRESHOLD; each step's "
-                       "activations may page-fault anew")
+        logger.warning(
+            "host memory: glibc's mallopt refused M_MMAP_MAX / M_TRIM_THRESHOLD; each step's "
+            "activations may page-fault anew"
+        )
         return False
     _state["applied"] = True
-    logger.info("host memory: freed blocks are kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=%d MiB)",
-                KEEP_FREE_BYTES >> 20)
+    logger.info(
+        "host memory: freed blocks are kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=%d MiB)", KEEP_FREE_BYTES >> 20
+    )
     return True
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any, Sequence, Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -18,7 +19,7 @@ from conveyor.tools import ToolParser, ToolPlan, parser_for, plan_tools, render_
 if TYPE_CHECKING:
     from conveyor.data_parallel.offline import DataParallelGenerator
 
-Prompt = Union[str, Sequence[int], dict[str, Any]]
+Prompt = str | Sequence[int] | dict[str, Any]
 """A string, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [int, ...]}."""
 Message = dict[str, Any]
 
@@ -30,13 +31,15 @@ class LLM:
         known = {f.name for f in dataclasses.fields(EngineConfig)}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise ConfigError(f"unknown engine option(s) {', '.join(unknown)}; the options are "
-                              f"{', '.join(sorted(known - {'model'}))}")
+            raise ConfigError(
+                f"unknown engine option(s) {', '.join(unknown)}; the options are {', '.join(sorted(known - {'model'}))}"
+            )
         self.config = EngineConfig(model=model, **options)
         self.replicas: DataParallelGenerator | None = None
         """With data_parallel_size > 1: the Ray replicas that run the requests (there is no local engine)."""
         if self.config.data_parallel_size > 1:
             from conveyor.data_parallel.offline import DataParallelGenerator  # Ray only when asked for
+
             self.replicas = DataParallelGenerator(self.config)
             self.engine: Engine = None  # type: ignore[assignment]
         else:
@@ -50,7 +53,7 @@ class LLM:
         elif self.engine is not None:
             self.engine.close()
 
-    def __enter__(self) -> "LLM":
+    def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -58,9 +61,11 @@ class LLM:
 
     def _single_engine(self, what: str) -> Engine:
         if self.engine is None:
-            raise ConfigError(f"{what} needs the model's tokenizer in this process, which data_parallel_size="
-                              f"{self.config.data_parallel_size} does not load (the replicas do); use generate() "
-                              f"with text or token-id prompts, or data_parallel_size=1")
+            raise ConfigError(
+                f"{what} needs the model's tokenizer in this process, which data_parallel_size="
+                f"{self.config.data_parallel_size} does not load (the replicas do); use generate() "
+                f"with text or token-id prompts, or data_parallel_size=1"
+            )
         return self.engine
 
     def get_tokenizer(self) -> Any:
@@ -73,16 +78,21 @@ class LLM:
             defaults["top_k"] = int(defaults["top_k"])
         return SamplingParams(**defaults)
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generate for one prompt or many (strings, token-id lists or vLLM's prompt dicts); outputs in input
         order. Without sampling_params, the model's recommended settings apply (as in the server and vLLM)."""
         batch = _as_prompt_list(prompts)
         if self.replicas is not None:
             if sampling_params is None:
-                raise ConfigError("pass sampling_params with data_parallel_size > 1 (the model's recommended "
-                                  "settings are read from the model, which this process does not load)")
+                raise ConfigError(
+                    "pass sampling_params with data_parallel_size > 1 (the model's recommended "
+                    "settings are read from the model, which this process does not load)"
+                )
             return self.replicas.generate(batch, _as_params_list(sampling_params, len(batch)))
         if sampling_params is None:
             sampling_params = self._default_params()
@@ -96,11 +106,16 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True, tools: list[dict[str, Any]] | None = None,
-             tool_choice: str | dict[str, Any] | None = None,
-             parallel_tool_calls: bool | None = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        parallel_tool_calls: bool | None = None,
+    ) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate.
 
         With `tools` (OpenAI's shape) the template is shown them; `tool_choice` is OpenAI's ("auto" by
@@ -112,33 +127,44 @@ class LLM:
         parser = parser_for(self.config.tool_call_parser, getattr(self.engine.tokenizer, "chat_template", None))
         prompts = [self.apply_chat_template(c, add_generation_prompt, plan, parser) for c in conversations]
         if plan.constraint is not None:
-            sampling_params = [_constrained(p, plan.constraint)
-                               for p in _as_params_list(sampling_params or self._default_params(), len(prompts))]
+            sampling_params = [
+                _constrained(p, plan.constraint)
+                for p in _as_params_list(sampling_params or self._default_params(), len(prompts))
+            ]
         outputs = self.generate(prompts, sampling_params, use_tqdm)
         if plan.offers_tools:
             for out in outputs:
                 for c in out.outputs:
                     if c.finish_reason == "stop":
-                        content, calls = plan.read_reply(c.text, parser)
+                        _content, calls = plan.read_reply(c.text, parser)
                         c.tool_calls = calls or None
         return outputs
 
-    def apply_chat_template(self, conversation: Sequence[Message], add_generation_prompt: bool = True,
-                            tools: ToolPlan | None = None, parser: ToolParser | None = None) -> str:
+    def apply_chat_template(
+        self,
+        conversation: Sequence[Message],
+        add_generation_prompt: bool = True,
+        tools: ToolPlan | None = None,
+        parser: ToolParser | None = None,
+    ) -> str:
         tokenizer = self._single_engine("apply_chat_template()").tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise InvalidRequestError(f"model {self.engine.model_source} has no chat template; use generate() "
-                                      f"with a plain prompt")
+            raise InvalidRequestError(
+                f"model {self.engine.model_source} has no chat template; use generate() with a plain prompt"
+            )
         messages = [_text_message(m) for m in conversation]
         parser = parser or parser_for(self.config.tool_call_parser, tokenizer.chat_template)
-        messages, template_args = render_conversation(messages, tools.tools if tools and tools.offers_tools
-                                                      else None, tokenizer.chat_template, parser)
+        messages, template_args = render_conversation(
+            messages, tools.tools if tools and tools.offers_tools else None, tokenizer.chat_template, parser
+        )
         try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                 **template_args)
+            return tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_args
+            )
         except Exception as exc:  # the template is the model's code: say so, not where it failed inside jinja
-            raise InvalidRequestError(f"the model's chat template rejected this conversation "
-                                      f"({type(exc).__name__}: {exc})") from None
+            raise InvalidRequestError(
+                f"the model's chat template rejected this conversation ({type(exc).__name__}: {exc})"
+            ) from None
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         finished: dict[str, RequestOutput] = {}
@@ -178,8 +204,10 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[str | Sequence[i
         if isinstance(x, dict):
             x = _from_prompt_dict(i, x)
         if not isinstance(x, str) and not (isinstance(x, (list, tuple))):
-            raise InvalidRequestError(f"prompt {i} is a {type(x).__name__}; each prompt must be a string, a list "
-                                      f"of token ids or a dict with 'prompt' or 'prompt_token_ids'")
+            raise InvalidRequestError(
+                f"prompt {i} is a {type(x).__name__}; each prompt must be a string, a list "
+                f"of token ids or a dict with 'prompt' or 'prompt_token_ids'"
+            )
         batch.append(x)
     return batch
 
@@ -191,8 +219,10 @@ def _from_prompt_dict(i: int, prompt: dict[str, Any]) -> Any:
         return prompt["prompt"]
     if keys == {"prompt_token_ids"}:
         return prompt["prompt_token_ids"]
-    raise InvalidRequestError(f"prompt {i} is a dict with keys {sorted(keys)}; a prompt dict must have exactly "
-                              f"one key, 'prompt' (a string) or 'prompt_token_ids' (a list of token ids)")
+    raise InvalidRequestError(
+        f"prompt {i} is a dict with keys {sorted(keys)}; a prompt dict must have exactly "
+        f"one key, 'prompt' (a string) or 'prompt_token_ids' (a list of token ids)"
+    )
 
 
 def _text_message(message: Message) -> Message:
@@ -203,22 +233,27 @@ def _text_message(message: Message) -> Message:
     if content is None:
         content = ""
     elif isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
-            raise InvalidRequestError(f"message content {content!r:.80} has parts other than text; only "
-                                      f"{{'type': 'text', 'text': ...}} parts are supported")
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise InvalidRequestError(
+                f"message content {content!r:.80} has parts other than text; only "
+                f"{{'type': 'text', 'text': ...}} parts are supported"
+            )
         content = "\n".join(p["text"] for p in content)  # as vLLM (and the server) join text parts
     elif not isinstance(content, str):
-        raise InvalidRequestError(f"message content must be a string or a list of text parts, got a "
-                                  f"{type(content).__name__} ({content!r:.40})")
+        raise InvalidRequestError(
+            f"message content must be a string or a list of text parts, got a "
+            f"{type(content).__name__} ({content!r:.40})"
+        )
     return {**message, "content": content}
 
 
 def _constrained(params: SamplingParams, constraint: dict[str, Any]) -> SamplingParams:
     if params.structured_outputs is not None:
-        raise InvalidRequestError("SamplingParams.structured_outputs cannot be combined with tool_choice 'required' "
-                                  "or a named function: that tool choice already constrains the reply",
-                                  param="structured_outputs")
+        raise InvalidRequestError(
+            "SamplingParams.structured_outputs cannot be combined with tool_choice 'required' "
+            "or a named function: that tool choice already constrains the reply",
+            param="structured_outputs",
+        )
     return params.clone(structured_outputs=constraint)
 
 
@@ -238,20 +273,20 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None, n:
 
 def _as_conversations(messages: Sequence[Message] | Sequence[Sequence[Message]]) -> list[list[Message]]:
     if isinstance(messages, (str, dict)):
-        raise InvalidRequestError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts (or a list of "
-                                  f"such lists), got a {type(messages).__name__}")
+        raise InvalidRequestError(
+            f"messages must be a list of {{'role': ..., 'content': ...}} dicts (or a list of "
+            f"such lists), got a {type(messages).__name__}"
+        )
     items = list(messages)
     if not items:
         raise InvalidRequestError("no messages given; pass a list of {'role': ..., 'content': ...} dicts")
-    if all(isinstance(m, dict) for m in items):
-        conversations = [items]
-    else:
-        conversations = [list(c) for c in items]
+    conversations = [items] if all(isinstance(m, dict) for m in items) else [list(c) for c in items]
     for ci, conv in enumerate(conversations):
         if not conv:
             raise InvalidRequestError(f"conversation {ci} is empty; give at least one message")
         for mi, m in enumerate(conv):
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
-                raise InvalidRequestError(f"conversation {ci} message {mi} is {m!r}; each message must be a dict "
-                                          f"with 'role' and 'content'")
+                raise InvalidRequestError(
+                    f"conversation {ci} message {mi} is {m!r}; each message must be a dict with 'role' and 'content'"
+                )
     return conversations  # type: ignore[return-value]

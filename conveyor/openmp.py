@@ -4,13 +4,12 @@ Why: torch's CPU ops (and the native kernels, through at::parallel_for) run on G
 team. By default a thread that finishes its share of a parallel region spins (300,000
 pause loops: milliseconds) before it sleeps. A decode step runs hundreds of parallel regions; when
 another busy process shares the cores, the spinning thread burns the time slice that the thread it
-waits for needs, and each region can cost a scheduler tick. Measured on the 2-core machine (one
-request of the default model, 128 prompt + 64 output tokens, beside other engineers' jobs): 16-54 s
-with libgomp's default, 8.6-9.5 s with GOMP_SPINCOUNT=10000, 3.5-6.2 s with 1000, 2-4 s with
-OMP_WAIT_POLICY=PASSIVE (benchmarks/RESULTS.md, "Shared machines"). On an idle machine a thread that
-sleeps too soon must be woken for the next region: W1 on the default model, idle, ran ~25% slower with
-1000 spins than with libgomp's default, and level with it at 10000 (benchmarks/RESULTS.md). 10000 is the
-setting that costs nothing idle and still cuts the shared-machine collapse by 2-5x.
+waits for needs, and each region can cost a scheduler tick, so a request can take many times longer
+on a shared machine; the fewer spins, the smaller that collapse (OMP_WAIT_POLICY=PASSIVE, no spinning,
+the smallest). On an idle machine a thread that sleeps too soon must be woken for the next region,
+which makes every step slower: too few spins cost throughput. 10000 is the setting that costs nothing
+idle and still cuts most of the shared-machine collapse. Tuned with `conveyor bench latency` beside a
+busy process and `conveyor bench throughput` on an idle machine, each with GOMP_SPINCOUNT set.
 
 libgomp reads GOMP_SPINCOUNT / OMP_WAIT_POLICY once, when it is loaded, which is at `import torch`.
 So `import conveyor` sets the spin count first (conveyor/__init__.py), unless:
@@ -54,7 +53,9 @@ def warn_if_spinning() -> None:
     """Log once per process when torch was imported before conveyor with no spin count or wait policy set."""
     if _state["too_late"]:
         _state["too_late"] = False
-        logger.warning("torch was imported before conveyor, so its OpenMP threads spin-wait between ops; on a "
-                       "machine shared with other busy processes that can make Conveyor 10-20x slower. Import "
-                       "conveyor before torch, or start Python with GOMP_SPINCOUNT=10000 (or OMP_WAIT_POLICY=PASSIVE) in the "
-                       "environment")
+        logger.warning(
+            "torch was imported before conveyor, so its OpenMP threads spin-wait between ops; on a "
+            "machine shared with other busy processes that can make Conveyor many times slower. Import "
+            "conveyor before torch, or start Python with GOMP_SPINCOUNT=10000 (or OMP_WAIT_POLICY=PASSIVE) in the "
+            "environment"
+        )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from conveyor.core.plan import TokenLogprobs
 
@@ -30,7 +30,7 @@ class PositionLogprobs(TokenLogprobs, Mapping[int, Logprob]):
     """Token id -> its text (decoded_token); None where the model has no tokenizer."""
 
     @classmethod
-    def of(cls, lp: TokenLogprobs, decode: Callable[[int], str] | None) -> "PositionLogprobs":
+    def of(cls, lp: TokenLogprobs, decode: Callable[[int], str] | None) -> PositionLogprobs:
         return cls(lp.token_id, lp.logprob, lp.rank, lp.top, decode)
 
     def __getitem__(self, token_id: int) -> Logprob:

@@ -14,10 +14,18 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Annotated, Any, Union
+from typing import Annotated, Any
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from conveyor.errors import InvalidRequestError
 from conveyor.structured.constraint import StructuredOutputs
@@ -39,7 +47,9 @@ def _whole_number(value: Any) -> Any:
 
 def _real_number(value: Any) -> Any:
     """A float field takes numbers (integers too), never a bool or a string, and no NaN."""
-    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+    if isinstance(value, (bool, str, bytes)) or (
+        not isinstance(value, (int, float)) and not hasattr(value, "__float__")
+    ):
         raise ValueError(f"must be a number, got a {type(value).__name__}")
     if math.isnan(float(value)):
         raise ValueError("must be a number, got NaN")
@@ -72,7 +82,7 @@ class SamplingParams(BaseModel):
     presence_penalty: RealNumber = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: RealNumber = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: RealNumber = Field(default=1.0, gt=0.0, le=10.0)
-    seed: WholeNumber | None = Field(default=None, ge=-2**63, lt=2**63)
+    seed: WholeNumber | None = Field(default=None, ge=-(2**63), lt=2**63)
     """Any 64-bit signed integer, as OpenAI and vLLM accept (negative ones too); the draws hash all 64 bits
     (two's complement), so every seed draws its own sequence."""
     stop: tuple[str, ...] = Field(default=(), max_length=MAX_STOP_STRINGS)
@@ -96,7 +106,7 @@ class SamplingParams(BaseModel):
 
     @field_validator("stop", mode="before")
     @classmethod
-    def _stop_as_tuple(cls, value: Union[str, list[str], tuple[str, ...], None]) -> Any:
+    def _stop_as_tuple(cls, value: str | list[str] | tuple[str, ...] | None) -> Any:
         if value is None:
             return ()
         return (value,) if isinstance(value, str) else value
@@ -130,16 +140,24 @@ class SamplingParams(BaseModel):
         return bias
 
     @model_validator(mode="after")
-    def _cross_field(self) -> "SamplingParams":
+    def _cross_field(self) -> SamplingParams:
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise FieldValueError("min_tokens", f"min_tokens={self.min_tokens} is larger than max_tokens={self.max_tokens}")
+            raise FieldValueError(
+                "min_tokens", f"min_tokens={self.min_tokens} is larger than max_tokens={self.max_tokens}"
+            )
         if self.structured_outputs is not None:
             if self.min_tokens:
-                raise FieldValueError("min_tokens", f"SamplingParams.min_tokens={self.min_tokens} cannot be combined with structured_outputs: the "
-                                 f"grammar decides where the output ends (a complete output may be shorter)")
+                raise FieldValueError(
+                    "min_tokens",
+                    f"SamplingParams.min_tokens={self.min_tokens} cannot be combined with structured_outputs: the "
+                    f"grammar decides where the output ends (a complete output may be shorter)",
+                )
             if self.ignore_eos:
-                raise FieldValueError("ignore_eos", "SamplingParams.ignore_eos=True cannot be combined with structured_outputs: the grammar decides "
-                                 "where the output ends")
+                raise FieldValueError(
+                    "ignore_eos",
+                    "SamplingParams.ignore_eos=True cannot be combined with structured_outputs: the grammar decides "
+                    "where the output ends",
+                )
         return self
 
     @property
@@ -148,10 +166,9 @@ class SamplingParams(BaseModel):
 
     @property
     def has_penalties(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0)
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
-    def clone(self, **changes: Any) -> "SamplingParams":
+    def clone(self, **changes: Any) -> SamplingParams:
         return SamplingParams(**{**self.model_dump(), **changes})
 
 
@@ -165,9 +182,11 @@ def _guided_fields(data: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in data.items() if k not in _GUIDED}
     if data.get("structured_outputs") is not None or len(given) > 1:
         named = sorted(given) + (["structured_outputs"] if data.get("structured_outputs") is not None else [])
-        raise InvalidRequestError(f"SamplingParams.structured_outputs: give one constraint, got {', '.join(named)}",
-                                  param="structured_outputs")
-    (name, value), = given.items()
+        raise InvalidRequestError(
+            f"SamplingParams.structured_outputs: give one constraint, got {', '.join(named)}",
+            param="structured_outputs",
+        )
+    ((name, value),) = given.items()
     rest = {k: v for k, v in data.items() if k not in _GUIDED}
     return rest | {"structured_outputs": {_GUIDED[name]: value}}
 
@@ -199,7 +218,7 @@ def _explain(exc: ValidationError) -> str:
         seen = err.get("input")
         reason = err["msg"]
         if reason.startswith("Value error, "):
-            reason = reason[len("Value error, "):]
+            reason = reason[len("Value error, ") :]
         if err["type"] == "extra_forbidden":
             allowed = ", ".join(SamplingParams.model_fields)
             parts.append(f"SamplingParams has no field {name!r}; known fields: {allowed}")

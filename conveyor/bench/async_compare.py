@@ -49,16 +49,21 @@ def run_once(engine: Engine, workload: Workload) -> tuple[RunResult, list[list[i
     active = after.active_s - before.active_s
     engine.check_idle()
     mode = "async" if engine.async_batching else "sync"
-    return (RunResult(mode, seconds, sum(len(t) for t in tokens.values()), max(0.0, 1 - busy / active)),
-            [tokens[i] for i in ids])
+    return (
+        RunResult(mode, seconds, sum(len(t) for t in tokens.values()), max(0.0, 1 - busy / active)),
+        [tokens[i] for i in ids],
+    )
 
 
-def compare(config: EngineConfig, runs: int = 5, trace_path: str | None = None,
-            workloads: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def compare(
+    config: EngineConfig,
+    runs: int = 5,
+    trace_path: str | None = None,
+    workloads: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     engines = {mode: Engine(config.replace(async_batching=mode == "async")) for mode in ("sync", "async")}
     vocab = engines["sync"].spec.vocab_size
-    report: dict[str, Any] = {"machine": machine_facts(), "config": _config_dict(config), "runs": runs,
-                              "workloads": {}}
+    report: dict[str, Any] = {"machine": machine_facts(), "config": _config_dict(config), "runs": runs, "workloads": {}}
     for name, shape in (workloads or WORKLOADS).items():
         workload = random_workload(vocab_size=vocab, name=name, **shape)
         for engine in engines.values():  # warm-up, and the identity check: greedy tokens must agree
@@ -75,15 +80,17 @@ def compare(config: EngineConfig, runs: int = 5, trace_path: str | None = None,
             engines["async"].tracer.enabled = False
         med = {m: statistics.median(r.tokens_per_s for r in rs) for m, rs in results.items()}
         report["workloads"][name] = {
-            "num_requests": len(workload.prompts), "output_tokens": workload.num_output_tokens,
+            "num_requests": len(workload.prompts),
+            "output_tokens": workload.num_output_tokens,
             "identical_tokens": warm["sync"] == warm["async"],
             "median_tokens_per_s": med,
             "speedup_async_over_sync": med["async"] / med["sync"],
             # The i-th async run over the i-th sync run (adjacent in time): steadier than the ratio of medians
             # when the machine's speed drifts during the benchmark.
             "pair_ratios": [a.tokens_per_s / s.tokens_per_s for a, s in zip(results["async"], results["sync"])],
-            "median_device_idle_fraction": {m: statistics.median(r.device_idle_fraction for r in rs)
-                                            for m, rs in results.items()},
+            "median_device_idle_fraction": {
+                m: statistics.median(r.device_idle_fraction for r in rs) for m, rs in results.items()
+            },
             "runs": {m: [asdict(r) | {"tokens_per_s": r.tokens_per_s} for r in rs] for m, rs in results.items()},
         }
     for engine in engines.values():
@@ -98,11 +105,16 @@ def machine_facts() -> dict[str, Any]:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(),
-            # the machines are shared: the load when the result was taken says how far to trust it
-            "load_average_1_5_15_min": [round(x, 2) for x in os.getloadavg()],
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        # the machines are shared: the load when the result was taken says how far to trust it
+        "load_average_1_5_15_min": [round(x, 2) for x in os.getloadavg()],
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
 
 
 def _config_dict(config: EngineConfig) -> dict[str, Any]:
@@ -110,13 +122,18 @@ def _config_dict(config: EngineConfig) -> dict[str, Any]:
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    lines = ["| workload | sync tok/s | async tok/s | async / sync | median pair ratio (range) | device idle sync | "
-             "device idle async | identical tokens |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| workload | sync tok/s | async tok/s | async / sync | median pair ratio (range) | device idle sync | "
+        "device idle async | identical tokens |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, w in report["workloads"].items():
         med, idle, pairs = w["median_tokens_per_s"], w["median_device_idle_fraction"], w["pair_ratios"]
-        lines.append(f"| {name} | {med['sync']:.1f} | {med['async']:.1f} | {w['speedup_async_over_sync']:.3f}x | "
-                     f"{statistics.median(pairs):.3f}x ({min(pairs):.2f}-{max(pairs):.2f}) | "
-                     f"{idle['sync']:.1%} | {idle['async']:.1%} | {w['identical_tokens']} |")
+        lines.append(
+            f"| {name} | {med['sync']:.1f} | {med['async']:.1f} | {w['speedup_async_over_sync']:.3f}x | "
+            f"{statistics.median(pairs):.3f}x ({min(pairs):.2f}-{max(pairs):.2f}) | "
+            f"{idle['sync']:.1%} | {idle['async']:.1%} | {w['identical_tokens']} |"
+        )
     return "\n".join(lines)
 
 

@@ -51,9 +51,14 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     tp.add_argument("--prefix-len", type=_count, default=512, help="shared-prefix workload: shared system prompt")
     tp.add_argument("--workload-seed", type=int, default=0)
     tp.add_argument("--runs", type=_count, default=1, help="timed runs (the median is reported)")
-    tp.add_argument("--peer", nargs="*", default=[], choices=PEERS,
-                    help="peers run after ours, in the same process, on the same workload (transformers in the "
-                         "dtype ours computes in)")
+    tp.add_argument(
+        "--peer",
+        nargs="*",
+        default=[],
+        choices=PEERS,
+        help="peers run after ours, in the same process, on the same workload (transformers in the "
+        "dtype ours computes in)",
+    )
     tp.add_argument("--peer-batch-size", type=_count, default=32, help="hf-generate static batch size")
     tp.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the run (Perfetto)")
     _add_result_flags(tp)
@@ -80,8 +85,11 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     sv.add_argument("--out", default=None, help="write results as JSON here")
     sv.add_argument("--plot", default=None, help="PNG prefix: throughput-vs-concurrency and latency CDF")
 
-    tpp = kinds.add_parser("tp", help="tensor parallelism: gloo all-reduce latency, decode step time per "
-                                      "tensor-parallel size, and the across-machines model")
+    tpp = kinds.add_parser(
+        "tp",
+        help="tensor parallelism: gloo all-reduce latency, decode step time per "
+        "tensor-parallel size, and the across-machines model",
+    )
     tpp.add_argument("--sizes", type=_count, nargs="+", default=[1, 2], help="tensor-parallel sizes to time")
     tpp.add_argument("--num-seqs", type=_count, default=8)
     tpp.add_argument("--prompt-len", type=_count, default=64)
@@ -91,19 +99,29 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     _add_result_flags(tpp)
     add_engine_flags(tpp)
 
-    ds = kinds.add_parser("decode-step", help="one decode step: time, achieved FLOP/s and its share of the "
-                                              "measured matmul peaks (float32's and the step dtype's)")
+    ds = kinds.add_parser(
+        "decode-step",
+        help="one decode step: time, achieved FLOP/s and its share of the "
+        "measured matmul peaks (float32's and the step dtype's)",
+    )
     ds.add_argument("--num-seqs", type=_count, default=64, help="running sequences, all decoding")
     ds.add_argument("--prompt-len", type=_count, default=128)
     ds.add_argument("--steps", type=_count, default=16, help="timed decode steps (the median is reported)")
-    ds.add_argument("--repetition-penalty", type=float, default=1.0,
-                    help="every request's repetition penalty; other than 1.0, each row carries its token history "
-                         "(the host's per-step cost of penalties)")
+    ds.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="every request's repetition penalty; other than 1.0, each row carries its token history "
+        "(the host's per-step cost of penalties)",
+    )
     _add_result_flags(ds)
     add_engine_flags(ds)
 
-    so = kinds.add_parser("structured", help="structured output's cost: a decode step with every row JSON-constrained "
-                                             "against the unconstrained step (async and sync), and compile times")
+    so = kinds.add_parser(
+        "structured",
+        help="structured output's cost: a decode step with every row JSON-constrained "
+        "against the unconstrained step (async and sync), and compile times",
+    )
     so.add_argument("--num-seqs", type=_count, default=64, help="running sequences, all decoding")
     so.add_argument("--prompt-len", type=_count, default=64)
     so.add_argument("--steps", type=_count, default=8, help="timed decode steps per round and kind")
@@ -141,6 +159,7 @@ def cmd_bench(args: argparse.Namespace, config: Any) -> int:
         return 0
     if args.compare_to:  # fail before minutes of benchmarking, not after
         from conveyor.bench.results import load_baseline
+
         load_baseline(args.compare_to)
     if args.bench_command == "latency":
         return _latency(args, config)
@@ -187,8 +206,9 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
     engine = Engine(config)
     vocab = engine.spec.vocab_size
     if args.workload == "shared-prefix":
-        workload = shared_prefix_workload(args.num_prompts, args.prefix_len, args.input_len, args.output_len, vocab,
-                                          seed=args.workload_seed)
+        workload = shared_prefix_workload(
+            args.num_prompts, args.prefix_len, args.input_len, args.output_len, vocab, seed=args.workload_seed
+        )
     else:
         workload = random_workload(args.num_prompts, args.input_len, args.output_len, vocab, seed=args.workload_seed)
     engine.add_request(workload.prompts[0][:8], workload.params[0].clone(max_tokens=2))  # warm-up
@@ -208,19 +228,33 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
     busy, active = after.device_busy_s - before.device_busy_s, after.active_s - before.active_s
     ours = workload.num_output_tokens / seconds
     result: dict[str, Any] = {
-        "workload": {"name": args.workload, "num_prompts": args.num_prompts, "input_len": args.input_len,
-                     "output_len": args.output_len, "seed": args.workload_seed,
-                     "prompt_tokens": workload.num_prompt_tokens, "output_tokens": workload.num_output_tokens},
-        "engine": {"dtype": engine.dtype, "quantization": config.quantization, "kv_cache_dtype": config.kv_cache_dtype,
-                   "async_batching": engine.async_batching,
-                   "prefix_caching": config.enable_prefix_caching},
-        "runs_seconds": [r[0] for r in runs], "seconds": seconds, "requests_per_s": args.num_prompts / seconds,
+        "workload": {
+            "name": args.workload,
+            "num_prompts": args.num_prompts,
+            "input_len": args.input_len,
+            "output_len": args.output_len,
+            "seed": args.workload_seed,
+            "prompt_tokens": workload.num_prompt_tokens,
+            "output_tokens": workload.num_output_tokens,
+        },
+        "engine": {
+            "dtype": engine.dtype,
+            "quantization": config.quantization,
+            "kv_cache_dtype": config.kv_cache_dtype,
+            "async_batching": engine.async_batching,
+            "prefix_caching": config.enable_prefix_caching,
+        },
+        "runs_seconds": [r[0] for r in runs],
+        "seconds": seconds,
+        "requests_per_s": args.num_prompts / seconds,
         "output_tokens_per_s": ours,
         "total_tokens_per_s": (workload.num_output_tokens + workload.num_prompt_tokens) / seconds,
         "device_idle_fraction": max(0.0, 1 - busy / active) if active else 0.0,
         "preemptions": after.num_preemptions - before.num_preemptions,
         "prefix_hit_tokens": after.prefix_hit_tokens - before.prefix_hit_tokens,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peers": {}}
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peers": {},
+    }
     model_path, dtype = engine.model_source, engine.dtype
     del engine  # a 1B model's weights leave before a peer loads its own
     gc.collect()
@@ -236,8 +270,15 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
             elif peer == "hf-continuous":
                 pr = run_hf_continuous(model_path, workload, dtype)
             elif peer == "openvino":
-                pr = run_openvino(model_path, workload, dtype, _threads(config), config.max_num_seqs,
-                                  config.max_num_batched_tokens, config.kv_cache_dtype)
+                pr = run_openvino(
+                    model_path,
+                    workload,
+                    dtype,
+                    _threads(config),
+                    config.max_num_seqs,
+                    config.max_num_batched_tokens,
+                    config.kv_cache_dtype,
+                )
             else:
                 pr = run_llama_cpp(model_path, workload, _threads(config))
         except Exception as exc:  # a failing peer costs its own row, not our measurement or the other peers'
@@ -248,16 +289,24 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         note = pr.note
         if config.kv_cache_dtype == "int8" and peer != "openvino":  # OpenVINO got its own 8-bit cache; these have none
             note += "; an exact KV cache against our int8 one (not like for like)"
-        result["peers"][peer] = {"seconds": pr.seconds, "output_tokens": pr.output_tokens,
-                                 "output_tokens_per_s": pr.output_tokens_per_s, "note": note,
-                                 "conveyor_over_peer": ours / pr.output_tokens_per_s if pr.output_tokens_per_s else None}
+        result["peers"][peer] = {
+            "seconds": pr.seconds,
+            "output_tokens": pr.output_tokens,
+            "output_tokens_per_s": pr.output_tokens_per_s,
+            "note": note,
+            "conveyor_over_peer": ours / pr.output_tokens_per_s if pr.output_tokens_per_s else None,
+        }
     print(json.dumps(result, indent=2))
     if args.plot:
         from conveyor.bench.results import plot_throughput
-        bars = {"conveyor": ours} | {p: v["output_tokens_per_s"] for p, v in result["peers"].items()
-                                     if "output_tokens_per_s" in v}
-        print(f"[plot {plot_throughput(bars, args.plot, f'{args.workload}: {args.num_prompts} requests')}]",
-              file=sys.stderr)
+
+        bars = {"conveyor": ours} | {
+            p: v["output_tokens_per_s"] for p, v in result["peers"].items() if "output_tokens_per_s" in v
+        }
+        print(
+            f"[plot {plot_throughput(bars, args.plot, f'{args.workload}: {args.num_prompts} requests')}]",
+            file=sys.stderr,
+        )
     _finish(args, result, "throughput")
     return 0
 
@@ -278,15 +327,17 @@ def _decode_step(args: argparse.Namespace, config: Any) -> int:
 
 def _tp(args: argparse.Namespace, config: Any) -> int:
     from conveyor.bench.tp import measure_collectives, measure_decode, scaling_model
-    from conveyor.model.loader import load_model, resolve_dtype, model_path
+    from conveyor.model.loader import load_model, model_path, resolve_dtype
 
-    spec = load_model(config.model, resolve_dtype(config.dtype, model_path(config.model), "cpu",
-                                                  config.quantization)).spec
+    spec = load_model(
+        config.model, resolve_dtype(config.dtype, model_path(config.model), "cpu", config.quantization)
+    ).spec
     result: dict[str, Any] = {"model_hidden": spec.hidden_size, "model_vocab": spec.vocab_size}
     result.update(measure_collectives(spec.hidden_size, spec.vocab_size, args.iters))
     result.update(measure_decode(config, args.sizes, args.num_seqs, args.prompt_len, args.steps, args.rounds))
-    result["scaling_model"] = [row for tp, batch in ((2, 1), (2, 64), (8, 1), (8, 64))
-                               for row in scaling_model(tp, batch)]
+    result["scaling_model"] = [
+        row for tp, batch in ((2, 1), (2, 64), (8, 1), (8, 64)) for row in scaling_model(tp, batch)
+    ]
     print(json.dumps({k: v for k, v in result.items() if k != "scaling_model"}, indent=2))
     _finish(args, result, "tp")
     return 0
@@ -314,11 +365,16 @@ def _latency(args: argparse.Namespace, config: Any) -> int:
     engine = Engine(config)
     prompt = random_workload(1, (args.input_len, args.input_len), (1, 1), engine.spec.vocab_size).prompts[0]
     runners: dict[str, LatencyRunner] = {"conveyor": ConveyorLatency(engine, prompt, args.output_len)}
-    result: dict[str, Any] = {"input_len": args.input_len, "output_len": args.output_len, "dtype": engine.dtype,
-                              "quantization": config.quantization, "kv_cache_dtype": config.kv_cache_dtype,
-                              "runs": args.runs,
-                              "interleaved": "a warm-up run each, then rounds of one run per contestant",
-                              "peers": {}}
+    result: dict[str, Any] = {
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "dtype": engine.dtype,
+        "quantization": config.quantization,
+        "kv_cache_dtype": config.kv_cache_dtype,
+        "runs": args.runs,
+        "interleaved": "a warm-up run each, then rounds of one run per contestant",
+        "peers": {},
+    }
     for peer in args.peer:
         reason = check_peer(peer, engine.model_source)
         if reason is not None:
@@ -344,11 +400,20 @@ def _latency_peer(peer: str, engine: Any, prompt: list[int], output_len: int, co
 
     if peer == "llama-cpp":
         from conveyor.bench.llama_cpp_peer import LlamaCppLatency
+
         return LlamaCppLatency(engine.model_source, prompt, output_len, _threads(config))
     if peer == "openvino":
         from conveyor.bench.openvino_peer import OpenVINOLatency
-        return OpenVINOLatency(engine.model_source, prompt, output_len, engine.dtype, _threads(config),
-                               config.max_num_batched_tokens, config.kv_cache_dtype)
+
+        return OpenVINOLatency(
+            engine.model_source,
+            prompt,
+            output_len,
+            engine.dtype,
+            _threads(config),
+            config.max_num_batched_tokens,
+            config.kv_cache_dtype,
+        )
     return HFGenerateLatency(engine.model_source, prompt, output_len, engine.dtype)  # the parser allows no other
 
 
@@ -361,18 +426,33 @@ def _serve(args: argparse.Namespace) -> int:
     results = []
     for concurrency in args.concurrency:
         count = args.num_requests if args.num_requests is not None else (None if args.duration else 4 * concurrency)
-        result = asyncio.run(run_load(args.url, concurrency, args.duration, count, args.input_len, args.output_len,
-                                      args.api_key, args.model, server_pid=args.server_pid))
+        result = asyncio.run(
+            run_load(
+                args.url,
+                concurrency,
+                args.duration,
+                count,
+                args.input_len,
+                args.output_len,
+                args.api_key,
+                args.model,
+                server_pid=args.server_pid,
+            )
+        )
         results.append(result)
         print(json.dumps({k: v for k, v in result.items() if k not in ("errors", "e2e_values")}), file=sys.stderr)
     print(markdown(results))
     if args.plot:
         from conveyor.bench.results import plot_serve
+
         paths = plot_serve(results, {r["concurrency"]: r.get("e2e_values", []) for r in results}, args.plot)
         print(f"[plots {', '.join(paths)}]", file=sys.stderr)
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out, "w") as f:
-            json.dump({"machine": machine_facts(), "command": "conveyor " + " ".join(sys.argv[1:]),
-                       "results": results}, f, indent=2)
+            json.dump(
+                {"machine": machine_facts(), "command": "conveyor " + " ".join(sys.argv[1:]), "results": results},
+                f,
+                indent=2,
+            )
     return 0 if all(r["failed"] == 0 for r in results) else 1

@@ -5,7 +5,7 @@ every linear layer costs 2 x rows x in x out, the LM head runs once per sequence
 costs 4 x heads x head_dim x context per sequence and layer (QK^T and PV).
 
 Two peaks are measured in the same run, both as the best square matmul:
-- the float32 matmul peak, the machine's reference (the one the benchmark issue and PERF_NOTES give);
+- the float32 matmul peak, the machine's reference;
 - the peak in the step's own dtype (for bfloat16 on a CPU with AMX, several times the float32 one).
 A step is reported against both, so a dtype change cannot hide behind a change of yardstick.
 
@@ -31,8 +31,11 @@ from conveyor.runtime.timeline import HOST_LANE, Span
 
 def linear_flops_per_token(spec: ModelSpec) -> int:
     """2 x (multiply-adds of every decoder linear layer + the LM head) for one token."""
-    layer = spec.hidden_size * (spec.q_size + 2 * spec.kv_size) + spec.q_size * spec.hidden_size \
+    layer = (
+        spec.hidden_size * (spec.q_size + 2 * spec.kv_size)
+        + spec.q_size * spec.hidden_size
         + 3 * spec.hidden_size * spec.intermediate_size
+    )
     return 2 * (spec.num_layers * layer + spec.hidden_size * spec.vocab_size)
 
 
@@ -51,7 +54,7 @@ def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -
         start = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best / 1e9
+    return 2 * size**3 / best / 1e9
 
 
 def weight_bytes_per_step(spec: ModelSpec, element_size: int) -> int:
@@ -74,8 +77,7 @@ def copy_bandwidth_gbs(nbytes: int = 2**30, repeats: int = 5) -> float:
     return nbytes / best / 1e9
 
 
-def timed_decode_steps(engine: Any, prompts: list[list[int]], params: list[SamplingParams],
-                       steps: int) -> list[float]:
+def timed_decode_steps(engine: Any, prompts: list[list[int]], params: list[SamplingParams], steps: int) -> list[float]:
     """Admit one request per prompt, step until every one has its first token (prefills done), then time
     `steps` engine steps (seconds each); the requests are aborted and the engine drained afterwards."""
     ids = [engine.add_request(prompt, p) for prompt, p in zip(prompts, params)]
@@ -105,8 +107,9 @@ def host_ms_per_step(spans: list[Span], steps: int) -> dict[str, float]:
     return {name: statistics.median(ms[-steps:]) if ms else 0.0 for name, ms in parts.items()}
 
 
-def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, steps: int,
-                        repetition_penalty: float = 1.0) -> dict[str, Any]:
+def measure_decode_step(
+    config: EngineConfig, num_seqs: int, prompt_len: int, steps: int, repetition_penalty: float = 1.0
+) -> dict[str, Any]:
     """Admit num_seqs requests, run until every one is decoding, then time `steps` engine steps."""
     from conveyor.engine.engine import Engine
 
@@ -114,8 +117,9 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
     spec = engine.spec
     prompts = random_workload(num_seqs, (prompt_len, prompt_len), (1, 1), spec.vocab_size).prompts
     prefill_steps = -(-num_seqs * prompt_len // config.max_num_batched_tokens)  # the first rows decode meanwhile
-    params = SamplingParams(max_tokens=prefill_steps + steps + 8, temperature=0.0, ignore_eos=True,
-                            repetition_penalty=repetition_penalty)  # none ends before the timed steps do
+    params = SamplingParams(
+        max_tokens=prefill_steps + steps + 8, temperature=0.0, ignore_eos=True, repetition_penalty=repetition_penalty
+    )  # none ends before the timed steps do
     since = engine.timeline.now()
     step_seconds = timed_decode_steps(engine, prompts, [params] * num_seqs, steps)
     host_ms = host_ms_per_step(engine.timeline.since(since), steps)
@@ -131,18 +135,27 @@ def measure_decode_step(config: EngineConfig, num_seqs: int, prompt_len: int, st
     peak = matmul_peak_gflops(getattr(torch, dtype_name))
     float32_peak = peak if dtype_name == "float32" else matmul_peak_gflops(torch.float32)
     return {
-        "num_seqs": num_seqs, "prompt_len": prompt_len, "steps": steps, "repetition_penalty": repetition_penalty,
+        "num_seqs": num_seqs,
+        "prompt_len": prompt_len,
+        "steps": steps,
+        "repetition_penalty": repetition_penalty,
         "dtype": dtype_name,
         "quantization": config.quantization,
-        "async_batching": async_batching, "step_ms_median": step * 1e3,
-        "step_ms_all": [s * 1e3 for s in step_seconds], "output_tokens_per_s": num_seqs / step,
-        "host_ms_per_step": sum(host_ms.values()), "host_ms_per_step_parts": host_ms,
-        "gflop_per_step": total / 1e9, "achieved_gflops": total / step / 1e9,
-        "achieved_linear_gflops": linear / step / 1e9, "matmul_peak_gflops": peak,
+        "async_batching": async_batching,
+        "step_ms_median": step * 1e3,
+        "step_ms_all": [s * 1e3 for s in step_seconds],
+        "output_tokens_per_s": num_seqs / step,
+        "host_ms_per_step": sum(host_ms.values()),
+        "host_ms_per_step_parts": host_ms,
+        "gflop_per_step": total / 1e9,
+        "achieved_gflops": total / step / 1e9,
+        "achieved_linear_gflops": linear / step / 1e9,
+        "matmul_peak_gflops": peak,
         "share_of_peak": total / step / 1e9 / peak,
         "float32_matmul_peak_gflops": float32_peak,
         "share_of_float32_peak": total / step / 1e9 / float32_peak,
-        "weight_bytes_per_step": weight_bytes, "copy_bandwidth_gbs": bandwidth,
+        "weight_bytes_per_step": weight_bytes,
+        "copy_bandwidth_gbs": bandwidth,
         "bandwidth_bound_ms": bound * 1e3 if bound is not None else None,
         "step_over_bandwidth_bound": step / bound if bound is not None else None,
     }

@@ -21,8 +21,8 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict[str, Any]:
         low = rng.randint(-50, 50)
         return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 500)}
     if kind == "number":
-        low = rng.choice([-10.0, 0.0, 0.5, 3.0])
-        return {"type": "number", "minimum": low, "maximum": low + rng.choice([1.0, 10.0, 100.0])}
+        bottom = rng.choice([-10.0, 0.0, 0.5, 3.0])
+        return {"type": "number", "minimum": bottom, "maximum": bottom + rng.choice([1.0, 10.0, 100.0])}
     if kind == "boolean":
         return {"type": "boolean"}
     if kind == "enum":
@@ -32,8 +32,12 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict[str, Any]:
         return {"enum": values}
     if kind == "array":
         low = rng.randint(0, 1)
-        return {"type": "array", "items": random_schema(rng, depth + 1), "minItems": low,
-                "maxItems": low + rng.randint(0, 2)}
+        return {
+            "type": "array",
+            "items": random_schema(rng, depth + 1),
+            "minItems": low,
+            "maxItems": low + rng.randint(0, 2),
+        }
     return random_object(rng, depth + 1)
 
 
@@ -42,4 +46,3 @@ def random_object(rng: random.Random, depth: int = 0) -> dict[str, Any]:
     properties = {n: random_schema(rng, depth) for n in names}
     required = [n for n in names if rng.random() < 0.6]
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-

@@ -1,7 +1,7 @@
 """Single-request latency (time to first token, time per output token), ours and the peers interleaved.
 
-The machines are noisy (PERF_NOTES; llama.cpp's time per token moved between 11.3 and 17 ms within one
-afternoon here), so the contestants take turns: a warm-up run each, then `runs` rounds of one run each,
+Shared machines are noisy (one contestant's time per token can move by half within an hour), so the
+contestants take turns: a warm-up run each, then `runs` rounds of one run each,
 and the medians. A slow minute then slows every contestant alike instead of whichever ran in it.
 """
 
@@ -67,8 +67,14 @@ class HFGenerateLatency:
             self.model.generate(self.ids, max_new_tokens=1, do_sample=False, eos_token_id=-1, pad_token_id=0)
             ttft = time.perf_counter() - start
             start = time.perf_counter()
-            self.model.generate(self.ids, max_new_tokens=self.output_len, min_new_tokens=self.output_len,
-                                do_sample=False, eos_token_id=-1, pad_token_id=0)
+            self.model.generate(
+                self.ids,
+                max_new_tokens=self.output_len,
+                min_new_tokens=self.output_len,
+                do_sample=False,
+                eos_token_id=-1,
+                pad_token_id=0,
+            )
             total = time.perf_counter() - start
         return ttft, (total - ttft) / (self.output_len - 1)
 
@@ -88,6 +94,12 @@ def interleaved(runners: dict[str, LatencyRunner], runs: int) -> dict[str, dict[
     finally:
         for runner in runners.values():
             runner.close()
-    return {name: {"ttft_s": statistics.median(t for t, _ in got), "tpot_s": statistics.median(p for _, p in got),
-                   "ttft_runs_s": [t for t, _ in got], "tpot_runs_s": [p for _, p in got]}
-            for name, got in samples.items()}
+    return {
+        name: {
+            "ttft_s": statistics.median(t for t, _ in got),
+            "tpot_s": statistics.median(p for _, p in got),
+            "ttft_runs_s": [t for t, _ in got],
+            "tpot_runs_s": [p for _, p in got],
+        }
+        for name, got in samples.items()
+    }

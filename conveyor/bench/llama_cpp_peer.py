@@ -2,9 +2,9 @@
 
 llama-cpp-python's high-level `Llama` runs one sequence at a time, which would understate
 llama.cpp. Here up to `max_seqs` sequences decode together in one `llama_decode` per step, each
-in its own KV stream (`kv_unified=False`: PERF_NOTES measured a unified buffer 2.5-3x slower at
-64 sequences), with prompts fed in chunks under the same token budget as ours; a finished
-sequence's slot is cleared and refilled from the queue. Greedy: argmax of each row's logits.
+in its own KV stream (`kv_unified=False`: with a unified buffer every sequence's attention spans the
+whole buffer, several times slower at 64 sequences), with prompts fed in chunks under the same token budget
+as ours; a finished sequence's slot is cleared and refilled from the queue. Greedy: argmax of each row's logits.
 """
 
 from __future__ import annotations
@@ -67,8 +67,13 @@ class _LlamaCpp:
         for i, entry in enumerate(entries):
             if entry[3]:
                 row = self.lc.llama_get_logits_ith(self.ctx, i)
-                picked.append(int(np.ctypeslib.as_array(ctypes.cast(row, ctypes.POINTER(ctypes.c_float)),
-                                                        shape=(self.n_vocab,)).argmax()))
+                picked.append(
+                    int(
+                        np.ctypeslib.as_array(
+                            ctypes.cast(row, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)
+                        ).argmax()
+                    )
+                )
         return picked
 
     def clear(self, seq: int) -> None:
@@ -79,8 +84,9 @@ def run_workload(model_path: str, workload: Workload, threads: int, max_seqs: in
     """Continuous batching over the workload -> (seconds, output tokens)."""
     seq_len = max(len(p) + (q.max_tokens or 16) for p, q in zip(workload.prompts, workload.params))
     engine = _LlamaCpp(model_path, min(max_seqs, len(workload.prompts)), seq_len, threads)
-    queue: deque[tuple[list[int], int]] = deque((list(p), q.max_tokens or 16)
-                                                for p, q in zip(workload.prompts, workload.params))
+    queue: deque[tuple[list[int], int]] = deque(
+        (list(p), q.max_tokens or 16) for p, q in zip(workload.prompts, workload.params)
+    )
     # Lowest free id first, decodes in ascending id order: llama.cpp (0.3.36, per-sequence KV) only puts
     # sequences whose ids ascend by one into one micro-batch, so descending ids ran every decode step as
     # one single-token pass per sequence (about half its real speed).
@@ -91,8 +97,13 @@ def run_workload(model_path: str, workload: Workload, threads: int, max_seqs: in
     while queue or active:
         while free and queue:
             prompt, want = queue.popleft()
-            active[heapq.heappop(free)] = {"tokens": prompt, "fed": 0, "prompt_len": len(prompt), "want": want,
-                                           "out": 0}
+            active[heapq.heappop(free)] = {
+                "tokens": prompt,
+                "fed": 0,
+                "prompt_len": len(prompt),
+                "want": want,
+                "out": 0,
+            }
         entries: list[tuple[int, int, int, bool]] = []
         owners: list[int] = []
         order = sorted(active)

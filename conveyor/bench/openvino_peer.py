@@ -69,8 +69,10 @@ def unavailable(model_path: str) -> str | None:
     if os.path.isfile(os.path.join(cached_ir(model_path), "openvino_model.xml")):
         return None
     if not os.path.isfile(exporter_python()):
-        return (f"no OpenVINO IR of {model_path} yet and no optimum-intel to export one ({exporter_python()} is "
-                f"missing); `bash scripts/install_openvino.sh` makes it")
+        return (
+            f"no OpenVINO IR of {model_path} yet and no optimum-intel to export one ({exporter_python()} is "
+            f"missing); `bash scripts/install_openvino.sh` makes it"
+        )
     return None
 
 
@@ -92,8 +94,22 @@ def export_ir(model_path: str) -> str:
             _run([sys.executable, "-m", "conveyor.bench.openvino_peer", "dequantize", model_path, source])
         logger.warning("openvino peer: exporting %s to an OpenVINO IR (optimum-cli, once per model)", model_path)
         ir = os.path.join(staging, "ir")
-        _run([exporter_python(), "-m", "optimum.commands.optimum_cli", "export", "openvino", "--model", source,
-              "--task", "text-generation-with-past", "--weight-format", "fp16", ir])
+        _run(
+            [
+                exporter_python(),
+                "-m",
+                "optimum.commands.optimum_cli",
+                "export",
+                "openvino",
+                "--model",
+                source,
+                "--task",
+                "text-generation-with-past",
+                "--weight-format",
+                "fp16",
+                ir,
+            ]
+        )
         os.replace(ir, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -129,8 +145,16 @@ def dequantize(gguf_path: str, out_dir: str) -> None:
 class OpenVINOPipeline:
     """A ContinuousBatchingPipeline over the IR, sized like our engine."""
 
-    def __init__(self, model_path: str, dtype: str, threads: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 kv_tokens: int, kv_cache_dtype: str = "auto") -> None:
+    def __init__(
+        self,
+        model_path: str,
+        dtype: str,
+        threads: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        kv_tokens: int,
+        kv_cache_dtype: str = "auto",
+    ) -> None:
         import openvino_genai as ov_genai
 
         ir = export_ir(model_path)
@@ -139,21 +163,32 @@ class OpenVINOPipeline:
         head_dim = spec.get("head_dim") or spec["hidden_size"] // spec["num_attention_heads"]
         precision = _PRECISION.get(dtype, "f32")
         kv_precision = "u8" if kv_cache_dtype == "int8" else precision  # its 8-bit cache against our int8 one
-        kv_bytes = kv_tokens * 2 * spec["num_hidden_layers"] * spec["num_key_value_heads"] * head_dim * \
-            {"f32": 4, "u8": 1}.get(kv_precision, 2)
+        kv_bytes = (
+            kv_tokens
+            * 2
+            * spec["num_hidden_layers"]
+            * spec["num_key_value_heads"]
+            * head_dim
+            * {"f32": 4, "u8": 1}.get(kv_precision, 2)
+        )
         scheduler = ov_genai.SchedulerConfig()
         scheduler.max_num_seqs = max_num_seqs
         scheduler.max_num_batched_tokens = max_num_batched_tokens
         scheduler.cache_size = max(1, math.ceil(1.25 * kv_bytes / 2**30))  # GB, 25% over the workload's need
         scheduler.enable_prefix_caching = False
         scheduler.dynamic_split_fuse = True  # chunked prefill under the token budget, as ours
-        self.properties = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": precision,
-                           "KV_CACHE_PRECISION": kv_precision}
+        self.properties = {
+            "INFERENCE_NUM_THREADS": threads,
+            "INFERENCE_PRECISION_HINT": precision,
+            "KV_CACHE_PRECISION": kv_precision,
+        }
         self.ov_genai = ov_genai
         self.pipe = ov_genai.ContinuousBatchingPipeline(ir, scheduler, "CPU", self.properties)
-        self.note = (f"openvino-genai {ov_genai.__version__.split('-')[0]} ContinuousBatchingPipeline on an "
-                     f"optimum-cli IR; {precision} compute, {kv_precision} KV cache, {threads} threads, max_num_seqs "
-                     f"{max_num_seqs}, max_num_batched_tokens {max_num_batched_tokens}, cache {scheduler.cache_size} GB")
+        self.note = (
+            f"openvino-genai {ov_genai.__version__.split('-')[0]} ContinuousBatchingPipeline on an "
+            f"optimum-cli IR; {precision} compute, {kv_precision} KV cache, {threads} threads, max_num_seqs "
+            f"{max_num_seqs}, max_num_batched_tokens {max_num_batched_tokens}, cache {scheduler.cache_size} GB"
+        )
 
     def config(self, new_tokens: int) -> Any:
         config = self.ov_genai.GenerationConfig()
@@ -174,21 +209,37 @@ class OpenVINOPipeline:
         return [list(r.m_generation_ids[0]) for r in results]
 
 
-def run_workload(model_path: str, workload: Workload, dtype: str, threads: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, kv_cache_dtype: str = "auto") -> tuple[float, int, str]:
+def run_workload(
+    model_path: str,
+    workload: Workload,
+    dtype: str,
+    threads: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    kv_cache_dtype: str = "auto",
+) -> tuple[float, int, str]:
     """The whole workload in one `generate` call (its own continuous batching) -> (seconds, output tokens, note)."""
     wants = [p.max_tokens or 16 for p in workload.params]
     longest = max(len(p) + n for p, n in zip(workload.prompts, wants))
-    pipeline = OpenVINOPipeline(model_path, dtype, threads, max_num_seqs, max_num_batched_tokens,
-                                min(max_num_seqs, len(wants)) * longest, kv_cache_dtype)
+    pipeline = OpenVINOPipeline(
+        model_path,
+        dtype,
+        threads,
+        max_num_seqs,
+        max_num_batched_tokens,
+        min(max_num_seqs, len(wants)) * longest,
+        kv_cache_dtype,
+    )
     pipeline.generate([workload.prompts[0][:8]], [2])  # warm-up (first inference compiles kernels)
     start = time.perf_counter()
     outputs = pipeline.generate(workload.prompts, wants)
     seconds = time.perf_counter() - start
     short = [i for i, (out, want) in enumerate(zip(outputs, wants)) if len(out) != want]
     if short:
-        raise RuntimeError(f"openvino peer: {len(short)} requests did not produce their max_tokens (first: request "
-                           f"{short[0]}, {len(outputs[short[0]])} of {wants[short[0]]} tokens)")
+        raise RuntimeError(
+            f"openvino peer: {len(short)} requests did not produce their max_tokens (first: request "
+            f"{short[0]}, {len(outputs[short[0]])} of {wants[short[0]]} tokens)"
+        )
     return seconds, sum(wants), pipeline.note
 
 
@@ -196,18 +247,34 @@ class OpenVINOLatency:
     """One request through add_request / step (conveyor.bench.latency.LatencyRunner): the first step runs the
     prompt (it fits the token budget) and yields the first token, each later step one token."""
 
-    def __init__(self, model_path: str, prompt: list[int], output_len: int, dtype: str, threads: int,
-                 max_num_batched_tokens: int, kv_cache_dtype: str = "auto") -> None:
-        self.pipeline = OpenVINOPipeline(model_path, dtype, threads, 1, max(max_num_batched_tokens, len(prompt)),
-                                         len(prompt) + output_len, kv_cache_dtype)
+    def __init__(
+        self,
+        model_path: str,
+        prompt: list[int],
+        output_len: int,
+        dtype: str,
+        threads: int,
+        max_num_batched_tokens: int,
+        kv_cache_dtype: str = "auto",
+    ) -> None:
+        self.pipeline = OpenVINOPipeline(
+            model_path,
+            dtype,
+            threads,
+            1,
+            max(max_num_batched_tokens, len(prompt)),
+            len(prompt) + output_len,
+            kv_cache_dtype,
+        )
         self.prompt, self.output_len, self.request_id = prompt, output_len, 0
 
     def once(self) -> tuple[float, float]:
         pipe = self.pipeline.pipe
         self.request_id += 1
         start = time.perf_counter()
-        handle = pipe.add_request(self.request_id, self.pipeline.ids(self.prompt),
-                                  self.pipeline.config(self.output_len))
+        handle = pipe.add_request(
+            self.request_id, self.pipeline.ids(self.prompt), self.pipeline.config(self.output_len)
+        )
         first: float | None = None
         produced = 0
         while pipe.has_non_finished_requests():

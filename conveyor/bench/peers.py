@@ -43,8 +43,10 @@ def check_peer(peer: str, model_path: str) -> str | None:
         if not model_path.endswith(".gguf"):
             return f"llama.cpp reads GGUF files only, and the model is {model_path}"
         if importlib.util.find_spec("llama_cpp") is None:
-            return ("llama-cpp-python is not installed; `bash scripts/install_llama_cpp.sh` builds it (a plain "
-                    "`pip install llama-cpp-python` builds for this CPU, AMX included, whose matmul crashed here)")
+            return (
+                "llama-cpp-python is not installed; `bash scripts/install_llama_cpp.sh` builds it (a plain "
+                "`pip install llama-cpp-python` builds for this CPU, AMX included, whose matmul crashed here)"
+            )
         return None
     if peer == "openvino":
         from conveyor.bench.openvino_peer import unavailable
@@ -68,9 +70,12 @@ def hf_model(model_path: str, dtype: str) -> Any:
 
         # dense weights in `dtype`: transformers would otherwise keep quantized blocks where its optional
         # `kernels` package has a GGUF matmul, computing in float32 (not the dtype compared)
-        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(model_path),
-                                                     gguf_file=os.path.basename(model_path), dtype=torch_dtype,
-                                                     quantization_config=GgufConfig(dequantize=True))
+        model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(model_path),
+            gguf_file=os.path.basename(model_path),
+            dtype=torch_dtype,
+            quantization_config=GgufConfig(dequantize=True),
+        )
     else:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
     return model.eval()
@@ -85,20 +90,26 @@ def run_hf_generate(model_path: str, workload: Workload, batch_size: int, dtype:
     produced = 0
     with torch.inference_mode():
         for b in range(0, len(order), batch_size):
-            idx = order[b:b + batch_size]
+            idx = order[b : b + batch_size]
             longest = max(len(workload.prompts[i]) for i in idx)
             ids = torch.zeros(len(idx), longest, dtype=torch.long)
             mask = torch.zeros(len(idx), longest, dtype=torch.long)
             for row, i in enumerate(idx):  # left padding
                 p = workload.prompts[i]
-                ids[row, longest - len(p):] = torch.tensor(p)
-                mask[row, longest - len(p):] = 1
+                ids[row, longest - len(p) :] = torch.tensor(p)
+                mask[row, longest - len(p) :] = 1
             new = max(workload.params[i].max_tokens or 16 for i in idx)
-            model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                           eos_token_id=-1, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                eos_token_id=-1,
+                pad_token_id=0,
+            )
             produced += sum(workload.params[i].max_tokens or 16 for i in idx)
-    return PeerResult("hf-generate", time.perf_counter() - start, produced,
-                      f"static batches of {batch_size}, {dtype}")
+    return PeerResult("hf-generate", time.perf_counter() - start, produced, f"static batches of {batch_size}, {dtype}")
 
 
 def run_hf_continuous(model_path: str, workload: Workload, dtype: str) -> PeerResult:
@@ -118,14 +129,26 @@ def run_llama_cpp(model_path: str, workload: Workload, threads: int) -> PeerResu
     from conveyor.bench.llama_cpp_peer import run_workload
 
     seconds, produced = run_workload(model_path, workload, threads)
-    return PeerResult("llama-cpp", seconds, produced,
-                      "llama-cpp-python C API: up to 64 sequences per llama_decode, one KV stream each")
+    return PeerResult(
+        "llama-cpp",
+        seconds,
+        produced,
+        "llama-cpp-python C API: up to 64 sequences per llama_decode, one KV stream each",
+    )
 
 
-def run_openvino(model_path: str, workload: Workload, dtype: str, threads: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, kv_cache_dtype: str = "auto") -> PeerResult:
+def run_openvino(
+    model_path: str,
+    workload: Workload,
+    dtype: str,
+    threads: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    kv_cache_dtype: str = "auto",
+) -> PeerResult:
     from conveyor.bench.openvino_peer import run_workload
 
-    seconds, produced, note = run_workload(model_path, workload, dtype, threads, max_num_seqs, max_num_batched_tokens,
-                                           kv_cache_dtype)
+    seconds, produced, note = run_workload(
+        model_path, workload, dtype, threads, max_num_seqs, max_num_batched_tokens, kv_cache_dtype
+    )
     return PeerResult("openvino", seconds, produced, note)

@@ -33,10 +33,13 @@ def save_baseline(result: dict[str, Any], name: str, directory: str = BASELINE_D
 def load_baseline(name: str, directory: str = BASELINE_DIR) -> dict[str, Any]:
     path = os.path.join(directory, f"{name}.json")
     if not os.path.isfile(path):
-        existing = sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".json")) \
-            if os.path.isdir(directory) else []
-        raise ConfigError(f"no baseline named {name!r} in {directory}; existing baselines: "
-                          f"{', '.join(existing) if existing else '(none yet; make one with --save-baseline NAME)'}")
+        existing = (
+            sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".json")) if os.path.isdir(directory) else []
+        )
+        raise ConfigError(
+            f"no baseline named {name!r} in {directory}; existing baselines: "
+            f"{', '.join(existing) if existing else '(none yet; make one with --save-baseline NAME)'}"
+        )
     with open(path) as f:
         return json.load(f)
 

@@ -36,6 +36,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
     return {"p50": pick(0.50), "p90": pick(0.90), "p99": pick(0.99), "mean": statistics.fmean(ordered)}
 
 
@@ -71,9 +72,18 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], header
     return record
 
 
-async def run_load(url: str, concurrency: int, duration_s: float | None, num_requests: int | None,
-                   input_len: tuple[int, int], output_len: int, api_key: str | None, model: str | None,
-                   seed: int = 0, server_pid: int | None = None) -> dict[str, Any]:
+async def run_load(
+    url: str,
+    concurrency: int,
+    duration_s: float | None,
+    num_requests: int | None,
+    input_len: tuple[int, int],
+    output_len: int,
+    api_key: str | None,
+    model: str | None,
+    seed: int = 0,
+    server_pid: int | None = None,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     records: list[RequestRecord] = []
@@ -83,8 +93,14 @@ async def run_load(url: str, concurrency: int, duration_s: float | None, num_req
 
     def body() -> dict[str, Any]:
         prompt = [rng.randrange(100, 40000) for _ in range(rng.randint(*input_len))]
-        b: dict[str, Any] = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "ignore_eos": True,
-                             "stream": True, "stream_options": {"include_usage": True}}
+        b: dict[str, Any] = {
+            "prompt": prompt,
+            "max_tokens": output_len,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if model:
             b["model"] = model
         return b
@@ -96,6 +112,7 @@ async def run_load(url: str, concurrency: int, duration_s: float | None, num_req
 
     async def sample_rss() -> None:
         import psutil
+
         proc = psutil.Process(server_pid)
         while True:
             rss.append((time.perf_counter(), proc.memory_info().rss))
@@ -113,28 +130,45 @@ async def run_load(url: str, concurrency: int, duration_s: float | None, num_req
     tokens = sum(r.output_tokens for r in ok)
     tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     result: dict[str, Any] = {
-        "url": url, "concurrency": concurrency, "seconds": elapsed, "requests": len(records),
-        "failed": len(records) - len(ok), "errors": sorted({r.error for r in records if r.error})[:5],
-        "output_tokens_per_s": tokens / elapsed, "requests_per_s": len(ok) / elapsed,
-        "ttft_s": percentiles([r.ttft for r in ok]), "tpot_s": percentiles(tpot),
-        "itl_s": percentiles([x for r in ok for x in r.itl]), "e2e_s": percentiles([r.e2e for r in ok]),
-        "input_len": list(input_len), "output_len": output_len, "e2e_values": [r.e2e for r in ok],
+        "url": url,
+        "concurrency": concurrency,
+        "seconds": elapsed,
+        "requests": len(records),
+        "failed": len(records) - len(ok),
+        "errors": sorted({r.error for r in records if r.error})[:5],
+        "output_tokens_per_s": tokens / elapsed,
+        "requests_per_s": len(ok) / elapsed,
+        "ttft_s": percentiles([r.ttft for r in ok]),
+        "tpot_s": percentiles(tpot),
+        "itl_s": percentiles([x for r in ok for x in r.itl]),
+        "e2e_s": percentiles([r.e2e for r in ok]),
+        "input_len": list(input_len),
+        "output_len": output_len,
+        "e2e_values": [r.e2e for r in ok],
     }
     if rss:
         mib = [v / 2**20 for _, v in rss]
         third = max(1, len(mib) // 3)
-        result["server_rss_mib"] = {"first_third_mean": statistics.fmean(mib[:third]),
-                                    "last_third_mean": statistics.fmean(mib[-third:]), "max": max(mib),
-                                    "samples": len(mib)}
+        result["server_rss_mib"] = {
+            "first_third_mean": statistics.fmean(mib[:third]),
+            "last_third_mean": statistics.fmean(mib[-third:]),
+            "max": max(mib),
+            "samples": len(mib),
+        }
     return result
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    lines = ["| concurrency | requests | failed | output tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (s) | "
-             "TPOT p50 (s) | e2e p50 / p99 (s) |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| concurrency | requests | failed | output tok/s | TTFT p50 / p99 (s) | ITL p50 / p99 (s) | "
+        "TPOT p50 (s) | e2e p50 / p99 (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['concurrency']} | {r['requests']} | {r['failed']} | {r['output_tokens_per_s']:.1f} | "
-                     f"{r['ttft_s']['p50']:.3f} / {r['ttft_s']['p99']:.3f} | {r['itl_s']['p50']:.3f} / "
-                     f"{r['itl_s']['p99']:.3f} | {r['tpot_s']['p50']:.3f} | {r['e2e_s']['p50']:.2f} / "
-                     f"{r['e2e_s']['p99']:.2f} |")
+        lines.append(
+            f"| {r['concurrency']} | {r['requests']} | {r['failed']} | {r['output_tokens_per_s']:.1f} | "
+            f"{r['ttft_s']['p50']:.3f} / {r['ttft_s']['p99']:.3f} | {r['itl_s']['p50']:.3f} / "
+            f"{r['itl_s']['p99']:.3f} | {r['tpot_s']['p50']:.3f} | {r['e2e_s']['p50']:.2f} / "
+            f"{r['e2e_s']['p99']:.2f} |"
+        )
     return "\n".join(lines)

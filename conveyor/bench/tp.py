@@ -58,8 +58,9 @@ def _collectives(group: Any, hidden: int, vocab_shard: int, iters: int) -> dict[
 
 def measure_collectives(hidden: int, vocab: int, iters: int = 200) -> dict[str, float]:
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
-    peer = subprocess.Popen([sys.executable, "-m", "conveyor.bench.tp", str(store.port), str(hidden), str(vocab),
-                             str(iters)])
+    peer = subprocess.Popen(
+        [sys.executable, "-m", "conveyor.bench.tp", str(store.port), str(hidden), str(vocab), str(iters)]
+    )
     try:
         group = dist.ProcessGroupGloo(store, 0, 2, datetime.timedelta(seconds=120))
         return _collectives(group, hidden, vocab // 2, iters)
@@ -67,8 +68,9 @@ def measure_collectives(hidden: int, vocab: int, iters: int = 200) -> dict[str, 
         peer.wait(timeout=120)
 
 
-def measure_decode(config: EngineConfig, sizes: list[int], num_seqs: int, prompt_len: int, steps: int,
-                   rounds: int) -> dict[str, Any]:
+def measure_decode(
+    config: EngineConfig, sizes: list[int], num_seqs: int, prompt_len: int, steps: int, rounds: int
+) -> dict[str, Any]:
     """Median decode step per tensor-parallel size, the sizes alternated `rounds` times."""
     from conveyor.engine.engine import Engine
 
@@ -98,8 +100,9 @@ def measure_decode(config: EngineConfig, sizes: list[int], num_seqs: int, prompt
 LINKS_GBPS = (10, 25, 100)
 SHAPES = {"llama-8b": dict(hidden=4096, layers=32), "llama-70b": dict(hidden=8192, layers=80)}
 HOP_LATENCY_US = {10: 20.0, 25: 10.0, 100: 5.0}
-"""Per-message latency assumed for a TCP hop at each link speed (kernel TCP over Ethernet: ~5-20 us;
-RDMA would be ~2 us). Our loopback gloo measures ~100 us per all-reduce: gloo's own overhead dominates."""
+"""Per-message latency assumed for a kernel-TCP hop over Ethernet at each link speed, in microseconds (RDMA would
+be several times less). Not taken from the loopback gloo all-reduce this benchmark times: gloo's own overhead
+dominates that."""
 
 
 def scaling_model(tp: int = 2, batch: int = 1, bytes_per_value: int = 2) -> list[dict[str, Any]]:
@@ -114,9 +117,19 @@ def scaling_model(tp: int = 2, batch: int = 1, bytes_per_value: int = 2) -> list
             wire_us = per_allreduce_bytes * 8 / (gbps * 1e9) * 1e6
             latency_us = 2 * (tp - 1) * HOP_LATENCY_US[gbps]
             step_ms = count * (wire_us + latency_us) / 1e3
-            rows.append({"model": name, "tp": tp, "batch": batch, "link_gbps": gbps, "all_reduces_per_step": count,
-                         "bytes_per_all_reduce": int(per_allreduce_bytes), "wire_us": round(wire_us, 2),
-                         "latency_us": latency_us, "all_reduce_ms_per_step": round(step_ms, 3)})
+            rows.append(
+                {
+                    "model": name,
+                    "tp": tp,
+                    "batch": batch,
+                    "link_gbps": gbps,
+                    "all_reduces_per_step": count,
+                    "bytes_per_all_reduce": int(per_allreduce_bytes),
+                    "wire_us": round(wire_us, 2),
+                    "latency_us": latency_us,
+                    "all_reduce_ms_per_step": round(step_ms, 3),
+                }
+            )
     return rows
 
 

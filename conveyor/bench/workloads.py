@@ -23,21 +23,37 @@ class Workload:
         return sum(len(p) for p in self.prompts)
 
 
-def random_workload(num_requests: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int,
-                    seed: int = 0, temperature: float = 0.0, name: str = "random") -> Workload:
+def random_workload(
+    num_requests: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    vocab_size: int,
+    seed: int = 0,
+    temperature: float = 0.0,
+    name: str = "random",
+) -> Workload:
     """Prompt and output lengths uniform in the given ranges (inclusive); greedy unless temperature > 0."""
     rng = random.Random(seed)
     prompts, params = [], []
     for i in range(num_requests):
         length = rng.randint(*input_len)
         prompts.append([rng.randrange(100, vocab_size - 100) for _ in range(length)])
-        params.append(SamplingParams(max_tokens=rng.randint(*output_len), temperature=temperature,
-                                     seed=seed * 100_003 + i, ignore_eos=True))
+        params.append(
+            SamplingParams(
+                max_tokens=rng.randint(*output_len), temperature=temperature, seed=seed * 100_003 + i, ignore_eos=True
+            )
+        )
     return Workload(name, prompts, params)
 
 
-def shared_prefix_workload(num_requests: int, prefix_len: int, suffix_len: tuple[int, int],
-                           output_len: tuple[int, int], vocab_size: int, seed: int = 0) -> Workload:
+def shared_prefix_workload(
+    num_requests: int,
+    prefix_len: int,
+    suffix_len: tuple[int, int],
+    output_len: tuple[int, int],
+    vocab_size: int,
+    seed: int = 0,
+) -> Workload:
     """Many requests behind one long shared system prompt (prefix caching's best case)."""
     rng = random.Random(seed)
     prefix = [rng.randrange(100, vocab_size - 100) for _ in range(prefix_len)]

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 from conveyor.errors import ConfigError
-
 
 FREED_BLOCK = -1
 """A block-table entry whose block was released while the request runs: every layer's sliding window has
@@ -50,8 +50,9 @@ class CachePlan:
         return self.num_blocks * self.block_size
 
     @classmethod
-    def from_budget(cls, budget_bytes: int, block_size: int, bytes_per_token: int,
-                    max_model_len: int, budget_text: str) -> "CachePlan":
+    def from_budget(
+        cls, budget_bytes: int, block_size: int, bytes_per_token: int, max_model_len: int, budget_text: str
+    ) -> CachePlan:
         bytes_per_block = block_size * bytes_per_token
         num_blocks = budget_bytes // bytes_per_block
         needed = -(-max_model_len // block_size)
@@ -60,7 +61,8 @@ class CachePlan:
                 f"the KV cache budget of {budget_text} ({budget_bytes / 2**20:.1f} MiB) holds {num_blocks} "
                 f"blocks of {block_size} tokens ({bytes_per_block / 2**10:.1f} KiB each), but one request of "
                 f"max_model_len={max_model_len} tokens needs {needed} blocks "
-                f"({needed * bytes_per_block / 2**20:.1f} MiB); raise kv_cache_memory or lower max_model_len")
+                f"({needed * bytes_per_block / 2**20:.1f} MiB); raise kv_cache_memory or lower max_model_len"
+            )
         return cls(num_blocks=num_blocks, block_size=block_size, bytes_per_block=bytes_per_block)
 
 
@@ -116,7 +118,7 @@ class BlockManager:
         max_blocks = (len(token_ids) - 1) // bs
         parent, found = b"", []
         for i in range(max_blocks):
-            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             parent = _block_hash(parent, tokens)
             block = self._block_of_hash.get(parent)
             if block is None or self._tokens_of_block.get(block) != tokens:
@@ -138,8 +140,9 @@ class BlockManager:
         have = len(self._tables.get(request_id, ())) + prefix_blocks
         return max(0, self.blocks_needed(num_tokens) - have)
 
-    def can_allocate(self, request_id: str, num_tokens: int, prefix: PrefixMatch = EMPTY_MATCH,
-                     write_from: int | None = None) -> bool:
+    def can_allocate(
+        self, request_id: str, num_tokens: int, prefix: PrefixMatch = EMPTY_MATCH, write_from: int | None = None
+    ) -> bool:
         """Whether the request's table can grow to hold `num_tokens` tokens (plus a private copy
         of a shared block at position `write_from`, when given)."""
         new = self.new_blocks_needed(request_id, num_tokens, len(prefix.block_ids))
@@ -192,8 +195,9 @@ class BlockManager:
     def _shared_block_at(self, request_id: str, position: int) -> int | None:
         table = self._tables.get(request_id, [])
         index = position // self.block_size
-        return index if index < len(table) and table[index] != FREED_BLOCK and self._refcount[table[index]] > 1 \
-            else None
+        return (
+            index if index < len(table) and table[index] != FREED_BLOCK and self._refcount[table[index]] > 1 else None
+        )
 
     def count_prefix_query(self, num_prompt_tokens: int) -> None:
         self.prefix_queries_tokens += num_prompt_tokens
@@ -207,7 +211,7 @@ class BlockManager:
         bs = self.block_size
         while len(hashes) < min(num_known_tokens // bs, len(table)):
             i = len(hashes)
-            tokens = tuple(token_ids[i * bs:(i + 1) * bs])
+            tokens = tuple(token_ids[i * bs : (i + 1) * bs])
             h = _block_hash(hashes[-1] if hashes else b"", tokens)
             hashes.append(h)
             block = table[i]
@@ -303,8 +307,12 @@ class BlockManager:
         """Raise AssertionError when the pools disagree (used by tests and idle checks)."""
         allocated = sum(1 for r in self._refcount if r > 0)
         assert allocated == self.num_allocated, (allocated, self.num_allocated)
-        assert allocated + len(self._cached) + len(self._free) == self.num_blocks, \
-            (allocated, len(self._cached), len(self._free), self.num_blocks)
+        assert allocated + len(self._cached) + len(self._free) == self.num_blocks, (
+            allocated,
+            len(self._cached),
+            len(self._free),
+            self.num_blocks,
+        )
         assert all(r >= 0 for r in self._refcount)
         assert all(self._refcount[b] == 0 and b in self._hash_of_block for b in self._cached)
         assert all(self._refcount[b] == 0 and b not in self._hash_of_block for b in self._free)

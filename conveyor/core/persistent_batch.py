@@ -45,8 +45,9 @@ class PersistentBatch:
                     raise RuntimeError(
                         f"step {plan.step_id}: request {rid!r} keeps {seq.block_table_start} block table entries, "
                         f"but the runner holds {'none' if table is None else len(table)}; a plan was skipped or "
-                        f"applied out of order")
-                del table[seq.block_table_start:]
+                        f"applied out of order"
+                    )
+                del table[seq.block_table_start :]
                 table.extend(seq.block_table_tail)
             spec = seq.sampling
             if spec is None or spec.history_tail is None:
@@ -59,7 +60,8 @@ class PersistentBatch:
                 raise RuntimeError(
                     f"step {plan.step_id}: request {rid!r} continues its penalty history at {spec.history_start} "
                     f"ids, but the runner holds {'none' if history is None else len(history)}; a plan was skipped "
-                    f"or applied out of order")
+                    f"or applied out of order"
+                )
             history.extend(spec.history_tail)
 
     def block_table(self, request_id: str) -> list[int]:

@@ -71,7 +71,7 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[len(self.prompt_token_ids):]
+        return self.token_ids[len(self.prompt_token_ids) :]
 
     @property
     def num_tokens_to_compute(self) -> int:
@@ -82,8 +82,9 @@ class Request:
         """Committed plus in-flight tokens already reach max_tokens or max_model_len."""
         pending = self.num_inflight_tokens
         max_tokens = self.params.max_tokens
-        return ((max_tokens is not None and self.num_output_tokens + pending >= max_tokens)
-                or self.num_tokens + pending >= self.max_model_len)
+        return (
+            max_tokens is not None and self.num_output_tokens + pending >= max_tokens
+        ) or self.num_tokens + pending >= self.max_model_len
 
     @property
     def is_finished(self) -> bool:

@@ -9,8 +9,9 @@ tokens recomputed later). Knows nothing of tensors.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from conveyor.core.kv_cache import EMPTY_MATCH, BlockManager
 from conveyor.core.plan import PLACEHOLDER_TOKEN, SamplingSpec, ScheduledSeq, StepPlan
@@ -122,9 +123,11 @@ class Scheduler:
                 i += 1
                 continue
             start = request.num_computed_tokens
-            if self.limits.kv_window is not None:  # the queries from `start` on attend to start - W + 1 onward
-                if self.blocks.free_behind(request.request_id, start - self.limits.kv_window + 1, in_flight):
-                    self._table_changed(request.request_id, 0)  # rare (once a block): the table goes whole
+            # with a window, the queries from `start` on attend to start - W + 1 onward
+            if self.limits.kv_window is not None and self.blocks.free_behind(
+                request.request_id, start - self.limits.kv_window + 1, in_flight
+            ):
+                self._table_changed(request.request_id, 0)  # rare (once a block): the table goes whole
             if self.blocks.holds_privately(request.request_id, start + count, start):  # nothing to allocate
                 planned.append((request, count))
                 budget -= count
@@ -210,7 +213,7 @@ class Scheduler:
 
     def _plan_seq(self, request: Request, count: int, steps: int = 1) -> ScheduledSeq:
         start = request.num_computed_tokens
-        known = request.token_ids[start:start + count]
+        known = request.token_ids[start : start + count]
         inputs = known + [PLACEHOLDER_TOKEN] * (count - len(known))
         request.num_computed_tokens = start + count
         self.blocks.register_full_blocks(request.request_id, request.token_ids, min(start + count, request.num_tokens))
@@ -227,9 +230,17 @@ class Scheduler:
             targets = [prompt[p + 1] if p + 1 < len(prompt) else -1 for p in range(start, start + count)]
             num_prompt_logprobs = request.params.prompt_logprobs
         table_start, table_tail = self._table_delta(request.request_id)
-        return ScheduledSeq(request.request_id, inputs, start, table_tail, table_start, sampling,
-                            prompt_logprob_targets=targets, num_prompt_logprobs=num_prompt_logprobs,
-                            arrival_index=request.arrival_index)
+        return ScheduledSeq(
+            request.request_id,
+            inputs,
+            start,
+            table_tail,
+            table_start,
+            sampling,
+            prompt_logprob_targets=targets,
+            num_prompt_logprobs=num_prompt_logprobs,
+            arrival_index=request.arrival_index,
+        )
 
     def _table_delta(self, request_id: str) -> tuple[int, list[int]]:
         """(entries the runner keeps, the entries after them): see core/persistent_batch.py."""
@@ -269,14 +280,27 @@ class Scheduler:
         fixed = self._fixed_sampling.get(request.request_id)
         if fixed is None:  # what never changes while the request lives: built once, not every step
             fixed = self._fixed_sampling[request.request_id] = dict(
-                temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, seed=request.seed, min_p=p.min_p,
-                presence_penalty=p.presence_penalty, frequency_penalty=p.frequency_penalty,
-                repetition_penalty=p.repetition_penalty, logit_bias=tuple(sorted(p.logit_bias.items())),
-                num_prompt_tokens=request.num_prompt_tokens, logprobs=p.logprobs,
-                constrained=p.structured_outputs is not None)
-        return SamplingSpec(output_index=produced, suppress_token_ids=suppress, history_tail=history_tail,
-                            history_start=history_start, num_history_placeholders=request.num_inflight_tokens,
-                            **fixed)
+                temperature=p.temperature,
+                top_k=p.top_k,
+                top_p=p.top_p,
+                seed=request.seed,
+                min_p=p.min_p,
+                presence_penalty=p.presence_penalty,
+                frequency_penalty=p.frequency_penalty,
+                repetition_penalty=p.repetition_penalty,
+                logit_bias=tuple(sorted(p.logit_bias.items())),
+                num_prompt_tokens=request.num_prompt_tokens,
+                logprobs=p.logprobs,
+                constrained=p.structured_outputs is not None,
+            )
+        return SamplingSpec(
+            output_index=produced,
+            suppress_token_ids=suppress,
+            history_tail=history_tail,
+            history_start=history_start,
+            num_history_placeholders=request.num_inflight_tokens,
+            **fixed,
+        )
 
     def _fork(self, parent: Request, parent_seq: ScheduledSeq) -> list[ScheduledSeq]:
         """Samples 1..n-1 of an n > 1 request join now: they share the parent's prompt blocks and
@@ -292,8 +316,18 @@ class Scheduler:
             sampling = self._sampling_spec(child)
             child.num_inflight_tokens += 1
             table_start, table_tail = self._table_delta(child.request_id)
-            seqs.append(ScheduledSeq(child.request_id, [], parent_seq.context_len, table_tail, table_start,
-                                     sampling, sample_from=parent.request_id, arrival_index=child.arrival_index))
+            seqs.append(
+                ScheduledSeq(
+                    child.request_id,
+                    [],
+                    parent_seq.context_len,
+                    table_tail,
+                    table_start,
+                    sampling,
+                    sample_from=parent.request_id,
+                    arrival_index=child.arrival_index,
+                )
+            )
         return seqs
 
     def _preempt(self, request: Request, in_flight: int | None) -> None:

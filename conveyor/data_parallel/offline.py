@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -39,20 +40,47 @@ class GenerateBody(BaseModel):
 
 def output_as_json(out: RequestOutput) -> dict[str, Any]:
     """The parts of a RequestOutput that travel (logprobs are refused before sending)."""
-    return {"request_id": out.request_id, "prompt": out.prompt, "prompt_token_ids": list(out.prompt_token_ids),
-            "num_cached_tokens": out.num_cached_tokens, "error": out.error, "error_code": out.error_code,
-            "outputs": [{"index": c.index, "text": c.text, "token_ids": list(c.token_ids),
-                         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]}
+    return {
+        "request_id": out.request_id,
+        "prompt": out.prompt,
+        "prompt_token_ids": list(out.prompt_token_ids),
+        "num_cached_tokens": out.num_cached_tokens,
+        "error": out.error,
+        "error_code": out.error_code,
+        "outputs": [
+            {
+                "index": c.index,
+                "text": c.text,
+                "token_ids": list(c.token_ids),
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for c in out.outputs
+        ],
+    }
 
 
 def output_from_json(data: dict[str, Any]) -> RequestOutput:
-    outputs = [CompletionOutput(index=c["index"], text=c["text"], token_ids=list(c["token_ids"]),
-                                finish_reason=c["finish_reason"], stop_reason=c["stop_reason"])
-               for c in data["outputs"]]
-    return RequestOutput(request_id=data["request_id"], prompt=data["prompt"],
-                         prompt_token_ids=list(data["prompt_token_ids"]), outputs=outputs, finished=True,
-                         num_cached_tokens=data["num_cached_tokens"], error=data["error"],
-                         error_code=data["error_code"])
+    outputs = [
+        CompletionOutput(
+            index=c["index"],
+            text=c["text"],
+            token_ids=list(c["token_ids"]),
+            finish_reason=c["finish_reason"],
+            stop_reason=c["stop_reason"],
+        )
+        for c in data["outputs"]
+    ]
+    return RequestOutput(
+        request_id=data["request_id"],
+        prompt=data["prompt"],
+        prompt_token_ids=list(data["prompt_token_ids"]),
+        outputs=outputs,
+        finished=True,
+        num_cached_tokens=data["num_cached_tokens"],
+        error=data["error"],
+        error_code=data["error_code"],
+    )
 
 
 def build_offline_app(engine: AsyncEngine, model_name: str, api_key: str) -> FastAPI:
@@ -68,8 +96,9 @@ def build_offline_app(engine: AsyncEngine, model_name: str, api_key: str) -> Fas
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        return JSONResponse({"status": "ok"} if engine.is_ready else {"status": "loading"},
-                            status_code=200 if engine.is_ready else 503)
+        return JSONResponse(
+            {"status": "ok"} if engine.is_ready else {"status": "loading"}, status_code=200 if engine.is_ready else 503
+        )
 
     @app.post(OFFLINE_ROUTE)
     async def generate(body: GenerateBody) -> JSONResponse:
@@ -95,13 +124,16 @@ class DataParallelGenerator:
     def generate(self, prompts: Sequence[str | Sequence[int]], params: Sequence[SamplingParams]) -> list[RequestOutput]:
         for p in params:
             if p.logprobs is not None or p.prompt_logprobs is not None:
-                raise InvalidRequestError(f"logprobs / prompt_logprobs are not carried back from data-parallel "
-                                          f"replicas yet (data_parallel_size={self.config.data_parallel_size}); "
-                                          f"use data_parallel_size=1 for them")
+                raise InvalidRequestError(
+                    f"logprobs / prompt_logprobs are not carried back from data-parallel "
+                    f"replicas yet (data_parallel_size={self.config.data_parallel_size}); "
+                    f"use data_parallel_size=1 for them"
+                )
         return asyncio.run(self._generate_all(list(prompts), list(params)))
 
-    async def _generate_all(self, prompts: list[str | Sequence[int]],
-                            params: list[SamplingParams]) -> list[RequestOutput]:
+    async def _generate_all(
+        self, prompts: list[str | Sequence[int]], params: list[SamplingParams]
+    ) -> list[RequestOutput]:
         limit = asyncio.Semaphore(MAX_IN_FLIGHT_PER_REPLICA * len(self.replicas.replicas))
         headers = {"Authorization": f"Bearer {self.replicas.api_key}"}
         async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, headers=headers) as client:
@@ -114,10 +146,13 @@ class DataParallelGenerator:
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
 
-    async def _one(self, client: httpx.AsyncClient, limit: asyncio.Semaphore, prompt: str | Sequence[int],
-                   params: SamplingParams) -> RequestOutput:
-        body = {"prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt],
-                "params": params.model_dump(mode="json")}
+    async def _one(
+        self, client: httpx.AsyncClient, limit: asyncio.Semaphore, prompt: str | Sequence[int], params: SamplingParams
+    ) -> RequestOutput:
+        body = {
+            "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt],
+            "params": params.model_dump(mode="json"),
+        }
         # text prompts are routed by load alone (the front has no tokenizer); token prompts by prefix too
         ids = [] if isinstance(prompt, str) else list(body["prompt"])
         async with limit:
@@ -125,10 +160,13 @@ class DataParallelGenerator:
             while True:
                 healthy = [i for i in self.replicas.healthy if i not in tried]
                 if not healthy:
-                    raise ConveyorError(f"no data-parallel replica could take the request (tried replicas "
-                                        f"{sorted(tried)}; none other is up)")
-                route = self.router.route(ids, params.max_tokens or 0,
-                                          unavailable=set(range(len(self.replicas.replicas))) - set(healthy))
+                    raise ConveyorError(
+                        f"no data-parallel replica could take the request (tried replicas "
+                        f"{sorted(tried)}; none other is up)"
+                    )
+                route = self.router.route(
+                    ids, params.max_tokens or 0, unavailable=set(range(len(self.replicas.replicas))) - set(healthy)
+                )
                 address = self.replicas.replicas[route.replica].address
                 if address is None:  # went down since `healthy` was read
                     self.router.finished(route)

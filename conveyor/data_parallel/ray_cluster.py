@@ -25,8 +25,10 @@ def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError:
-        raise ConfigError("data_parallel_size > 1 runs replicas on Ray, which is not installed; install it with "
-                          "`pip install 'conveyor[ray]'` (or use data_parallel_size=1)") from None
+        raise ConfigError(
+            "data_parallel_size > 1 runs replicas on Ray, which is not installed; install it with "
+            "`pip install 'conveyor[ray]'` (or use data_parallel_size=1)"
+        ) from None
     return ray
 
 
@@ -45,16 +47,17 @@ class RayCluster:
             logger.info("data parallelism: joined the Ray cluster at %s", address)
         else:
             cpus = max(os.cpu_count() or 1, cpus_needed)  # logical CPUs: one per rank, even past the cores
-            ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
-                     log_to_driver=True)
+            ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES, log_to_driver=True)
             self.started_here = True
             logger.info("data parallelism: started a local Ray cluster (%d logical CPUs)", cpus)
         available = ray.cluster_resources().get("CPU", 0)
         if available < cpus_needed:
             self.close()
-            raise ConfigError(f"the Ray cluster has {available:g} CPUs, but data_parallel_size x "
-                              f"tensor_parallel_size needs {cpus_needed} (one per rank); add nodes with "
-                              f"`ray start --address=<head>` or ask for fewer replicas")
+            raise ConfigError(
+                f"the Ray cluster has {available:g} CPUs, but data_parallel_size x "
+                f"tensor_parallel_size needs {cpus_needed} (one per rank); add nodes with "
+                f"`ray start --address=<head>` or ask for fewer replicas"
+            )
 
     def close(self) -> None:
         if self.started_here and self.ray.is_initialized():

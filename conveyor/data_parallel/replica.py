@@ -21,7 +21,8 @@ import logging
 import os
 import socket
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -39,15 +40,17 @@ def load_factory(name: str) -> AppFactory:
     try:
         return getattr(importlib.import_module(module), function)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"replica app factory {name!r} not found ({exc}); name it as 'package.module:function'") \
-            from None
+        raise ValueError(
+            f"replica app factory {name!r} not found ({exc}); name it as 'package.module:function'"
+        ) from None
 
 
 class ReplicaServer:
     """Runs in a Ray actor: builds the engine (its TP workers are this process's children), serves HTTP."""
 
-    def __init__(self, config_json: str, index: int, app_factory: str, model_name: str, api_key: str,
-                 host: str) -> None:
+    def __init__(
+        self, config_json: str, index: int, app_factory: str, model_name: str, api_key: str, host: str
+    ) -> None:
         config = EngineConfig(**json.loads(config_json))
         self.index = index
         self.engine = AsyncEngine(config, max_queued_requests=1 << 16)  # the front bounds what it sends
@@ -62,8 +65,9 @@ class ReplicaServer:
         sock.bind((host, 0))
         self.host, self.port = host, sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       name=f"conveyor-replica-{index}", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, name=f"conveyor-replica-{index}", daemon=True
+        )
         self.thread.start()
         logger.info("replica %d: pid %d serving on %s:%d", index, os.getpid(), host, self.port)
 

@@ -18,8 +18,9 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -68,8 +69,13 @@ class Replica:
 class ReplicaSet:
     """Start M replicas and wait until every one is ready; close() ends all of them (and Ray, if started here)."""
 
-    def __init__(self, config: EngineConfig, app_factory: str, model_name: str,
-                 on_change: Callable[[int, bool], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        app_factory: str,
+        model_name: str,
+        on_change: Callable[[int, bool], None] | None = None,
+    ) -> None:
         """app_factory: the HTTP app each replica serves, as 'module:function' (see replica.py)."""
         tp, dp = config.tensor_parallel_size, config.data_parallel_size
         self.cluster = RayCluster(config.ray_address, cpus_needed=tp * dp)
@@ -90,12 +96,16 @@ class ReplicaSet:
         bundle = {"CPU": 1.0, **({"GPU": 1.0} if config.device == "cuda" else {})}
         try:
             for i in range(dp):
-                group = placement_group([dict(bundle) for _ in range(tp)], strategy="STRICT_PACK",
-                                        name=f"conveyor-replica-{i}")
+                group = placement_group(
+                    [dict(bundle) for _ in range(tp)], strategy="STRICT_PACK", name=f"conveyor-replica-{i}"
+                )
                 ray.get(group.ready(), timeout=START_TIMEOUT_S)
                 args = (replica_json, i, app_factory, model_name, self.api_key, host)
                 actor = actor_class.options(
-                    num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), max_restarts=-1, max_task_retries=0,
+                    num_cpus=bundle["CPU"],
+                    num_gpus=bundle.get("GPU", 0),
+                    max_restarts=-1,
+                    max_task_retries=0,
                     max_concurrency=4,  # status() answers while stop() or a slow start runs
                     scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=0),
                 ).remote(*args)
@@ -121,12 +131,16 @@ class ReplicaSet:
                     r.healthy = True
                     waiting.remove(r)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"data-parallel replicas {[r.index for r in waiting]} were not ready after "
-                                   f"{START_TIMEOUT_S:.0f} s")
+                raise TimeoutError(
+                    f"data-parallel replicas {[r.index for r in waiting]} were not ready after {START_TIMEOUT_S:.0f} s"
+                )
             if waiting:
                 time.sleep(0.2)
-        logger.info("data parallelism: %d replicas ready at %s", len(self.replicas),
-                    ", ".join(str(r.address) for r in self.replicas))
+        logger.info(
+            "data parallelism: %d replicas ready at %s",
+            len(self.replicas),
+            ", ".join(str(r.address) for r in self.replicas),
+        )
 
     # ---- watching ---------------------------------------------------------------------
     def _watch(self) -> None:
@@ -169,8 +183,7 @@ class ReplicaSet:
             r.restarts += 1
             logger.warning("replica %d is back at %s (restart %d)", r.index, r.address, r.restarts)
         else:
-            logger.warning("replica %d is down; its requests go to the other replicas until Ray restarts it",
-                           r.index)
+            logger.warning("replica %d is down; its requests go to the other replicas until Ray restarts it", r.index)
         if self.on_change is not None:
             self.on_change(r.index, up)
 

@@ -27,15 +27,26 @@ class Route:
 
 
 class PrefixAffinityRouter:
-    def __init__(self, num_replicas: int, block_size: int, max_prefix_blocks: int = 64,
-                 max_imbalance_tokens: int = 8192, remembered_chains: int = 100_000) -> None:
-        for name, value in (("num_replicas", num_replicas), ("block_size", block_size),
-                            ("max_prefix_blocks", max_prefix_blocks), ("remembered_chains", remembered_chains)):
+    def __init__(
+        self,
+        num_replicas: int,
+        block_size: int,
+        max_prefix_blocks: int = 64,
+        max_imbalance_tokens: int = 8192,
+        remembered_chains: int = 100_000,
+    ) -> None:
+        for name, value in (
+            ("num_replicas", num_replicas),
+            ("block_size", block_size),
+            ("max_prefix_blocks", max_prefix_blocks),
+            ("remembered_chains", remembered_chains),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"PrefixAffinityRouter: {name}={value!r} must be an integer >= 1")
         if not isinstance(max_imbalance_tokens, int) or max_imbalance_tokens < 0:
-            raise ValueError(f"PrefixAffinityRouter: max_imbalance_tokens={max_imbalance_tokens!r} must be an "
-                             f"integer >= 0")
+            raise ValueError(
+                f"PrefixAffinityRouter: max_imbalance_tokens={max_imbalance_tokens!r} must be an integer >= 0"
+            )
         self.block_size = block_size
         self.max_prefix_blocks = max_prefix_blocks
         self.max_imbalance_tokens = max_imbalance_tokens
@@ -52,7 +63,7 @@ class PrefixAffinityRouter:
         parent = b""
         full = min(len(prompt) // self.block_size, self.max_prefix_blocks)
         for i in range(full):
-            block = prompt[i * self.block_size:(i + 1) * self.block_size]
+            block = prompt[i * self.block_size : (i + 1) * self.block_size]
             h = hashlib.blake2b(parent, digest_size=16)
             h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in block))
             parent = h.digest()
@@ -70,8 +81,10 @@ class PrefixAffinityRouter:
         for i in range(len(hashes) - 1, -1, -1):
             owner = self._owner.get(hashes[i])
             if owner is not None:
-                if owner not in unavailable and \
-                        self.outstanding[owner] - self.outstanding[least] <= self.max_imbalance_tokens:
+                if (
+                    owner not in unavailable
+                    and self.outstanding[owner] - self.outstanding[least] <= self.max_imbalance_tokens
+                ):
                     replica, matched = owner, i + 1
                 break
         for h in hashes:  # this replica now holds (or will hold) these blocks

@@ -15,9 +15,10 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any
 
 from conveyor.config import EngineConfig
 from conveyor.engine.engine import Engine
@@ -59,8 +60,12 @@ class StreamTimings:
 
 
 class AsyncEngine:
-    def __init__(self, config: EngineConfig, max_queued_requests: int = 1024,
-                 on_timings: Callable[[StreamTimings], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        max_queued_requests: int = 1024,
+        on_timings: Callable[[StreamTimings], None] | None = None,
+    ) -> None:
         self.config = config
         self.max_queued_requests = max_queued_requests
         self._engine: Engine | None = None
@@ -94,7 +99,8 @@ class AsyncEngine:
         return self.error is not None
 
     async def wait_ready(self) -> None:
-        while not self._ready.is_set() and self.error is None:
+        # polled: both are set from the engine thread, where no asyncio.Event can be set
+        while not self._ready.is_set() and self.error is None:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         if self.error is not None:
             raise EngineDeadError(self.error)
@@ -125,8 +131,9 @@ class AsyncEngine:
         return now, engine.timeline.since(now - window_s if since is None else since)
 
     # ---- requests ---------------------------------------------------------------------
-    async def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,
-                     timeout_s: float | None = None) -> AsyncIterator[RequestOutput]:
+    async def submit(
+        self, prompt: str | Sequence[int], params: SamplingParams, request_id: str, timeout_s: float | None = None
+    ) -> AsyncIterator[RequestOutput]:
         """Admit a request; returns its stream of cumulative outputs (ending with the terminal
         one). Raises InvalidRequestError, QueueFullError or EngineDeadError when refused.
         Closing or cancelling the stream (client gone) aborts the request at once."""
@@ -166,8 +173,9 @@ class AsyncEngine:
             if not finished:
                 self.abort(request_id)
 
-    async def generate(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,
-                       timeout_s: float | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams, request_id: str, timeout_s: float | None = None
+    ) -> AsyncIterator[RequestOutput]:
         """submit() and iterate in one: yields cumulative outputs until the terminal one."""
         stream = await self.submit(prompt, params, request_id, timeout_s)
         async for out in stream:
@@ -228,9 +236,14 @@ class AsyncEngine:
                     reply.set_exception(asyncio.CancelledError())
                 return
             if engine.num_waiting() >= self.max_queued_requests:
-                self._fail_admission(request_id, reply, QueueFullError(
-                    f"{engine.num_waiting()} requests are already waiting (--max-queued-requests="
-                    f"{self.max_queued_requests}); retry shortly"))
+                self._fail_admission(
+                    request_id,
+                    reply,
+                    QueueFullError(
+                        f"{engine.num_waiting()} requests are already waiting (--max-queued-requests="
+                        f"{self.max_queued_requests}); retry shortly"
+                    ),
+                )
                 return
             try:
                 engine.add_request(prompt, params, request_id)
@@ -258,8 +271,11 @@ class AsyncEngine:
             expired = [rid for rid, s in self._streams.items() if s.deadline is not None and now > s.deadline]
         for rid in expired:
             assert self._engine is not None
-            self._dispatch(self._engine.abort(rid, error="the request timed out (--request-timeout); it was "
-                                                         "aborted", error_code="timeout"))
+            self._dispatch(
+                self._engine.abort(
+                    rid, error="the request timed out (--request-timeout); it was aborted", error_code="timeout"
+                )
+            )
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         now = time.perf_counter()
@@ -284,7 +300,7 @@ class AsyncEngine:
 
     def _die(self, exc: BaseException) -> None:
         self.error = f"the engine loop failed: {type(exc).__name__}: {exc}"
-        logger.exception("engine loop failed")
+        logger.error("engine loop failed", exc_info=exc)
         with self._streams_lock:
             streams = list(self._streams.values())
         for stream in streams:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 from transformers.tokenization_utils_tokenizers import TokenizersBackend
@@ -13,12 +14,16 @@ _CONTEXT_TOKENS = 5
 def window_decoder(tokenizer: Any, skip_special_tokens: bool) -> Callable[[list[int]], str]:
     """The decode a detokenizer calls twice per token. For a plain tokenizers-backed tokenizer that
     does not clean up spaces, transformers' `decode` is exactly `backend_tokenizer.decode` behind
-    input conversion that costs ~4x the decode itself (a fifth of the host's commit at 256 rows), so
+    input conversion that costs several times the decode itself (a large share of the host's commit), so
     that one is called directly; any other tokenizer (a subclass with its own `_decode`, space clean-up
     on, a slow tokenizer) goes through its `decode`."""
     kind = type(tokenizer)
-    plain = (isinstance(tokenizer, TokenizersBackend) and kind._decode is TokenizersBackend._decode
-             and kind.decode is PreTrainedTokenizerBase.decode and not tokenizer.clean_up_tokenization_spaces)
+    plain = (
+        isinstance(tokenizer, TokenizersBackend)
+        and kind._decode is TokenizersBackend._decode
+        and kind.decode is PreTrainedTokenizerBase.decode
+        and not tokenizer.clean_up_tokenization_spaces
+    )
     if plain:
         backend = tokenizer.backend_tokenizer
         return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -39,18 +44,19 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         self.text = ""
         self._decode: Callable[[list[int]], str] | None = (
-            window_decoder(tokenizer, skip_special_tokens) if tokenizer is not None else None)
+            window_decoder(tokenizer, skip_special_tokens) if tokenizer is not None else None
+        )
 
     def add(self, token_id: int) -> str:
         """Append one token; return the text it completes (maybe empty)."""
         self.ids.append(token_id)
-        if self.tokenizer is None:
+        if self._decode is None:  # no tokenizer
             return ""
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return ""
-        delta = new_text[len(prefix_text):]
+        delta = new_text[len(prefix_text) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
         self.text += delta
@@ -59,11 +65,11 @@ class IncrementalDetokenizer:
     def finish(self) -> str:
         """Flush the held-back tail (decoded with its context window, like every other piece),
         so the final text is the streamed text plus that tail; returns the tail."""
-        if self.tokenizer is None or self.read_offset >= len(self.ids):
+        if self._decode is None or self.read_offset >= len(self.ids):  # no tokenizer, or nothing held back
             return ""
-        prefix_text = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        new_text = self._decode(self.ids[self.prefix_offset:])
-        delta = new_text[len(prefix_text):] if new_text.startswith(prefix_text) else ""
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
+        delta = new_text[len(prefix_text) :] if new_text.startswith(prefix_text) else ""
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.ids)
         self.text += delta

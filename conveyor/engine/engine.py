@@ -7,8 +7,9 @@ Threads, and what each owns:
   op (the forward), on CPU inside step() through the executor's `serve`.
 - During a step() under CPU async batching, the host thread ("conveyor-host") runs the host turn:
   the scheduler, the block manager, the output processor (detokenizer, stops), grammar masks and
-  the prepare of step tensors (with the runner's persistent batch, which only prepare touches). The engine thread only computes forwards meanwhile and touches none
-  of them; step() returns only after the host turn ended, so ownership passes back whole.
+  the prepare of step tensors (with the runner's persistent batch, which only prepare touches). The engine
+  thread only computes forwards meanwhile and touches none of them; step() returns only after the host turn
+  ended, so ownership passes back whole.
 - The engine's tokenizer is used by one of those two threads at a time (tokenize on admission,
   detokenize in commit), never by both at once. Frontends get their own copy (EngineInfo.tokenizer
   from AsyncEngine), so server threads tokenizing never share a tokenizer with the engine (a shared
@@ -24,17 +25,17 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Sequence
 
 import torch
 
 from conveyor.config import EngineConfig
-from conveyor.openmp import warn_if_spinning
 from conveyor.core.kv_cache import BlockManager
 from conveyor.core.plan import StepPlan
 from conveyor.core.request import Request
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
+from conveyor.device import detect_device
 from conveyor.engine.grammars import EngineGrammars
 from conveyor.engine.info import EngineInfo
 from conveyor.engine.output import OutputProcessor
@@ -42,10 +43,10 @@ from conveyor.engine.stats import EngineStats
 from conveyor.errors import ConfigError, InvalidRequestError
 from conveyor.model.loader import load_model, model_path, resolve_dtype, resolve_max_model_len
 from conveyor.model.runner import ModelRunner
+from conveyor.openmp import warn_if_spinning
 from conveyor.outputs import RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.runtime import Executor, StepHandle, make_executor
-from conveyor.device import detect_device
 from conveyor.runtime.async_mode import resolve_async_batching
 from conveyor.runtime.timeline import StepTimeline
 from conveyor.runtime.trace import Tracer
@@ -67,24 +68,32 @@ def _plain_greedy(params: SamplingParams) -> bool:
     """Each token is the raw argmax, whatever came before it in the batch or the output: greedy, one sample, with
     no penalty, bias, logprobs or grammar (min_tokens is the scheduler's to check). Such a request, returned only
     at its end, may run several decode steps per plan (EngineConfig.num_scheduler_steps)."""
-    return (params.is_greedy and params.n == 1 and not params.has_penalties and not params.logit_bias
-            and params.logprobs is None and params.structured_outputs is None)
+    return (
+        params.is_greedy
+        and params.n == 1
+        and not params.has_penalties
+        and not params.logit_bias
+        and params.logprobs is None
+        and params.structured_outputs is None
+    )
 
 
 class Engine:
-    def __init__(self, config: EngineConfig,
-                 output_sink: Callable[[list[RequestOutput]], None] | None = None) -> None:
+    def __init__(self, config: EngineConfig, output_sink: Callable[[list[RequestOutput]], None] | None = None) -> None:
         if config.data_parallel_size > 1:  # one engine is one replica: refused, not run as one silently
-            raise ConfigError(f"Engine runs one replica, but data_parallel_size={config.data_parallel_size}; "
-                              f"LLM(...) and `conveyor serve` start the replicas on Ray")
+            raise ConfigError(
+                f"Engine runs one replica, but data_parallel_size={config.data_parallel_size}; "
+                f"LLM(...) and `conveyor serve` start the replicas on Ray"
+            )
         self.config = config
         warn_if_spinning()
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         self.device_info = detect_device(config.device)
         self.async_batching = resolve_async_batching(config.async_batching, self.device_info)
-        self.dtype = resolve_dtype(config.dtype, model_path(config.model), self.device_info.device.type,
-                                   config.quantization)
+        self.dtype = resolve_dtype(
+            config.dtype, model_path(config.model), self.device_info.device.type, config.quantization
+        )
         """The compute dtype in use ('auto' resolved)."""
         loaded = load_model(config.model, self.dtype)
         self.spec = loaded.spec
@@ -95,16 +104,24 @@ class Engine:
         if config.tensor_parallel_size > 1:
             from conveyor.tensor_parallel.launch import start_tensor_parallel  # ranks 1..N-1 in their own processes
 
-            self.runner: ModelRunner = start_tensor_parallel(config, loaded, self.dtype, self.max_model_len,
-                                                             self.device_info)
+            self.runner: ModelRunner = start_tensor_parallel(
+                config, loaded, self.dtype, self.max_model_len, self.device_info
+            )
         else:
             self.runner = ModelRunner(config, loaded, self.max_model_len, self.device_info)
         plan = self.runner.cache_plan
         self.blocks = BlockManager(plan.num_blocks, plan.block_size, config.enable_prefix_caching)
         one_step = config.tensor_parallel_size > 1 or loaded.spec.kv_window is not None  # see num_scheduler_steps
         self.scheduler = Scheduler(
-            SchedulerLimits(config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len,
-                            loaded.spec.kv_window, 1 if one_step else config.num_scheduler_steps), self.blocks)
+            SchedulerLimits(
+                config.max_num_seqs,
+                config.max_num_batched_tokens,
+                self.max_model_len,
+                loaded.spec.kv_window,
+                1 if one_step else config.num_scheduler_steps,
+            ),
+            self.blocks,
+        )
         self.outputs = OutputProcessor(self.scheduler, self.tokenizer, loaded.spec.eos_token_ids)
         self.timeline = StepTimeline()
         """The latest host and device spans (a bounded ring, always on); safe to read from any thread."""
@@ -119,36 +136,60 @@ class Engine:
         from that thread, while the forward pass is still running, instead of returning them from
         the `step()` that ends after the forward (one step earlier for streaming clients). It must
         be thread-safe; outputs of one request still arrive in order, before step() returns."""
-        self.grammars = EngineGrammars(self.tokenizer, self.spec, config.structured_output_timeout,
-                                       self.model_source, masks_when_sampled=not self.device_info.is_cuda)
+        self.grammars = EngineGrammars(
+            self.tokenizer,
+            self.spec,
+            config.structured_output_timeout,
+            self.model_source,
+            masks_when_sampled=not self.device_info.is_cuda,
+        )
         """Structured output: the grammar backend, per-sample matchers and each step's masks."""
         self._active_s = 0.0
         self._turn_running = False
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
         self.info = EngineInfo(
-            model_source=self.model_source, tokenizer=self.tokenizer, vocab_size=self.spec.vocab_size,
-            max_model_len=self.max_model_len, sampling_defaults=EngineInfo.freeze(self.sampling_defaults),
-            eos_token_ids=tuple(self.spec.eos_token_ids), dtype=str(self.dtype).removeprefix("torch."),
-            device=self.device_info.name, async_batching=self.async_batching)
+            model_source=self.model_source,
+            tokenizer=self.tokenizer,
+            vocab_size=self.spec.vocab_size,
+            max_model_len=self.max_model_len,
+            sampling_defaults=EngineInfo.freeze(self.sampling_defaults),
+            eos_token_ids=tuple(self.spec.eos_token_ids),
+            dtype=str(self.dtype).removeprefix("torch."),
+            device=self.device_info.name,
+            async_batching=self.async_batching,
+        )
         """What frontends may know of this engine (frozen)."""
-        logger.info("engine ready: %s on %s, dtype %s, max_model_len %d, %d KV blocks", self.model_source,
-                    self.device_info.name, self.dtype, self.max_model_len, plan.num_blocks)
+        logger.info(
+            "engine ready: %s on %s, dtype %s, max_model_len %d, %d KV blocks",
+            self.model_source,
+            self.device_info.name,
+            self.dtype,
+            self.max_model_len,
+            plan.num_blocks,
+        )
 
     # ---- requests -------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
         if self.tokenizer is None:
-            raise InvalidRequestError(f"model {self.model_source} has no tokenizer, so text prompts cannot be "
-                                      f"used; pass token ids (a list of ints) instead")
+            raise InvalidRequestError(
+                f"model {self.model_source} has no tokenizer, so text prompts cannot be "
+                f"used; pass token ids (a list of ints) instead"
+            )
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
-    def add_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, final_only: bool = False) -> str:
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        final_only: bool = False,
+    ) -> str:
         """Admit a request (n samples when params.n > 1); returns its id. Raises InvalidRequestError.
 
         By default step() returns the request's output at every step that gives it a token (for streaming);
-        with final_only, only once, when it ends (LLM.generate and the benchmarks: building a 64-request batch's
-        outputs at every step cost ~0.3 ms of a ~40 ms CPU decode step, benchmarks/RESULTS.md s27)."""
+        with final_only, only once, when it ends (LLM.generate and the benchmarks, which read only the final
+        outputs and so skip building every request's output at every step on the host)."""
         self._check_owner("add_request()")
         params = params or SamplingParams()
         text = prompt if isinstance(prompt, str) else None
@@ -159,15 +200,20 @@ class Engine:
             raise InvalidRequestError(
                 f"the prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}, which leaves no "
                 f"room for output; shorten the prompt to at most {self.max_model_len - 1} tokens or raise "
-                f"max_model_len")
+                f"max_model_len"
+            )
         if params.n > self.config.max_num_seqs:
-            raise InvalidRequestError(f"n={params.n} samples cannot run together: max_num_seqs is "
-                                      f"{self.config.max_num_seqs}; lower n or raise max_num_seqs")
+            raise InvalidRequestError(
+                f"n={params.n} samples cannot run together: max_num_seqs is "
+                f"{self.config.max_num_seqs}; lower n or raise max_num_seqs"
+            )
         self._check_vocab(params)
         if params.structured_outputs is not None and self.config.tensor_parallel_size > 1:
-            raise InvalidRequestError(f"structured output is not supported with tensor_parallel_size="
-                                      f"{self.config.tensor_parallel_size} yet (the workers would sample without "
-                                      f"the grammar's masks); send it to an engine with tensor_parallel_size=1")
+            raise InvalidRequestError(
+                f"structured output is not supported with tensor_parallel_size="
+                f"{self.config.tensor_parallel_size} yet (the workers would sample without "
+                f"the grammar's masks); send it to an engine with tensor_parallel_size=1"
+            )
         try:
             matchers = self.grammars.matchers(params)
         except InvalidRequestError as exc:  # anything compiling the constraint refuses is about that field
@@ -179,14 +225,22 @@ class Engine:
         if taken:
             raise InvalidRequestError(f"request id {taken[0]!r} is already in use; ids must be unique")
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        samples = []
+        samples: list[Request] = []
         multi_step = final_only and _plain_greedy(params)
         for i in range(params.n):
-            samples.append(Request(
-                request_id=sample_ids[i], prompt_token_ids=token_ids, params=params, seed=sample_seed(seed, i),
-                arrival_index=next(self._ids), max_model_len=self.max_model_len,
-                eos_token_ids=self.spec.eos_token_ids, multi_step=multi_step,
-                fork_parent=None if i == 0 else samples[0].request_id))
+            samples.append(
+                Request(
+                    request_id=sample_ids[i],
+                    prompt_token_ids=token_ids,
+                    params=params,
+                    seed=sample_seed(seed, i),
+                    arrival_index=next(self._ids),
+                    max_model_len=self.max_model_len,
+                    eos_token_ids=self.spec.eos_token_ids,
+                    multi_step=multi_step,
+                    fork_parent=None if i == 0 else samples[0].request_id,
+                )
+            )
         for request in samples:
             self.scheduler.add(request)
         self.outputs.track(request_id, text, samples, matchers, final_only)
@@ -197,21 +251,26 @@ class Engine:
         for name, ids in (("logit_bias", list(params.logit_bias)), ("stop_token_ids", list(params.stop_token_ids))):
             bad = [t for t in ids if t >= vocab]
             if bad:
-                raise InvalidRequestError(f"SamplingParams.{name} has token id {bad[0]}, outside the model's "
-                                          f"vocabulary [0, {vocab})", param=name)
+                raise InvalidRequestError(
+                    f"SamplingParams.{name} has token id {bad[0]}, outside the model's vocabulary [0, {vocab})",
+                    param=name,
+                )
 
     def _check_token_ids(self, ids: Sequence[int]) -> list[int]:
         vocab = self.spec.vocab_size
         out = []
         for i, t in enumerate(ids):
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise InvalidRequestError(f"prompt token id {t!r} at index {i} is not an integer in [0, {vocab}) "
-                                          f"(the model's vocabulary size is {vocab})")
+                raise InvalidRequestError(
+                    f"prompt token id {t!r} at index {i} is not an integer in [0, {vocab}) "
+                    f"(the model's vocabulary size is {vocab})"
+                )
             out.append(int(t))
         return out
 
-    def abort(self, request_ids: str | Sequence[str], error: str | None = None,
-              error_code: str = "engine_error") -> list[RequestOutput]:
+    def abort(
+        self, request_ids: str | Sequence[str], error: str | None = None, error_code: str = "engine_error"
+    ) -> list[RequestOutput]:
         """End requests now (all their samples); one terminal output per request that was live. With
         `error`, they failed: the outputs carry it and `error_code` (see RequestOutput.error_code)."""
         self._check_owner("abort()")
@@ -278,8 +337,10 @@ class Engine:
         """The engine belongs to one thread at a time (see "Threads" above): refuse a call that would
         touch the scheduler while a step's host turn owns it."""
         if self._turn_running:
-            raise RuntimeError(f"Engine.{what} was called while a step is running (from another thread, or "
-                               f"from the output sink); call the engine from one thread, between steps")
+            raise RuntimeError(
+                f"Engine.{what} was called while a step is running (from another thread, or "
+                f"from the output sink); call the engine from one thread, between steps"
+            )
 
     def _guarded(self, host_turn: Callable[[], list[RequestOutput]]) -> list[RequestOutput]:
         try:
@@ -287,8 +348,12 @@ class Engine:
         except BaseException as exc:  # never leave a forward waiting for masks that cannot come
             for handle in self._inflight:
                 if handle.grammar is not None:
-                    handle.grammar.fail(RuntimeError(f"step {handle.plan.step_id}: the host failed before its "
-                                                     f"grammar masks were ready ({type(exc).__name__})"))
+                    handle.grammar.fail(
+                        RuntimeError(
+                            f"step {handle.plan.step_id}: the host failed before its "
+                            f"grammar masks were ready ({type(exc).__name__})"
+                        )
+                    )
             raise
 
     def _advance(self) -> list[RequestOutput]:
@@ -378,19 +443,26 @@ class Engine:
 
     def stats(self) -> EngineStats:
         s, b = self.scheduler, self.blocks
-        return EngineStats(num_running=len(s.running), num_waiting=len(s.waiting), num_steps=s.stats.num_steps,
-                           num_preemptions=s.stats.num_preemptions, num_partial_prefills=s.stats.num_partial_prefills,
-                           kv_blocks_total=b.num_blocks, kv_blocks_free=b.num_free_blocks,
-                           kv_blocks_cached=b.num_cached_blocks, prefix_hit_tokens=b.prefix_hit_tokens,
-                           prefix_query_tokens=b.prefix_queries_tokens,
-                           num_preempted_waiting=sum(1 for r in s.waiting if r.num_preemptions),
-                           num_generated_tokens=self.outputs.num_generated_tokens,
-                           async_batching=self.async_batching, device_busy_s=self.executor.device_busy_s,
-                           active_s=self._active_s)
+        return EngineStats(
+            num_running=len(s.running),
+            num_waiting=len(s.waiting),
+            num_steps=s.stats.num_steps,
+            num_preemptions=s.stats.num_preemptions,
+            num_partial_prefills=s.stats.num_partial_prefills,
+            kv_blocks_total=b.num_blocks,
+            kv_blocks_free=b.num_free_blocks,
+            kv_blocks_cached=b.num_cached_blocks,
+            prefix_hit_tokens=b.prefix_hit_tokens,
+            prefix_query_tokens=b.prefix_queries_tokens,
+            num_preempted_waiting=sum(1 for r in s.waiting if r.num_preemptions),
+            num_generated_tokens=self.outputs.num_generated_tokens,
+            async_batching=self.async_batching,
+            device_busy_s=self.executor.device_busy_s,
+            active_s=self._active_s,
+        )
 
     def check_idle(self) -> None:
         """When no request is left, every block must be free or cached (no leak)."""
         self.blocks.check_invariants()
         if not self.has_work():
             assert self.blocks.num_allocated == 0, f"{self.blocks.num_allocated} KV blocks leaked"
-

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from conveyor.core.plan import StepPlan, StepResult, TokenLogprobs
 from conveyor.core.request import Request, RequestStatus
@@ -67,15 +68,24 @@ class OutputProcessor:
         self._decode: Callable[[int], str] | None = decode if tokenizer is not None else None
         """Token id -> text, for the decoded_token of vLLM-shaped logprobs (computed when read)."""
 
-    def track(self, request_id: str, prompt: str | None, samples: list[Request],
-              matchers: list[GrammarMatcher] | None = None, final_only: bool = False) -> None:
+    def track(
+        self,
+        request_id: str,
+        prompt: str | None,
+        samples: list[Request],
+        matchers: list[GrammarMatcher] | None = None,
+        final_only: bool = False,
+    ) -> None:
         p = samples[0].params
         group = GroupState(request_id, prompt, samples[0].prompt_token_ids, [], final_only=final_only)
         for i, request in enumerate(samples):
-            state = SampleState(i, request, IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
-                                                                   p.skip_special_tokens),
-                                logprobs=[] if p.logprobs is not None else None,
-                                matcher=matchers[i] if matchers else None)
+            state = SampleState(
+                i,
+                request,
+                IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids, p.skip_special_tokens),
+                logprobs=[] if p.logprobs is not None else None,
+                matcher=matchers[i] if matchers else None,
+            )
             group.samples.append(state)
             self._sample_of[request.request_id] = state
             self._group_of[request.request_id] = group
@@ -95,8 +105,9 @@ class OutputProcessor:
             if seq.sampling is None or not seq.sampling.constrained:
                 continue
             state = self._sample_of.get(seq.request_id)
-            live = state is not None and not state.request.is_finished \
-                and state.request.arrival_index == seq.arrival_index
+            live = (
+                state is not None and not state.request.is_finished and state.request.arrival_index == seq.arrival_index
+            )
             out.append(state.matcher if live and state is not None else None)
         return out
 
@@ -129,8 +140,9 @@ class OutputProcessor:
             touched[group.request_id] = group
         return [self.output_of(g) for g in touched.values() if g.finished or not g.final_only]
 
-    def _commit_token(self, state: SampleState, token_id: int, lp: TokenLogprobs | None, now: float,
-                      in_flight: int | None) -> None:
+    def _commit_token(
+        self, state: SampleState, token_id: int, lp: TokenLogprobs | None, now: float, in_flight: int | None
+    ) -> None:
         """One sampled token: appended, detokenized, stops checked (the request finished when one holds)."""
         request = state.request
         self.scheduler.commit_token(request, token_id)
@@ -154,16 +166,16 @@ class OutputProcessor:
             self.scheduler.finish(request, status, in_flight)
         self._update_text(state)
 
-    def _advance_grammar(self, state: SampleState, token_id: int, status: RequestStatus | None) \
-            -> RequestStatus | None:
+    def _advance_grammar(self, state: SampleState, token_id: int, status: RequestStatus | None) -> RequestStatus | None:
         """One committed token, one grammar step. A complete grammar stops the sample ("stop"); a token the
         grammar refuses (impossible with its mask applied) ends it with an error rather than invalid output."""
         assert state.matcher is not None
         if not state.matcher.accept(token_id):
             group = self._group_of[state.request.request_id]
             group.error_code = "grammar"
-            group.error = (f"structured output: the grammar refused token {token_id} "
-                           f"({state.matcher.error or 'not allowed here'})")
+            group.error = (
+                f"structured output: the grammar refused token {token_id} ({state.matcher.error or 'not allowed here'})"
+            )
             return RequestStatus.FINISHED_ERROR
         if status is None and state.matcher.is_terminated:
             return RequestStatus.FINISHED_STOPPED
@@ -179,8 +191,9 @@ class OutputProcessor:
             return RequestStatus.FINISHED_STOPPED
         if p.stop and request.num_output_tokens >= p.min_tokens and self._find_stop_string(state):
             return RequestStatus.FINISHED_STOPPED
-        if (p.max_tokens is not None and request.num_output_tokens >= p.max_tokens) \
-                or request.num_tokens >= request.max_model_len:
+        if (
+            p.max_tokens is not None and request.num_output_tokens >= p.max_tokens
+        ) or request.num_tokens >= request.max_model_len:
             return RequestStatus.FINISHED_LENGTH
         return None
 
@@ -190,12 +203,11 @@ class OutputProcessor:
         text = state.detokenizer.text
         longest = max(len(s) for s in p.stop)
         search_from = max(0, len(state.text) - longest)
-        hits = [(i, s) for s in p.stop
-                if (i := text.find(s, max(search_from, state.stop_floor - len(s) + 1))) >= 0]
+        hits = [(i, s) for s in p.stop if (i := text.find(s, max(search_from, state.stop_floor - len(s) + 1))) >= 0]
         if not hits:
             return False
         index, stop = min(hits)
-        state.text = text[:index + (len(stop) if p.include_stop_str_in_output else 0)]
+        state.text = text[: index + (len(stop) if p.include_stop_str_in_output else 0)]
         state.request.stop_reason = stop
         return True
 
@@ -205,15 +217,16 @@ class OutputProcessor:
             return  # cut at the stop string already
         if request.is_finished:
             state.detokenizer.finish()
-            state.text = state.detokenizer.text if state.cut_at is None else state.detokenizer.text[:state.cut_at]
+            state.text = state.detokenizer.text if state.cut_at is None else state.detokenizer.text[: state.cut_at]
             return
         text = state.detokenizer.text
         stops = request.params.stop
         hold = max(len(s) for s in stops) - 1 if stops else 0
-        state.text = text[:max(0, len(text) - hold)] if hold else text
+        state.text = text[: max(0, len(text) - hold)] if hold else text
 
-    def abort(self, request: Request, error: str | None = None,
-              error_code: str = "engine_error") -> RequestOutput | None:
+    def abort(
+        self, request: Request, error: str | None = None, error_code: str = "engine_error"
+    ) -> RequestOutput | None:
         """Output for a sample ended outside commit (abort / error); one per group once all ended."""
         group = self._group_of.get(request.request_id)
         if group is None:
@@ -233,13 +246,27 @@ class OutputProcessor:
         metrics: dict[str, float] = {}
         if group.first_token_time is not None:
             metrics["ttft_s"] = group.first_token_time - group.arrival_time
-        completions = [CompletionOutput(index=s.index, text=s.text, token_ids=s.request.output_token_ids,
-                                        finish_reason=s.request.finish_reason, stop_reason=s.request.stop_reason,
-                                        logprobs=None if s.logprobs is None else list(s.logprobs))
-                       for s in group.samples]
+        completions = [
+            CompletionOutput(
+                index=s.index,
+                text=s.text,
+                token_ids=s.request.output_token_ids,
+                finish_reason=s.request.finish_reason,
+                stop_reason=s.request.stop_reason,
+                logprobs=None if s.logprobs is None else list(s.logprobs),
+            )
+            for s in group.samples
+        ]
         first = group.samples[0].request
-        return RequestOutput(request_id=group.request_id, prompt=group.prompt,
-                             prompt_token_ids=group.prompt_token_ids, outputs=completions, finished=finished,
-                             num_cached_tokens=first.num_cached_tokens, error=group.error,
-                             error_code=group.error_code, metrics=metrics,
-                             prompt_logprobs=None if group.prompt_logprobs is None else list(group.prompt_logprobs))
+        return RequestOutput(
+            request_id=group.request_id,
+            prompt=group.prompt,
+            prompt_token_ids=group.prompt_token_ids,
+            outputs=completions,
+            finished=finished,
+            num_cached_tokens=first.num_cached_tokens,
+            error=group.error,
+            error_code=group.error_code,
+            metrics=metrics,
+            prompt_logprobs=None if group.prompt_logprobs is None else list(group.prompt_logprobs),
+        )

@@ -30,8 +30,8 @@ The native decode kernel has no window; windowed layers take the torch path (log
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -64,10 +64,9 @@ class PrefillChunk:
 
 NATIVE_PREFILL_MAX_CONTEXT = 4096
 """Context length up to which a prefill chunk takes the native kernel (csrc/prefill_attention.cpp) where it applies;
-longer ones take torch's fused kernel. Measured up to here, one prompt from scratch, bfloat16 (session s23,
-benchmarks/results/2026-12-05-s23/prefill_attention_long.py -> outputs/prefill_attention_long.txt): against torch's
-SDPA 1.19-1.31x at 2048 tokens, 1.08-1.77x at 4096 (9/3 and 32/8 heads of 64, 16/4 of 128; one and two threads);
-beyond, not measured."""
+longer ones take torch's fused kernel. The native kernel was checked to beat torch's SDPA up to this length (one
+prompt from scratch, bfloat16, 64- and 128-wide heads, grouped and not); beyond it, torch's kernel is kept.
+Tuned with `conveyor bench latency --input-len N` (time to first token)."""
 
 
 @dataclass
@@ -97,12 +96,19 @@ class AttentionBatch:
     prefill_spans: torch.Tensor | None = None
     """[native chunks, 3] int64: each native prefill chunk's first row, rows and context length (None if none)."""
     prefill_tables: torch.Tensor | None = None
-    """[native chunks, max_blocks] int64: each native prefill chunk's block table (covering its context), zero-padded."""
+    """[native chunks, max_blocks] int64: each native prefill chunk's block table (covering its context),
+    zero-padded."""
 
 
-def build_attention_batch(starts: list[int], lengths: list[int], tables: list[list[int]], block_size: int,
-                          to_device: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
-                          decode_group_size: int = DECODE_GROUP_SIZE, lookahead: int = 0) -> AttentionBatch:
+def build_attention_batch(
+    starts: list[int],
+    lengths: list[int],
+    tables: list[list[int]],
+    block_size: int,
+    to_device: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+    decode_group_size: int = DECODE_GROUP_SIZE,
+    lookahead: int = 0,
+) -> AttentionBatch:
     """Metadata shared by all layers of one step, from plain per-sequence lists.
 
     Tensors are built on the host, then moved by `to_device` (a pinned, non-blocking copy on CUDA).
@@ -125,7 +131,7 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
         for pos in range(start, start + n):
             slots.append(table[pos // block_size] * block_size + pos % block_size)
         context = start + n
-        used = table[:-(-(context + (lookahead if n == 1 else 0)) // block_size)]
+        used = table[: -(-(context + (lookahead if n == 1 else 0)) // block_size)]
         if n == 1:
             decode_rows.append(row)
             decode_tables.append(used)
@@ -142,26 +148,37 @@ def build_attention_batch(starts: list[int], lengths: list[int], tables: list[li
     order = sorted(range(len(decode_rows)), key=lambda i: decode_lens[i])
     single = len(order) <= decode_group_size
     for start in range(0, len(order), decode_group_size):
-        members = sorted(order[start:start + decode_group_size]) if single else order[start:start + decode_group_size]
+        members = (
+            sorted(order[start : start + decode_group_size]) if single else order[start : start + decode_group_size]
+        )
         rows = [decode_rows[i] for i in members]
         width = max(len(decode_tables[i]) for i in members)
         padded = [decode_tables[i] + [0] * (width - len(decode_tables[i])) for i in members]
-        groups.append(DecodeGroup(
-            rows=to_device(torch.tensor(rows, dtype=torch.int64)),
-            block_tables=to_device(torch.tensor(padded, dtype=torch.int64)),
-            context_lens=to_device(torch.tensor([decode_lens[i] for i in members], dtype=torch.int64)),
-            in_order=rows == list(range(len(rows)))))
+        groups.append(
+            DecodeGroup(
+                rows=to_device(torch.tensor(rows, dtype=torch.int64)),
+                block_tables=to_device(torch.tensor(padded, dtype=torch.int64)),
+                context_lens=to_device(torch.tensor([decode_lens[i] for i in members], dtype=torch.int64)),
+                in_order=rows == list(range(len(rows))),
+            )
+        )
     spans = tables = None
     if native_spans:
         width = max(len(t) for t in native_tables)
         spans = to_device(torch.tensor(native_spans, dtype=torch.int64))
         tables = to_device(torch.tensor([t + [0] * (width - len(t)) for t in native_tables], dtype=torch.int64))
-    return AttentionBatch(slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)), decode_groups=groups,
-                          prefills=prefills, prefill_spans=spans, prefill_tables=tables)
+    return AttentionBatch(
+        slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)),
+        decode_groups=groups,
+        prefills=prefills,
+        prefill_spans=spans,
+        prefill_tables=tables,
+    )
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """k, v: [num_tokens, kv_heads, head_dim] -> cache slots (quantized where the cache is int8)."""
     if k_cache.dtype == torch.int8:
         kv_int8.write_rows(k, k_cache, slot_mapping, keys=True)
@@ -172,8 +189,9 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
-def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype: torch.dtype,
-                keys: bool) -> torch.Tensor:
+def read_blocks(
+    cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype: torch.dtype, keys: bool
+) -> torch.Tensor:
     """The K (keys) or V rows of cache blocks `blocks` [k] -> [k, block_size, kv_heads, head_dim] in dtype, from a
     plain cache or an int8 one (read back: conveyor/model/kv_int8.py)."""
     if cache.dtype == torch.int8:
@@ -184,8 +202,8 @@ def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype:
 def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """cache [num_blocks, block_size, kv_heads, d], blocks [k] -> [k, block_size * kv_heads * d].
 
-    index_select over a 2-D view copies whole rows and runs about 2x faster on CPU than
-    advanced indexing (cache[blocks]), which goes through the generic gather path."""
+    index_select over a 2-D view copies whole contiguous rows, where advanced indexing (cache[blocks]) goes
+    through the generic element-wise gather path, which is slower on CPU."""
     return cache.view(cache.shape[0], -1).index_select(0, blocks)
 
 
@@ -195,11 +213,20 @@ def additive_mask(valid: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(valid.shape, dtype=dtype, device=valid.device).masked_fill_(~valid, float("-inf"))
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, batch: AttentionBatch, scale: float,
-                    decode_op: DecodeAttention | None = None, kv_written: bool = False,
-                    window: int | None = None, softcap: float | None = None,
-                    prefill_op: PrefillAttention | None = None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+    decode_op: DecodeAttention | None = None,
+    kv_written: bool = False,
+    window: int | None = None,
+    softcap: float | None = None,
+    prefill_op: PrefillAttention | None = None,
+) -> torch.Tensor:
     """q: [num_tokens, heads, head_dim]; k, v: [num_tokens, kv_heads, head_dim] (this step's).
 
     Returns [num_tokens, heads * head_dim]. Writes k, v into the caches first (unless the caller
@@ -273,8 +300,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     return out.reshape(num_tokens, heads * head_dim)
 
 
-def _gathered_context(cache: torch.Tensor, block_table: torch.Tensor, context_len: int, head_dim: int,
-                      dtype: torch.dtype, keys: bool) -> torch.Tensor:
+def _gathered_context(
+    cache: torch.Tensor, block_table: torch.Tensor, context_len: int, head_dim: int, dtype: torch.dtype, keys: bool
+) -> torch.Tensor:
     """A prefill chunk's cached keys or values: cache [num_blocks, block_size, kv_heads, d] (or int8 pages),
     block_table [k] -> [1, kv_heads, context_len, d] in dtype (a view of one gathered copy)."""
     blocks = read_blocks(cache, block_table, head_dim, dtype, keys=keys)  # [k, block_size, kv_heads, d]
@@ -293,10 +321,14 @@ def _prefill_mask(num_queries: int, context_len: int, window: int | None, q: tor
     return additive_mask(valid, q.dtype)
 
 
-_WINDOW_FALLBACK = ("sliding-window and soft-capped layers decode through the torch gather + attention path (the "
-                    "native decode kernel has neither); other layers keep the native kernel")
-_SOFTCAP_PREFILL = ("soft-capped layers attend through explicit scores (tanh cap, float32 softmax) instead of torch's "
-                    "fused attention kernel, which has no soft cap; sliding windows keep the fused kernel with a mask")
+_WINDOW_FALLBACK = (
+    "sliding-window and soft-capped layers decode through the torch gather + attention path (the "
+    "native decode kernel has neither); other layers keep the native kernel"
+)
+_SOFTCAP_PREFILL = (
+    "soft-capped layers attend through explicit scores (tanh cap, float32 softmax) instead of torch's "
+    "fused attention kernel, which has no soft cap; sliding windows keep the fused kernel with a mask"
+)
 _logged: set[str] = set()
 
 
@@ -307,8 +339,15 @@ def _log_once(message: str) -> None:
         logger.info(message)
 
 
-def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, group: DecodeGroup,
-                     scale: float, window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+def _gathered_decode(
+    q_dec: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: DecodeGroup,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """The torch reference for a decode group: gather its blocks, pad, mask, SDPA. -> [n, heads, head_dim]."""
     n, heads, head_dim = q_dec.shape
     flat = group.block_tables.view(-1)  # [n * max_blocks]
@@ -334,19 +373,27 @@ def _gathered_decode(q_dec: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return o.reshape(n, heads, head_dim)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
-           softcap: float | None, is_causal: bool = False) -> torch.Tensor:
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None,
+    is_causal: bool = False,
+) -> torch.Tensor:
     """SDPA over q [batch, heads, q_len, d] and k, v [batch, kv_heads, k_len, d] (grouped-query when fewer kv heads);
     with a softcap, the scores are capped explicitly (SDPA has no such option), softmax in float32.
 
     Always 4-D: on CPU, torch sends 3-D inputs to its "math" fallback, which copies q, k, v to float32 and
-    materialises every score: 7-12x slower for a 144-token chunk of the 1B model, ~19x at 512 tokens. Its fused
+    materialises every score, several times slower, and more so as chunks grow. Its fused
     "flash" kernel works one (batch, head, query block) at a time with splits that depend only on the sequence
     lengths, so a head's output has the same bits whatever the number of heads or threads in the call
     (tensor-parallel ranks each hold some of the heads; tests/model/test_attention.py checks this)."""
     if softcap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                              enable_gqa=k.shape[-3] != q.shape[-3])
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=k.shape[-3] != q.shape[-3]
+        )
     if k.shape[-3] != q.shape[-3]:
         k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)  # [..., heads, k_len, d]
         v = v.repeat_interleave(q.shape[-3] // v.shape[-3], dim=-3)  # [..., heads, k_len, d]

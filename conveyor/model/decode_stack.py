@@ -1,16 +1,17 @@
 """A pure-decode step's decoder layers in one native call, for the plain Llama layer on our AMX kernels.
 
-LlamaModel.forward's Python loop calls ~8 kernels per layer with torch view ops between them; at the default
-model's 64-row decode step that glue cost ~180 us per layer, ~5 ms of a ~48 ms step (30 layers; measured by
-timing every kernel call against the whole forward, W1, benchmarks/RESULTS.md session s15). csrc/decode_layers.cpp
+LlamaModel.forward's Python loop calls ~8 kernels per layer with torch view ops between them; in a decode step,
+whose kernels are short, that per-layer Python and dispatch glue is a noticeable share of the step (the difference
+between timing every kernel call and timing the whole forward; `conveyor bench decode-step`). csrc/decode_layers.cpp
 runs the same kernels in the same order on the same tensors, so the step gives the same bits (tested against the
-Python loop, tests/model/test_decode_stack.py); the loop stays the path for everything else: prefill chunks, mixed steps,
-other layer kinds, tensor parallelism.
+Python loop, tests/model/test_decode_stack.py); the loop stays the path for everything else: prefill chunks, mixed
+steps, other layer kinds, tensor parallelism.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -83,9 +84,14 @@ class DecodeStack:
         if any(window is not None for window in model.windows):
             return False
         for layer in model.layers:
-            if (layer.q_norm is not None or layer.k_norm is not None or layer.attn_out_norm is not None
-                    or layer.mlp_out_norm is not None or layer.silu_gate is None
-                    or layer.silu_gate.inner != spec.intermediate_size):
+            if (
+                layer.q_norm is not None
+                or layer.k_norm is not None
+                or layer.attn_out_norm is not None
+                or layer.mlp_out_norm is not None
+                or layer.silu_gate is None
+                or layer.silu_gate.inner != spec.intermediate_size
+            ):
                 return False
             if any(_tiles(p) is None for p in (layer.qkv, layer.o_proj, layer.down)):
                 return False
@@ -99,17 +105,41 @@ class DecodeStack:
         group = batch.decode_groups[0]
         return group.in_order and group.block_tables.shape[0] == num_tokens
 
-    def __call__(self, hidden: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: AttentionBatch,
-                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        batch: AttentionBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
         """hidden [tokens, hidden] (the embeddings; updated in place), positions [tokens] -> the last layer's output
         [tokens, hidden] (before the final norm), as LlamaModel.forward returns it. The kernel takes the rows of
         the rotary tables at `positions` itself (what rotary.tables(positions, dtype) gives the Python loop)."""
         group = batch.decode_groups[0]
         return self.kernels.decode_layers(
-            hidden, self.input_norms, self.qkv_tiles, self.o_tiles, self.post_norms, self.gate_up_tiles,
-            self.down_tiles, [k for k, _ in kv_caches], [v for _, v in kv_caches], rotary.cos, rotary.sin, positions,
-            batch.slot_mapping, group.block_tables, group.context_lens, self.heads, self.kv_heads, self.head_dim,
-            self.inner, self.eps, self.scale)
+            hidden,
+            self.input_norms,
+            self.qkv_tiles,
+            self.o_tiles,
+            self.post_norms,
+            self.gate_up_tiles,
+            self.down_tiles,
+            [k for k, _ in kv_caches],
+            [v for _, v in kv_caches],
+            rotary.cos,
+            rotary.sin,
+            positions,
+            batch.slot_mapping,
+            group.block_tables,
+            group.context_lens,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.inner,
+            self.eps,
+            self.scale,
+        )
 
 
 def _packed(projection: object) -> torch.Tensor:
@@ -127,4 +157,3 @@ def _tiles(projection: object) -> torch.Tensor | None:
     if isinstance(projection, Projection) and projection.tiles is not None and projection.bias is None:
         return projection.tiles
     return None
-

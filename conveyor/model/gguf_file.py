@@ -1,8 +1,8 @@
 """A GGUF file's metadata and tensor views, read fast.
 
 The `gguf` package's `GGUFReader` builds a numpy view per metadata value: for a tokenizer of 49,152 tokens and
-48,900 merges that is ~1 million memmap slices and 3-9 s per load on this machine (every server start, every
-`LLM()`). Here the header is walked once with `struct` over the file's memory map (~0.1 s for the same file),
+48,900 merges that is ~1 million memmap slices, seconds of every load (every server start, every `LLM()`).
+Here the header is walked once with `struct` over the file's memory map,
 array values are decoded in bulk, and each tensor is a numpy view of the map shaped as `GGUFReader` shapes it
 (float and integer types in their own dtype, block types as uint8 `[..., row bytes]`), so the loader code reads
 both alike. The type tables (`GGUFValueType`, `GGMLQuantizationType`, `GGML_QUANT_SIZES`) are the gguf package's.
@@ -23,17 +23,27 @@ SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 
 _SCALARS: dict[GGUFValueType, tuple[str, np.dtype]] = {  # struct code, numpy dtype (little endian)
-    GGUFValueType.UINT8: ("<B", np.dtype("<u1")), GGUFValueType.INT8: ("<b", np.dtype("<i1")),
-    GGUFValueType.UINT16: ("<H", np.dtype("<u2")), GGUFValueType.INT16: ("<h", np.dtype("<i2")),
-    GGUFValueType.UINT32: ("<I", np.dtype("<u4")), GGUFValueType.INT32: ("<i", np.dtype("<i4")),
-    GGUFValueType.FLOAT32: ("<f", np.dtype("<f4")), GGUFValueType.BOOL: ("<?", np.dtype("?")),
-    GGUFValueType.UINT64: ("<Q", np.dtype("<u8")), GGUFValueType.INT64: ("<q", np.dtype("<i8")),
+    GGUFValueType.UINT8: ("<B", np.dtype("<u1")),
+    GGUFValueType.INT8: ("<b", np.dtype("<i1")),
+    GGUFValueType.UINT16: ("<H", np.dtype("<u2")),
+    GGUFValueType.INT16: ("<h", np.dtype("<i2")),
+    GGUFValueType.UINT32: ("<I", np.dtype("<u4")),
+    GGUFValueType.INT32: ("<i", np.dtype("<i4")),
+    GGUFValueType.FLOAT32: ("<f", np.dtype("<f4")),
+    GGUFValueType.BOOL: ("<?", np.dtype("?")),
+    GGUFValueType.UINT64: ("<Q", np.dtype("<u8")),
+    GGUFValueType.INT64: ("<q", np.dtype("<i8")),
     GGUFValueType.FLOAT64: ("<d", np.dtype("<f8")),
 }
-_ELEMENT_DTYPES = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16,
-                   GGMLQuantizationType.F64: np.float64, GGMLQuantizationType.I8: np.int8,
-                   GGMLQuantizationType.I16: np.int16, GGMLQuantizationType.I32: np.int32,
-                   GGMLQuantizationType.I64: np.int64}
+_ELEMENT_DTYPES = {
+    GGMLQuantizationType.F32: np.float32,
+    GGMLQuantizationType.F16: np.float16,
+    GGMLQuantizationType.F64: np.float64,
+    GGMLQuantizationType.I8: np.int8,
+    GGMLQuantizationType.I16: np.int16,
+    GGMLQuantizationType.I32: np.int32,
+    GGMLQuantizationType.I64: np.int64,
+}
 """Tensor types held one element per value; every other type is blocks, viewed as bytes."""
 
 
@@ -76,8 +86,10 @@ class _Cursor:
         try:
             (value,) = struct.unpack_from(code, self.buffer, self.offset)
         except struct.error:
-            raise GGUFFormatError(f"{self.path}: the file ends at byte {len(self.buffer)} inside {what} (offset "
-                                  f"{self.offset}); it is truncated or not a GGUF file") from None
+            raise GGUFFormatError(
+                f"{self.path}: the file ends at byte {len(self.buffer)} inside {what} (offset "
+                f"{self.offset}); it is truncated or not a GGUF file"
+            ) from None
         self.offset += struct.calcsize(code)
         return value
 
@@ -85,9 +97,11 @@ class _Cursor:
         length = self.unpack("<Q", what)
         end = self.offset + length
         if end > len(self.buffer):
-            raise GGUFFormatError(f"{self.path}: {what} claims {length} bytes at offset {self.offset}, past the end "
-                                  f"of the file ({len(self.buffer)} bytes); it is truncated or corrupt")
-        raw = bytes(self.buffer[self.offset:end])
+            raise GGUFFormatError(
+                f"{self.path}: {what} claims {length} bytes at offset {self.offset}, past the end "
+                f"of the file ({len(self.buffer)} bytes); it is truncated or corrupt"
+            )
+        raw = bytes(self.buffer[self.offset : end])
         self.offset = end
         try:
             return raw.decode("utf-8")
@@ -103,11 +117,13 @@ class _Cursor:
                 end = offset + 8 + length
                 if end > size:
                     raise struct.error
-                values.append(str(buffer[offset + 8:end], "utf-8", "replace"))
+                values.append(str(buffer[offset + 8 : end], "utf-8", "replace"))
                 offset = end
         except struct.error:
-            raise GGUFFormatError(f"{self.path}: {what}[{len(values)}] runs past the end of the file ({size} bytes, "
-                                  f"at offset {offset}); it is truncated or corrupt") from None
+            raise GGUFFormatError(
+                f"{self.path}: {what}[{len(values)}] runs past the end of the file ({size} bytes, "
+                f"at offset {offset}); it is truncated or corrupt"
+            ) from None
         self.offset = offset
         return values
 
@@ -137,8 +153,10 @@ class _Cursor:
         dtype = scalar[1]
         end = self.offset + count * dtype.itemsize
         if end > len(self.buffer):
-            raise GGUFFormatError(f"{self.path}: {what} claims {count} values at offset {self.offset}, past the end "
-                                  f"of the file ({len(self.buffer)} bytes); it is truncated or corrupt")
+            raise GGUFFormatError(
+                f"{self.path}: {what} claims {count} values at offset {self.offset}, past the end "
+                f"of the file ({len(self.buffer)} bytes); it is truncated or corrupt"
+            )
         values = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.offset).tolist()
         self.offset = end
         return values
@@ -156,8 +174,10 @@ def read_gguf(path: str) -> GGUFFile:
     version = cursor.unpack("<I", "the version")
     if version not in SUPPORTED_VERSIONS:
         order = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
-        raise GGUFFormatError(f"{path}: GGUF version {version}{order} is not supported; supported versions: "
-                              f"{', '.join(map(str, SUPPORTED_VERSIONS))} (little-endian)")
+        raise GGUFFormatError(
+            f"{path}: GGUF version {version}{order} is not supported; supported versions: "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))} (little-endian)"
+        )
     tensor_count = cursor.unpack("<Q", "the tensor count")
     kv_count = cursor.unpack("<Q", "the metadata count")
     fields: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": tensor_count, "GGUF.kv_count": kv_count}
@@ -184,27 +204,32 @@ def read_gguf(path: str) -> GGUFFile:
     return GGUFFile(path, version, fields, tensors, data_offset)
 
 
-def _tensor(mapped: np.ndarray, path: str, data_offset: int, name: str, shape: tuple[int, ...], kind: int,
-            offset: int) -> GGUFTensor:
+def _tensor(
+    mapped: np.ndarray, path: str, data_offset: int, name: str, shape: tuple[int, ...], kind: int, offset: int
+) -> GGUFTensor:
     try:
         tensor_type = GGMLQuantizationType(kind)
     except ValueError:
-        raise GGUFFormatError(f"{path}: tensor {name!r} has type {kind}, which is not a GGML type this gguf "
-                              f"package knows") from None
+        raise GGUFFormatError(
+            f"{path}: tensor {name!r} has type {kind}, which is not a GGML type this gguf package knows"
+        ) from None
     block_size, type_size = GGML_QUANT_SIZES[tensor_type]
     elements = int(np.prod(shape, dtype=np.int64)) if shape else 1
     if shape and shape[0] % block_size:
-        raise GGUFFormatError(f"{path}: tensor {name!r} rows of {shape[0]} values are not whole {tensor_type.name} "
-                              f"blocks of {block_size}")
+        raise GGUFFormatError(
+            f"{path}: tensor {name!r} rows of {shape[0]} values are not whole {tensor_type.name} blocks of {block_size}"
+        )
     n_bytes = elements // block_size * type_size
     start = data_offset + offset
     if start + n_bytes > mapped.shape[0]:
-        raise GGUFFormatError(f"{path}: tensor {name!r} ({n_bytes} bytes at {start}) runs past the end of the file "
-                              f"({mapped.shape[0]} bytes); it is truncated")
+        raise GGUFFormatError(
+            f"{path}: tensor {name!r} ({n_bytes} bytes at {start}) runs past the end of the file "
+            f"({mapped.shape[0]} bytes); it is truncated"
+        )
     logical = tuple(reversed(shape))  # [..., rows, cols]
     element_dtype = _ELEMENT_DTYPES.get(tensor_type)
     if element_dtype is not None:
-        data = mapped[start:start + n_bytes].view(element_dtype).reshape(logical)
+        data = mapped[start : start + n_bytes].view(element_dtype).reshape(logical)
     else:
-        data = mapped[start:start + n_bytes].reshape(*logical[:-1], logical[-1] // block_size * type_size)
+        data = mapped[start : start + n_bytes].reshape(*logical[:-1], logical[-1] // block_size * type_size)
     return GGUFTensor(name, tensor_type, shape, n_bytes, start, data)

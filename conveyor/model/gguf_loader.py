@@ -21,9 +21,9 @@ import torch
 from conveyor.errors import ModelLoadError
 from conveyor.model.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, read_gguf
 from conveyor.model.gguf_quant import FORMATS, QuantizedWeight
-from conveyor.model.weights import LoadedModel, fuse_weights
-from conveyor.model.rope import yarn_attention_factor
 from conveyor.model.model_spec import ModelSpec, RopeSpec
+from conveyor.model.rope import yarn_attention_factor
+from conveyor.model.weights import LoadedModel, fuse_weights
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +46,11 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-                 "output.weight": "lm_head.weight"}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 
 
 _GEMMA2_LAYER_NAMES = {
@@ -68,8 +71,9 @@ _PHI3_LAYER_NAMES = {
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    layer_names = {"gemma2": _GEMMA2_LAYER_NAMES, "gemma3": _GEMMA2_LAYER_NAMES,
-                   "phi3": _PHI3_LAYER_NAMES}.get(arch, _LAYER_NAMES)
+    layer_names = {"gemma2": _GEMMA2_LAYER_NAMES, "gemma3": _GEMMA2_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}.get(
+        arch, _LAYER_NAMES
+    )
     parts = gguf_name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[2] in layer_names:
         return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
@@ -83,18 +87,38 @@ def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 _HONOURED_KEYS = {
-    "vocab_size", "context_length", "embedding_length", "feed_forward_length", "block_count",
-    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
-    "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count", "rope.scaling.type",
-    "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.finetuned",
-    "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow", "rope.scaling.yarn_attn_factor",
+    "vocab_size",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "block_count",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+    "rope.dimension_count",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scaling.original_context_length",
+    "rope.scaling.finetuned",
+    "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_beta_slow",
+    "rope.scaling.yarn_attn_factor",
     "rope.scaling.yarn_ext_factor",
 }
 """`{arch}.` metadata keys read (and checked) below; any other `{arch}.` key is refused by name."""
-_HONOURED_BY_ARCH = {"gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"},
-                     "gemma3": {"final_logit_softcapping", "attention.sliding_window",
-                                "attention.sliding_window_pattern", "rope.freq_base_swa"},
-                     "phi3": {"attention.sliding_window", "rope.scaling.attn_factor"}}
+_HONOURED_BY_ARCH = {
+    "gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"},
+    "gemma3": {
+        "final_logit_softcapping",
+        "attention.sliding_window",
+        "attention.sliding_window_pattern",
+        "rope.freq_base_swa",
+    },
+    "phi3": {"attention.sliding_window", "rope.scaling.attn_factor"},
+}
 _NEUTRAL_NAMESPACES = ("general.", "tokenizer.", "quantize.", "GGUF.")
 """Metadata that describes the file, its tokenizer or how it was quantized: no effect on the computation."""
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
@@ -111,18 +135,22 @@ def check_metadata_keys(reader: GGUFFile, arch: str, path: str) -> None:
         if key.startswith(_NEUTRAL_NAMESPACES):
             continue
         if key == "split.count" and int(reader.field(key)) > 1:
-            raise ModelLoadError(f"{path}: split.count={reader.field(key)}: split GGUF files are not supported; "
-                                 f"merge them with llama.cpp's gguf-split --merge")
+            raise ModelLoadError(
+                f"{path}: split.count={reader.field(key)}: split GGUF files are not supported; "
+                f"merge them with llama.cpp's gguf-split --merge"
+            )
         if key.startswith("split."):
             continue
         honoured = _HONOURED_KEYS | _HONOURED_BY_ARCH.get(arch, set())
-        if key.startswith(f"{arch}.") and key[len(arch) + 1:] in honoured:
+        if key.startswith(f"{arch}.") and key[len(arch) + 1 :] in honoured:
             continue
         value = reader.field(key)
         shown = value if len(repr(value)) < 80 else f"{repr(value)[:80]}..."
-        raise ModelLoadError(f"{path}: GGUF metadata {key}={shown!r} is not supported for {arch} (it would change "
-                             f"the computation, and Conveyor does not implement it); supported {arch}.* keys: "
-                             f"{', '.join(sorted(honoured))}")
+        raise ModelLoadError(
+            f"{path}: GGUF metadata {key}={shown!r} is not supported for {arch} (it would change "
+            f"the computation, and Conveyor does not implement it); supported {arch}.* keys: "
+            f"{', '.join(sorted(honoured))}"
+        )
 
 
 def _rope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], rotary_dim: int) -> RopeSpec:
@@ -131,22 +159,31 @@ def _rope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], rotary_d
     if "rope_factors_long.weight" in names or "rope_factors_short.weight" in names:
         return _longrope_spec(reader, arch, path, names, theta, scaling, rotary_dim)
     if reader.field(f"{arch}.rope.scaling.attn_factor") is not None:
-        raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.scaling.attn_factor without the rope_factors_long "
-                             f"and rope_factors_short tensors; supported: with them (Phi-3's longrope)")
+        raise ModelLoadError(
+            f"{path}: GGUF metadata {arch}.rope.scaling.attn_factor without the rope_factors_long "
+            f"and rope_factors_short tensors; supported: with them (Phi-3's longrope)"
+        )
     if scaling not in _GGUF_ROPE_TYPES:
-        raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.scaling.type={scaling!r} is not supported; "
-                             f"supported: {', '.join(_GGUF_ROPE_TYPES)} (and llama3 scaling as a rope_freqs tensor)")
+        raise ModelLoadError(
+            f"{path}: GGUF metadata {arch}.rope.scaling.type={scaling!r} is not supported; "
+            f"supported: {', '.join(_GGUF_ROPE_TYPES)} (and llama3 scaling as a rope_freqs tensor)"
+        )
     if "rope_freqs.weight" in names:
         if scaling != "none":
-            raise ModelLoadError(f"{path}: both a rope_freqs tensor and {arch}.rope.scaling.type={scaling!r}; "
-                                 f"supported: one of them")
+            raise ModelLoadError(
+                f"{path}: both a rope_freqs tensor and {arch}.rope.scaling.type={scaling!r}; supported: one of them"
+            )
         tensor = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         factors = tuple(float(x) for x in tensor_array(tensor, path).reshape(-1))
-        dims = reader.field(f"{arch}.rope.dimension_count") or reader.field(f"{arch}.attention.key_length") or \
-            int(reader.field(f"{arch}.embedding_length")) // int(reader.field(f"{arch}.attention.head_count"))
+        dims = (
+            reader.field(f"{arch}.rope.dimension_count")
+            or reader.field(f"{arch}.attention.key_length")
+            or int(reader.field(f"{arch}.embedding_length")) // int(reader.field(f"{arch}.attention.head_count"))
+        )
         if len(factors) != int(dims) // 2:
-            raise ModelLoadError(f"{path}: the rope_freqs tensor has {len(factors)} factors; the head size {dims} "
-                                 f"needs {int(dims) // 2}")
+            raise ModelLoadError(
+                f"{path}: the rope_freqs tensor has {len(factors)} factors; the head size {dims} needs {int(dims) // 2}"
+            )
         return RopeSpec(theta=theta, freq_factors=factors)
     factor = float(reader.field(f"{arch}.rope.scaling.factor", 1.0))
     if scaling == "none":
@@ -155,51 +192,70 @@ def _rope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], rotary_d
         return RopeSpec(theta=theta, scaling_type="linear", factor=factor)
     ext_factor = reader.field(f"{arch}.rope.scaling.yarn_ext_factor")
     if ext_factor is not None and float(ext_factor) not in (-1.0, 1.0):
-        raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.scaling.yarn_ext_factor={ext_factor} is not "
-                             f"supported; supported: 1.0 (transformers' YaRN)")
+        raise ModelLoadError(
+            f"{path}: GGUF metadata {arch}.rope.scaling.yarn_ext_factor={ext_factor} is not "
+            f"supported; supported: 1.0 (transformers' YaRN)"
+        )
     original = reader.field(f"{arch}.rope.scaling.original_context_length")
     if original is None:
         raise ModelLoadError(f"{path}: yarn rope scaling without {arch}.rope.scaling.original_context_length")
     attention_factor = reader.field(f"{arch}.rope.scaling.yarn_attn_factor")
-    return RopeSpec(theta=theta, scaling_type="yarn", factor=factor, original_max_position_embeddings=int(original),
-                    beta_fast=float(reader.field(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
-                    beta_slow=float(reader.field(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
-                    attention_factor=float(attention_factor) if attention_factor is not None else
-                    yarn_attention_factor(factor))
+    return RopeSpec(
+        theta=theta,
+        scaling_type="yarn",
+        factor=factor,
+        original_max_position_embeddings=int(original),
+        beta_fast=float(reader.field(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+        beta_slow=float(reader.field(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+        attention_factor=float(attention_factor) if attention_factor is not None else yarn_attention_factor(factor),
+    )
 
 
-def _longrope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], theta: float, scaling: str,
-                   rotary_dim: int) -> RopeSpec:
+def _longrope_spec(
+    reader: GGUFFile, arch: str, path: str, names: set[str], theta: float, scaling: str, rotary_dim: int
+) -> RopeSpec:
     """Phi-3's longrope as llama.cpp's converter writes it: both factor sets as tensors, the attention factor and
     the original context as metadata (the set is chosen per engine, see conveyor/model/rope.py)."""
     if arch != "phi3" or scaling != "none" or not {"rope_factors_long.weight", "rope_factors_short.weight"} <= names:
         found = sorted(n for n in names if n.startswith("rope_factors"))
-        raise ModelLoadError(f"{path}: rope_factors tensors ({found}) with architecture {arch!r} and "
-                             f"{arch}.rope.scaling.type={scaling!r}; supported: both rope_factors_long and "
-                             f"rope_factors_short, architecture phi3, no rope.scaling.type")
+        raise ModelLoadError(
+            f"{path}: rope_factors tensors ({found}) with architecture {arch!r} and "
+            f"{arch}.rope.scaling.type={scaling!r}; supported: both rope_factors_long and "
+            f"rope_factors_short, architecture phi3, no rope.scaling.type"
+        )
     original = reader.field(f"{arch}.rope.scaling.original_context_length")
     if original is None:
-        raise ModelLoadError(f"{path}: rope_factors tensors without {arch}.rope.scaling.original_context_length; "
-                             f"longrope needs it to choose between them")
+        raise ModelLoadError(
+            f"{path}: rope_factors tensors without {arch}.rope.scaling.original_context_length; "
+            f"longrope needs it to choose between them"
+        )
     sets = {}
     for name in ("rope_factors_short.weight", "rope_factors_long.weight"):
         tensor = next(t for t in reader.tensors if t.name == name)
         sets[name] = tuple(float(x) for x in tensor_array(tensor, path).reshape(-1))
         if len(sets[name]) != rotary_dim // 2:
-            raise ModelLoadError(f"{path}: the {name} tensor has {len(sets[name])} factors; {rotary_dim} rotating "
-                                 f"dimensions need {rotary_dim // 2}")
+            raise ModelLoadError(
+                f"{path}: the {name} tensor has {len(sets[name])} factors; {rotary_dim} rotating "
+                f"dimensions need {rotary_dim // 2}"
+            )
     context = int(reader.field(f"{arch}.context_length", original))
-    return RopeSpec(theta=theta, scaling_type="longrope", factor=context / int(original),
-                    original_max_position_embeddings=int(original),
-                    attention_factor=float(reader.field(f"{arch}.rope.scaling.attn_factor", 1.0)),
-                    short_factors=sets["rope_factors_short.weight"], long_factors=sets["rope_factors_long.weight"])
+    return RopeSpec(
+        theta=theta,
+        scaling_type="longrope",
+        factor=context / int(original),
+        original_max_position_embeddings=int(original),
+        attention_factor=float(reader.field(f"{arch}.rope.scaling.attn_factor", 1.0)),
+        short_factors=sets["rope_factors_short.weight"],
+        long_factors=sets["rope_factors_long.weight"],
+    )
 
 
 def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
     arch = reader.field("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
-                             f"{', '.join(GGUF_ARCHITECTURES)}")
+        raise ModelLoadError(
+            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(GGUF_ARCHITECTURES)}"
+        )
     check_metadata_keys(reader, arch, path)
 
     def need(key: str) -> Any:
@@ -212,14 +268,19 @@ def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
     head_dim = int(reader.field(f"{arch}.attention.key_length", hidden // heads))
     value_length = reader.field(f"{arch}.attention.value_length")
     if value_length is not None and int(value_length) != head_dim:
-        raise ModelLoadError(f"{path}: GGUF metadata {arch}.attention.value_length={value_length} differs from the "
-                             f"head size {head_dim}; supported: equal (distinct value sizes are not implemented)")
+        raise ModelLoadError(
+            f"{path}: GGUF metadata {arch}.attention.value_length={value_length} differs from the "
+            f"head size {head_dim}; supported: equal (distinct value sizes are not implemented)"
+        )
     rotary_dim = int(reader.field(f"{arch}.rope.dimension_count", head_dim))
-    if rotary_dim != head_dim and (arch not in PARTIAL_ROTARY_ARCHITECTURES or rotary_dim % 2
-                                   or not 0 < rotary_dim < head_dim):
-        raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.dimension_count={rotary_dim} differs from the head "
-                             f"size {head_dim}; supported: equal, or an even part of it for "
-                             f"{', '.join(PARTIAL_ROTARY_ARCHITECTURES)} (partial rotary)")
+    if rotary_dim != head_dim and (
+        arch not in PARTIAL_ROTARY_ARCHITECTURES or rotary_dim % 2 or not 0 < rotary_dim < head_dim
+    ):
+        raise ModelLoadError(
+            f"{path}: GGUF metadata {arch}.rope.dimension_count={rotary_dim} differs from the head "
+            f"size {head_dim}; supported: equal, or an even part of it for "
+            f"{', '.join(PARTIAL_ROTARY_ARCHITECTURES)} (partial rotary)"
+        )
     names = {t.name for t in reader.tensors}
     rope = _rope_spec(reader, arch, path, names, rotary_dim)
     if rotary_dim != head_dim:
@@ -228,19 +289,24 @@ def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
     eos = reader.field("tokenizer.ggml.eos_token_id")
     eot = reader.field("tokenizer.ggml.eot_token_id")
     return ModelSpec(
-        architecture=arch, vocab_size=int(vocab), hidden_size=hidden,
-        intermediate_size=int(need("feed_forward_length")), num_layers=int(need("block_count")),
-        num_heads=heads, num_kv_heads=int(reader.field(f"{arch}.attention.head_count_kv", heads)),
-        head_dim=head_dim, rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+        architecture=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(need("feed_forward_length")),
+        num_layers=int(need("block_count")),
+        num_heads=heads,
+        num_kv_heads=int(reader.field(f"{arch}.attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
         rope=rope,
         max_position_embeddings=int(need("context_length")),
         tie_word_embeddings="output.weight" not in names,
-        qkv_bias="blk.0.attn_q.bias" in names, qk_norm="blk.0.attn_q_norm.weight" in names,
+        qkv_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_token_id=reader.field("tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(sorted({int(t) for t in (eos, eot) if t is not None})),
         **(_gemma2_fields(reader, hidden, heads, head_dim, int(need("block_count"))) if arch == "gemma2" else {}),
-        **(_gemma3_fields(reader, hidden, heads, head_dim, int(need("block_count")), path) if arch == "gemma3"
-           else {}),
+        **(_gemma3_fields(reader, hidden, heads, head_dim, int(need("block_count")), path) if arch == "gemma3" else {}),
         **(_phi3_fields(reader, int(need("block_count"))) if arch == "phi3" else {}),
     )
 
@@ -257,10 +323,15 @@ def _gemma2_fields(reader: GGUFFile, hidden: int, heads: int, head_dim: int, lay
     query_pre_attn_scalar)."""
     window = reader.field("gemma2.attention.sliding_window")
     scale_dim = hidden / heads if layers == 46 else head_dim
-    return dict(activation="gelu_tanh", embedding_multiplier=float(hidden) ** 0.5, attention_scale=scale_dim ** -0.5,
-                attn_logit_softcap=reader.field("gemma2.attn_logit_softcapping"),
-                final_logit_softcap=reader.field("gemma2.final_logit_softcapping"), sandwich_norms=True,
-                layer_windows=tuple(int(window) if window and i % 2 == 0 else None for i in range(layers)))
+    return dict(
+        activation="gelu_tanh",
+        embedding_multiplier=float(hidden) ** 0.5,
+        attention_scale=scale_dim**-0.5,
+        attn_logit_softcap=reader.field("gemma2.attn_logit_softcapping"),
+        final_logit_softcap=reader.field("gemma2.final_logit_softcapping"),
+        sandwich_norms=True,
+        layer_windows=tuple(int(window) if window and i % 2 == 0 else None for i in range(layers)),
+    )
 
 
 GEMMA3_SLIDING_WINDOW_PATTERN = 6
@@ -276,21 +347,30 @@ def _gemma3_fields(reader: GGUFFile, hidden: int, heads: int, head_dim: int, lay
     for the 62-layer 27B (1/sqrt(hidden / heads)), as llama.cpp (the GGUF has no query_pre_attn_scalar)."""
     window = reader.field("gemma3.attention.sliding_window")
     if not window:
-        raise ModelLoadError(f"{path}: GGUF metadata gemma3.attention.sliding_window is missing or 0; Gemma 3's "
-                             f"local layers need it (the file is incomplete)")
+        raise ModelLoadError(
+            f"{path}: GGUF metadata gemma3.attention.sliding_window is missing or 0; Gemma 3's "
+            f"local layers need it (the file is incomplete)"
+        )
     pattern = reader.field("gemma3.attention.sliding_window_pattern", GEMMA3_SLIDING_WINDOW_PATTERN)
     if isinstance(pattern, list):
         if len(pattern) != layers:
-            raise ModelLoadError(f"{path}: GGUF metadata gemma3.attention.sliding_window_pattern has {len(pattern)} "
-                                 f"flags for {layers} layers; supported: one per layer, or a period")
+            raise ModelLoadError(
+                f"{path}: GGUF metadata gemma3.attention.sliding_window_pattern has {len(pattern)} "
+                f"flags for {layers} layers; supported: one per layer, or a period"
+            )
         local = [bool(flag) for flag in pattern]
     else:
         local = [int(pattern) > 0 and i % int(pattern) < int(pattern) - 1 for i in range(layers)]
     scale_dim = hidden / heads if layers == 62 else head_dim
-    return dict(activation="gelu_tanh", embedding_multiplier=float(hidden) ** 0.5, attention_scale=scale_dim ** -0.5,
-                final_logit_softcap=reader.field("gemma3.final_logit_softcapping"), sandwich_norms=True,
-                local_rope=RopeSpec(theta=float(reader.field("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))),
-                layer_windows=tuple(int(window) if is_local else None for is_local in local))
+    return dict(
+        activation="gelu_tanh",
+        embedding_multiplier=float(hidden) ** 0.5,
+        attention_scale=scale_dim**-0.5,
+        final_logit_softcap=reader.field("gemma3.final_logit_softcapping"),
+        sandwich_norms=True,
+        local_rope=RopeSpec(theta=float(reader.field("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))),
+        layer_windows=tuple(int(window) if is_local else None for is_local in local),
+    )
 
 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -303,13 +383,17 @@ def tensor_array(tensor: GGUFTensor, path: str) -> np.ndarray:
 
     kind = tensor.tensor_type.name
     if kind.startswith("I") and not kind.startswith("IQ"):
-        raise ModelLoadError(f"{path}: tensor {tensor.name!r} has the integer type {kind}, which holds no weights "
-                             f"Conveyor can use; supported weight types: {', '.join(supported_weight_types())}")
+        raise ModelLoadError(
+            f"{path}: tensor {tensor.name!r} has the integer type {kind}, which holds no weights "
+            f"Conveyor can use; supported weight types: {', '.join(supported_weight_types())}"
+        )
     try:
         array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
     except NotImplementedError:
-        raise ModelLoadError(f"{path}: tensor {tensor.name!r} has weight type {kind}, which cannot be dequantized "
-                             f"here; supported: {', '.join(supported_weight_types())}") from None
+        raise ModelLoadError(
+            f"{path}: tensor {tensor.name!r} has weight type {kind}, which cannot be dequantized "
+            f"here; supported: {', '.join(supported_weight_types())}"
+        ) from None
     return array.reshape([int(d) for d in reversed(tensor.shape)]) if array.ndim != len(tensor.shape) else array
 
 
@@ -365,26 +449,32 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
             continue  # read into spec.rope
         name = hf_name(t.name, spec.architecture)
         if name is None:
-            raise ModelLoadError(f"{path}: GGUF tensor {t.name!r} is not one Conveyor knows for {spec.architecture} "
-                                 f"(skipping it would silently change the model); supported: token_embd, output, "
-                                 f"output_norm, {', '.join(n.split('.')[0] for n in ROPE_TENSORS)} and "
-                                 f"blk.N.{{{', '.join(_LAYER_NAMES)}}}")
+            raise ModelLoadError(
+                f"{path}: GGUF tensor {t.name!r} is not one Conveyor knows for {spec.architecture} "
+                f"(skipping it would silently change the model); supported: token_embd, output, "
+                f"output_norm, {', '.join(n.split('.')[0] for n in ROPE_TENSORS)} and "
+                f"blk.N.{{{', '.join(_LAYER_NAMES)}}}"
+            )
         compact = t.tensor_type.name in FORMATS and len(t.shape) == 2
         # the tensor's rows: its blocks [rows, row bytes], else a view of the file's map (F32 / F16 / BF16, cast once
         # in fuse_weights), else its values dequantized to float32
         array = np.asarray(t.data) if compact else float_tensor_view(t)
         if array is None:
             array = tensor_array(t, path)
-        if spec.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
-                                                           "k_proj.bias")):
+        if spec.architecture == "llama" and name.endswith(
+            ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
+        ):
             heads = spec.num_heads if "q_proj" in name else spec.num_kv_heads
             array = unpermute_rows(array, heads)  # whole rows move: the same for blocks
         if compact:
             blocks = torch.from_numpy(np.array(array, dtype=np.uint8, order="C", copy=True))  # [rows, row bytes]
             tensors[name] = QuantizedWeight(t.tensor_type.name, blocks, int(t.shape[0]))
         else:
-            tensors[name] = array.contiguous() if isinstance(array, torch.Tensor) else \
-                torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+            tensors[name] = (
+                array.contiguous()
+                if isinstance(array, torch.Tensor)
+                else torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
+            )
     weights = fuse_weights(spec, tensors, dtype, path)
     return LoadedModel(spec=spec, weights=weights, tokenizer=load_gguf_tokenizer(path), source=path)
 

@@ -29,20 +29,20 @@ from conveyor.model.layers import Projection
 from conveyor.model.native import NativeKernels
 
 ROWS_MAX = 4
-"""Activation rows up to which the row kernel is used (see benchmarks/RESULTS.md, GGUF kernels)."""
+"""Activation rows up to which the row kernel is used: it streams the quantized weights once per row, which beats
+the tiled product only while rows are few. Tuned with `conveyor bench decode-step --num-seqs N` on a GGUF model."""
 
 
 PACKED_ROWS_MIN = 512
 """Activation rows from which a bfloat16 AMX product of an input up to PANEL_COLUMNS wide first dequantizes the
-weights into packed bfloat16 tiles (once per call) instead of once per 256-row chunk of rows inside the product
-(benchmarks/RESULTS.md, session s20; ms per call, per chunk against packed): the 1B Q4_K_M file's fused gate/up
-(16384 x 2048, Q4_K) 384 rows 12.9 / 13.2 (packed slower), 512 17.6 / 16.3, 768 25.7 / 23.3; its QKV 512 rows 3.6 /
-3.2; the default model's Q4_1 gate/up (3072 x 576) 512 rows 1.33 / 1.09, down 0.70 / 0.50."""
+weights into packed bfloat16 tiles (once per call) instead of once per 256-row chunk of rows inside the product.
+Packing costs a pass over the weights and a scratch buffer, so it pays only once the product has at least two
+chunks of rows to share it; below this, per-chunk dequantization was as fast or faster (Q4_K, Q6_K and Q4_1
+weights alike). Tuned with `conveyor bench latency --input-len N` on a GGUF model (prefill chunks of N rows)."""
 
 PACKED_ROWS_MIN_WIDE = 257
 """The same for inputs wider than PANEL_COLUMNS (a down projection): from two chunks of rows on, where the product
-would dequantize every block once per chunk. The 1B Q4_K_M file's down (2048 x 8192, Q6_K), per chunk against
-packed: 257 rows 8.0 / 7.0 ms, 512 12.1 / 10.0, 767 17.3 / 14.0 (RESULTS.md, s20)."""
+would dequantize every block once per chunk, packing already pays (tuned as PACKED_ROWS_MIN is)."""
 
 PANEL_COLUMNS = 2048
 """Input columns the AMX product takes at a time (amx_product.cpp's kPanelValues)."""
@@ -66,8 +66,14 @@ class _PackScratch(threading.local):
 _scratch = _PackScratch()
 
 
-def packed_tiles(kernels: NativeKernels, blocks: list[torch.Tensor], kinds: list[int], in_features: int,
-                 out_features: int, gate_up: bool) -> torch.Tensor:
+def packed_tiles(
+    kernels: NativeKernels,
+    blocks: list[torch.Tensor],
+    kinds: list[int],
+    in_features: int,
+    out_features: int,
+    gate_up: bool,
+) -> torch.Tensor:
     """The stack dequantized into this thread's scratch as pack_bf16_tiles lays it out (interleave_gate_up's rows
     where gate_up): -> tiles [rows / 16 rounded up to even, in / 32, 16, 32], valid until the next call here."""
     row_tiles = -(-out_features // 32) * 2
@@ -87,8 +93,11 @@ def amx_rows(kernels: NativeKernels) -> bool:
     if amx:
         logger.info("GGUF products of more than %d bfloat16 rows: AMX-BF16 tiles (gguf_linear_amx)", ROWS_MAX)
     else:
-        logger.info("GGUF products of more than %d rows: dequantized tiles into torch's GEMM (gguf_linear_tiles); "
-                    "this CPU or kernel offers no AMX-BF16", ROWS_MAX)
+        logger.info(
+            "GGUF products of more than %d rows: dequantized tiles into torch's GEMM (gguf_linear_tiles); "
+            "this CPU or kernel offers no AMX-BF16",
+            ROWS_MAX,
+        )
     return amx
 
 
@@ -98,14 +107,16 @@ class GGUFProjection:
     def __init__(self, weight: QuantizedWeight | RowStack, bias: torch.Tensor | None, kernels: NativeKernels) -> None:
         parts = weight.parts if isinstance(weight, RowStack) else (weight,)
         self.parts: list[QuantizedWeight | Projection] = [
-            p if isinstance(p, QuantizedWeight) else Projection(p, None, kernels) for p in parts]
+            p if isinstance(p, QuantizedWeight) else Projection(p, None, kernels) for p in parts
+        ]
         self.kernels = kernels
         self.bias = bias
         self.out_features, self.in_features = weight.shape
         compact = [p for p in self.parts if isinstance(p, QuantizedWeight)]
         # all parts in blocks: few rows take one call for the whole stack (x quantized once, one output)
         self.stacked: tuple[list[torch.Tensor], list[int]] | None = (
-            ([p.blocks for p in compact], [p.type_id for p in compact]) if len(compact) == len(self.parts) else None)
+            ([p.blocks for p in compact], [p.type_id for p in compact]) if len(compact) == len(self.parts) else None
+        )
 
     def _part(self, part: QuantizedWeight | Projection, x: torch.Tensor) -> torch.Tensor:
         if isinstance(part, Projection):
@@ -137,14 +148,19 @@ class GGUFProjection:
     def packs(self, x: torch.Tensor) -> bool:
         """Whether a product with x takes the packed path: all parts in blocks, packed_rows_min bfloat16 rows or
         more, AMX here."""
-        return (self.stacked is not None and x.dtype == torch.bfloat16
-                and x.shape[0] >= packed_rows_min(self.in_features) and amx_rows(self.kernels))
+        return (
+            self.stacked is not None
+            and x.dtype == torch.bfloat16
+            and x.shape[0] >= packed_rows_min(self.in_features)
+            and amx_rows(self.kernels)
+        )
 
     def multiplies_blocks(self, x: torch.Tensor) -> bool:
         """Whether a product with x (short of packed_rows_min rows) dequantizes the stack block by block on AMX tiles
         (gguf_linear_amx_parts): all parts in blocks, more than ROWS_MAX bfloat16 rows, AMX here."""
-        return (self.stacked is not None and x.shape[0] > ROWS_MAX and x.dtype == torch.bfloat16
-                and amx_rows(self.kernels))
+        return (
+            self.stacked is not None and x.shape[0] > ROWS_MAX and x.dtype == torch.bfloat16 and amx_rows(self.kernels)
+        )
 
     def packed(self, gate_up: bool) -> torch.Tensor:
         """The stack in this thread's scratch of packed tiles (packed_tiles), gate and up rows interleaved where
@@ -155,8 +171,9 @@ class GGUFProjection:
     def unpacked(self) -> torch.Tensor:
         """-> W [out, in] float32, dequantized by the `gguf` package (the values the float paths multiply by;
         the int8 dot products of bfloat16 activations round the activations, not these)."""
-        return torch.cat([p.dequantize() if isinstance(p, QuantizedWeight) else p.unpacked().float()
-                          for p in self.parts])
+        return torch.cat(
+            [p.dequantize() if isinstance(p, QuantizedWeight) else p.unpacked().float() for p in self.parts]
+        )
 
 
 class GGUFSiluGate:
@@ -175,8 +192,7 @@ class GGUFSiluGate:
     @staticmethod
     def applies(projection: GGUFProjection) -> bool:
         """All parts in blocks, no bias, and halves that split into 16-row tiles."""
-        return (projection.stacked is not None and projection.bias is None
-                and projection.out_features % 32 == 0)
+        return projection.stacked is not None and projection.bias is None and projection.out_features % 32 == 0
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, hidden] -> [tokens, inner]."""

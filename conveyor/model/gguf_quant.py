@@ -33,9 +33,16 @@ class QuantFormat(NamedTuple):
     block_bytes: int
 
 
-FORMATS = {"Q4_0": QuantFormat(2, 32, 18), "Q4_1": QuantFormat(3, 32, 20), "Q5_0": QuantFormat(6, 32, 22),
-           "Q5_1": QuantFormat(7, 32, 24), "Q8_0": QuantFormat(8, 32, 34), "Q4_K": QuantFormat(12, 256, 144),
-           "Q5_K": QuantFormat(13, 256, 176), "Q6_K": QuantFormat(14, 256, 210)}
+FORMATS = {
+    "Q4_0": QuantFormat(2, 32, 18),
+    "Q4_1": QuantFormat(3, 32, 20),
+    "Q5_0": QuantFormat(6, 32, 22),
+    "Q5_1": QuantFormat(7, 32, 24),
+    "Q8_0": QuantFormat(8, 32, 34),
+    "Q4_K": QuantFormat(12, 256, 144),
+    "Q5_K": QuantFormat(13, 256, 176),
+    "Q6_K": QuantFormat(14, 256, 210),
+}
 """GGML weight types kept compact, by GGML's name."""
 INT8_DOT_TYPES = {"Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
 """Types whose few-rows products with bfloat16 activations quantize the activations to int8 and use integer dot
@@ -57,10 +64,16 @@ class QuantizedWeight:
 
     def __post_init__(self) -> None:
         fmt = FORMATS[self.kind]
-        if self.in_features % fmt.block or self.blocks.dim() != 2 or self.blocks.dtype != torch.uint8 or \
-                self.blocks.shape[1] != self.in_features // fmt.block * fmt.block_bytes:
-            raise ValueError(f"{self.kind} weight of {self.in_features} columns does not match blocks "
-                             f"{tuple(self.blocks.shape)} {self.blocks.dtype}")
+        if (
+            self.in_features % fmt.block
+            or self.blocks.dim() != 2
+            or self.blocks.dtype != torch.uint8
+            or self.blocks.shape[1] != self.in_features // fmt.block * fmt.block_bytes
+        ):
+            raise ValueError(
+                f"{self.kind} weight of {self.in_features} columns does not match blocks "
+                f"{tuple(self.blocks.shape)} {self.blocks.dtype}"
+            )
 
     @property
     def out_features(self) -> int:
@@ -79,7 +92,8 @@ class QuantizedWeight:
 
     def dequantize(self, kernels: object | None = None) -> torch.Tensor:
         """-> W [out, in] float32 by the `gguf` package's reference dequantization, or by the native kernels'
-        when given (the same values exactly: test_gguf_quant.py checks it; ~50x faster, so loads are quick)."""
+        when given (the same values exactly: test_gguf_quant.py checks it; vectorized and threaded, so loads are
+        quick)."""
         if kernels is not None:
             return kernels.gguf_dequantize(self.blocks, self.type_id, self.in_features)  # type: ignore[attr-defined]
         from gguf import GGMLQuantizationType
@@ -95,15 +109,19 @@ def cat_rows(parts: list[torch.Tensor | QuantizedWeight]) -> torch.Tensor | Quan
     runs: list[list[torch.Tensor | QuantizedWeight]] = []
     for part in parts:
         last = runs[-1][-1] if runs else None
-        same = isinstance(part, torch.Tensor) and isinstance(last, torch.Tensor) or \
+        same = (isinstance(part, torch.Tensor) and isinstance(last, torch.Tensor)) or (
             isinstance(part, QuantizedWeight) and isinstance(last, QuantizedWeight) and part.kind == last.kind
+        )
         if same:
             runs[-1].append(part)
         else:
             runs.append([part])
-    merged = [torch.cat(run, dim=0) if isinstance(run[0], torch.Tensor) else  # type: ignore[arg-type]
-              replace(run[0], blocks=torch.cat([p.blocks for p in run], dim=0))  # type: ignore[union-attr]
-              for run in runs]
+    merged = [
+        torch.cat(run, dim=0)  # type: ignore[arg-type]  # a run is all tensors or all QuantizedWeight
+        if isinstance(run[0], torch.Tensor)
+        else replace(run[0], blocks=torch.cat([p.blocks for p in run], dim=0))  # type: ignore[union-attr]
+        for run in runs
+    ]
     return merged[0] if len(merged) == 1 else RowStack(tuple(merged))
 
 
@@ -122,8 +140,9 @@ class RowStack:
         return self.parts[0].dtype
 
     def with_dtype(self, dtype: torch.dtype) -> RowStack:
-        return RowStack(tuple(p.to(dtype).contiguous() if isinstance(p, torch.Tensor) else p.with_dtype(dtype)
-                              for p in self.parts))
+        return RowStack(
+            tuple(p.to(dtype).contiguous() if isinstance(p, torch.Tensor) else p.with_dtype(dtype) for p in self.parts)
+        )
 
     def dequantize(self, kernels: object | None = None) -> torch.Tensor:
         return torch.cat([p.float() if isinstance(p, torch.Tensor) else p.dequantize(kernels) for p in self.parts])
@@ -163,8 +182,9 @@ COMPACT_AUTO_BYTES = 1 << 30
 """gguf_weights='auto' keeps GGUF blocks compact when the dequantized weights would take more than this."""
 
 
-def place_weights(weights: dict[str, AnyWeight], device: torch.device, kernels: object | None, mode: str
-                  ) -> dict[str, AnyWeight]:
+def place_weights(
+    weights: dict[str, AnyWeight], device: torch.device, kernels: object | None, mode: str
+) -> dict[str, AnyWeight]:
     """The model's weights on its device; GGUF blocks kept compact or dequantized to their compute dtype as
     config.gguf_weights asks (see its doc), logged once."""
     quantized = [w for w in weights.values() if not isinstance(w, torch.Tensor)]
@@ -174,31 +194,39 @@ def place_weights(weights: dict[str, AnyWeight], device: torch.device, kernels: 
     reason = kernels_keep_compact(kernels, device, dtype)
     dense_bytes = sum(w.shape[0] * w.shape[1] for w in quantized) * torch.empty((), dtype=dtype).element_size()
     if mode == "compact" and reason is not None:
-        raise ConfigError(f"gguf_weights='compact' was requested, but {reason}; use gguf_weights='auto' or "
-                          f"'dequantize'")
+        raise ConfigError(
+            f"gguf_weights='compact' was requested, but {reason}; use gguf_weights='auto' or 'dequantize'"
+        )
     chosen = mode == "dequantize" or (mode == "auto" and reason is None and dense_bytes <= COMPACT_AUTO_BYTES)
     if mode == "auto" and reason is None and dense_bytes <= COMPACT_AUTO_BYTES:
-        reason = (f"gguf_weights='auto' and they take only {dense_bytes / 2**20:.0f} MiB dequantized (compact "
-                  f"from {COMPACT_AUTO_BYTES >> 20} MiB; pass gguf_weights='compact' to keep them so)")
+        reason = (
+            f"gguf_weights='auto' and they take only {dense_bytes / 2**20:.0f} MiB dequantized (compact "
+            f"from {COMPACT_AUTO_BYTES >> 20} MiB; pass gguf_weights='compact' to keep them so)"
+        )
     if mode == "dequantize":
         reason = "gguf_weights='dequantize'"
     if reason is None:
         logger.info("GGUF-quantized weights kept compact (%d matrices)", len(quantized))
         return dict(weights)
     log = logger.info if chosen else logger.warning  # a choice is noted; a fallback (no kernels here) warned
-    log("GGUF-quantized weights are dequantized to %s at load (%.0f MiB): %s", str(dtype).removeprefix("torch."),
-        dense_bytes / 2**20, reason)
+    log(
+        "GGUF-quantized weights are dequantized to %s at load (%.0f MiB): %s",
+        str(dtype).removeprefix("torch."),
+        dense_bytes / 2**20,
+        reason,
+    )
     native = kernels if kernels is not None and kernels.gguf_linear_vectorized() else None  # type: ignore[attr-defined]
     return {name: dense(w, native).to(device) for name, w in weights.items()}
 
 
-def embedding_rows(embed: torch.Tensor | QuantizedWeight, token_ids: torch.Tensor, kernels: object | None
-                   ) -> torch.Tensor:
+def embedding_rows(
+    embed: torch.Tensor | QuantizedWeight, token_ids: torch.Tensor, kernels: object | None
+) -> torch.Tensor:
     """token_ids [n] -> their embedding rows [n, hidden] in the compute dtype."""
     if isinstance(embed, torch.Tensor):
         return torch.nn.functional.embedding(token_ids, embed)
     rows = embed.blocks.index_select(0, token_ids)  # [n, row bytes]
-    return kernels.gguf_dequantize(rows, embed.type_id, embed.in_features).to(embed.dtype)  # type: ignore
+    return kernels.gguf_dequantize(rows, embed.type_id, embed.in_features).to(embed.dtype)  # type: ignore[union-attr]
 
 
 def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
@@ -210,8 +238,10 @@ def quantize(weight: torch.Tensor, kind: str) -> QuantizedWeight:
     fmt = FORMATS[kind]
     out_features, in_features = weight.shape
     if in_features % fmt.block:
-        raise ConfigError(f"quantization={kind.lower()!r} needs input widths that are multiples of {fmt.block}; "
-                          f"a weight [{out_features}, {in_features}] is not")
+        raise ConfigError(
+            f"quantization={kind.lower()!r} needs input widths that are multiples of {fmt.block}; "
+            f"a weight [{out_features}, {in_features}] is not"
+        )
     w = weight.float().numpy()
     blocks = quantize_k(w, kind) if kind.endswith("_K") else gguf_quantize(w, GGMLQuantizationType[kind])
     return QuantizedWeight(kind, torch.from_numpy(np.ascontiguousarray(blocks)), in_features, weight.dtype)
@@ -270,10 +300,19 @@ def _quantize_q6_k(blocks: np.ndarray) -> np.ndarray:
     scale = (d[..., None] * sc)[..., None]  # [out, blocks, 16, 1]
     q = np.clip(np.round(np.divide(sub, scale, out=np.zeros_like(sub), where=scale > 0)), -32, 31) + 32
     q = q.astype(np.uint8).reshape(rows, count, 2, 4, 32)  # [out, blocks, half, quarter, 32]
-    ql = np.concatenate([(q[:, :, :, 0] & 0xF) | ((q[:, :, :, 2] & 0xF) << 4),
-                         (q[:, :, :, 1] & 0xF) | ((q[:, :, :, 3] & 0xF) << 4)], axis=-1)  # [out, blocks, 2, 64]
-    qh = (q[:, :, :, 0] >> 4) | ((q[:, :, :, 1] >> 4) << 2) | ((q[:, :, :, 2] >> 4) << 4) | \
-        ((q[:, :, :, 3] >> 4) << 6)  # [out, blocks, 2, 32]
-    return np.concatenate([ql.reshape(rows, count, 128), qh.reshape(rows, count, 64),
-                           sc.astype(np.int8).view(np.uint8), _f16(d).view(np.uint8).reshape(rows, count, 2)],
-                          axis=-1).reshape(rows, -1)
+    ql = np.concatenate(
+        [(q[:, :, :, 0] & 0xF) | ((q[:, :, :, 2] & 0xF) << 4), (q[:, :, :, 1] & 0xF) | ((q[:, :, :, 3] & 0xF) << 4)],
+        axis=-1,
+    )  # [out, blocks, 2, 64]
+    qh = (
+        (q[:, :, :, 0] >> 4) | ((q[:, :, :, 1] >> 4) << 2) | ((q[:, :, :, 2] >> 4) << 4) | ((q[:, :, :, 3] >> 4) << 6)
+    )  # [out, blocks, 2, 32]
+    return np.concatenate(
+        [
+            ql.reshape(rows, count, 128),
+            qh.reshape(rows, count, 64),
+            sc.astype(np.int8).view(np.uint8),
+            _f16(d).view(np.uint8).reshape(rows, count, 2),
+        ],
+        axis=-1,
+    ).reshape(rows, -1)

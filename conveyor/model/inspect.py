@@ -41,8 +41,9 @@ def inspect_model(path: str) -> ModelSummary:
         return _inspect_gguf(path)
     if os.path.isdir(path):
         return _inspect_folder(path)
-    raise ModelLoadError(f"{path!r} is neither a .gguf file nor a folder; pass a GGUF file or a Hugging Face "
-                         f"checkpoint folder")
+    raise ModelLoadError(
+        f"{path!r} is neither a .gguf file nor a folder; pass a GGUF file or a Hugging Face checkpoint folder"
+    )
 
 
 def _rope_text(rope: RopeSpec) -> str:
@@ -67,23 +68,43 @@ def _spec_facts(spec: ModelSpec) -> dict[str, str]:
     else:
         local = sum(1 for w in spec.layer_windows if w is not None)
         window_text = f"{'/'.join(map(str, windows))} tokens on {local} of {spec.num_layers} layers"
-        window_text += ("; blocks behind the window are freed while a request runs" if spec.kv_window
-                        else "; full-attention layers keep every block")
+        window_text += (
+            "; blocks behind the window are freed while a request runs"
+            if spec.kv_window
+            else "; full-attention layers keep every block"
+        )
     return {
-        "layers": str(spec.num_layers), "hidden": str(spec.hidden_size), "mlp": str(spec.intermediate_size),
+        "layers": str(spec.num_layers),
+        "hidden": str(spec.hidden_size),
+        "mlp": str(spec.intermediate_size),
         "heads": f"{spec.num_heads} query, {spec.num_kv_heads} key/value, head size {spec.head_dim}",
-        "vocab": str(spec.vocab_size), "context": f"{spec.max_position_embeddings} tokens",
+        "vocab": str(spec.vocab_size),
+        "context": f"{spec.max_position_embeddings} tokens",
         "rope": _rope_text(spec.rope),
         **({"local rope": _rope_text(spec.local_rope)} if spec.local_rope is not None else {}),
         "window": window_text,
-        "extras": ", ".join(name for name, on in (("qkv bias", spec.qkv_bias), ("q/k norm", spec.qk_norm),
-                                                  ("tied embeddings", spec.tie_word_embeddings)) if on) or "none",
+        "extras": ", ".join(
+            name
+            for name, on in (
+                ("qkv bias", spec.qkv_bias),
+                ("q/k norm", spec.qk_norm),
+                ("tied embeddings", spec.tie_word_embeddings),
+            )
+            if on
+        )
+        or "none",
     }
 
 
 def _inspect_gguf(path: str) -> ModelSummary:
-    from conveyor.model.gguf_loader import (GGUF_ARCHITECTURES, ROPE_TENSORS, hf_name, open_gguf, read_spec,
-                                            supported_weight_types)
+    from conveyor.model.gguf_loader import (
+        GGUF_ARCHITECTURES,
+        ROPE_TENSORS,
+        hf_name,
+        open_gguf,
+        read_spec,
+        supported_weight_types,
+    )
 
     reader = open_gguf(path)
     arch = str(reader.field("general.architecture", "?"))
@@ -109,8 +130,12 @@ def _inspect_gguf(path: str) -> ModelSummary:
 
 def _raw_gguf_facts(reader: GGUFFile, arch: str) -> dict[str, str]:
     facts = {}
-    for key, name in (("block_count", "layers"), ("embedding_length", "hidden"), ("context_length", "context"),
-                      ("attention.sliding_window", "window")):
+    for key, name in (
+        ("block_count", "layers"),
+        ("embedding_length", "hidden"),
+        ("context_length", "context"),
+        ("attention.sliding_window", "window"),
+    ):
         value = reader.field(f"{arch}.{key}")
         if value is not None:
             facts[name] = str(value)
@@ -130,8 +155,12 @@ def _inspect_folder(path: str) -> ModelSummary:
     try:
         spec = read_hf_config(path)
     except ModelLoadError as exc:
-        for key, name in (("num_hidden_layers", "layers"), ("hidden_size", "hidden"),
-                          ("max_position_embeddings", "context"), ("sliding_window", "window")):
+        for key, name in (
+            ("num_hidden_layers", "layers"),
+            ("hidden_size", "hidden"),
+            ("max_position_embeddings", "context"),
+            ("sliding_window", "window"),
+        ):
             if config.get(key) is not None:
                 facts[name] = str(config[key])
         return ModelSummary(path, "hf-folder", arch, False, str(exc), facts)
@@ -155,10 +184,11 @@ def _check_tensor_names(path: str, spec: ModelSpec) -> None:
     tensors: dict[str, torch.Tensor] = {}
     for name in sorted(f for f in os.listdir(path) if f.endswith(".safetensors")):
         with safe_open(os.path.join(path, name), framework="pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - a safetensors handle has keys() but no __iter__
                 tensors[key] = torch.empty(f.get_slice(key).get_shape(), device="meta")
-    fuse_weights(spec_for_tensors(spec, tensors), tensors, torch.float32, path,
-                 HF_NORM_OFFSETS.get(spec.architecture, 0.0))
+    fuse_weights(
+        spec_for_tensors(spec, tensors), tensors, torch.float32, path, HF_NORM_OFFSETS.get(spec.architecture, 0.0)
+    )
 
 
 def _safetensors_types(path: str) -> str:
@@ -171,6 +201,6 @@ def _safetensors_types(path: str) -> str:
     types: Counter[str] = Counter()
     for name in files:
         with safe_open(os.path.join(path, name), framework="pt") as f:
-            for key in f.keys():
+            for key in f.keys():  # noqa: SIM118 - a safetensors handle has keys() but no __iter__
                 types[str(f.get_slice(key).get_dtype())] += 1
     return f"{sum(types.values())} ({', '.join(f'{n} {k}' for k, n in types.most_common())}) in {len(files)} file(s)"

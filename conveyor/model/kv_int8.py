@@ -71,10 +71,10 @@ def _views(cache: torch.Tensor, head_dim: int, keys: bool) -> tuple[torch.Tensor
     [num_blocks, kv_heads, block_size] float32, both views of it (keys: pages stored dimension by dimension)."""
     block_size = block_size_of(cache, head_dim)
     if keys:
-        codes = cache[:, :, :block_size * head_dim].unflatten(2, (head_dim, block_size)).transpose(2, 3)
+        codes = cache[:, :, : block_size * head_dim].unflatten(2, (head_dim, block_size)).transpose(2, 3)
     else:
-        codes = cache[:, :, :block_size * head_dim].unflatten(2, (block_size, head_dim))
-    scales = cache[:, :, block_size * head_dim:].view(torch.float32)
+        codes = cache[:, :, : block_size * head_dim].unflatten(2, (block_size, head_dim))
+    scales = cache[:, :, block_size * head_dim :].view(torch.float32)
     return codes, scales
 
 
@@ -89,8 +89,9 @@ def write_rows(x: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor,
     scale_view.permute(0, 2, 1)[blocks, offsets] = scales
 
 
-def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype: torch.dtype,
-                keys: bool) -> torch.Tensor:
+def read_blocks(
+    cache: torch.Tensor, blocks: torch.Tensor, head_dim: int, dtype: torch.dtype, keys: bool
+) -> torch.Tensor:
     """The rows of cache blocks `blocks` [k] read back -> [k, block_size, kv_heads, head_dim] in dtype (q * s in
     float32, then rounded to dtype; keys: of a K cache)."""
     codes, scales = _views(cache, head_dim, keys)

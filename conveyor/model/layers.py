@@ -13,30 +13,28 @@ from conveyor.model.native import NativeKernels
 class Projection:
     """y = x W^T + b for a weight W [out, in], stored in the layout that multiplies fastest.
 
-    Measured on the 2-core AVX-512 machine (see benchmarks/RESULTS.md):
     - float32 with the native kernels (csrc/f32_linear.cpp): W in 32-column panels, multiplied by
-      our kernel up to F32_NATIVE_MAX_ROWS rows (all decoder linears of the default model: 8 rows
-      27 vs 46 ms, 64 rows 65 vs 79 ms against torch's GEMM); larger prefill chunks rebuild W^T from
-      the panels for torch's GEMM (measured 0.90-1.07x of torch's GEMM with W^T kept, which would be
-      a second float32 copy of every weight);
-    - float32 without them: oneDNN's skinny GEMM reads W [out, in] 1.5-2.5x slower than a plain
-      matmul against W^T stored contiguous [in, out], so W is stored transposed;
+      our kernel up to F32_NATIVE_MAX_ROWS rows, where it beats torch's GEMM by streaming each panel once
+      for all rows; larger prefill chunks rebuild W^T from the panels for torch's GEMM (as fast as
+      torch's GEMM with W^T kept, which would be a second float32 copy of every weight);
+    - float32 without them: oneDNN's skinny GEMM reads W [out, in] slower than a plain matmul against
+      W^T stored contiguous [in, out], so W is stored transposed;
     - bfloat16 on a CPU with AMX and the native kernels: W packed once at load in AMX's tile layout
       (pack_bf16_tiles) and multiplied by our kernel (csrc/amx_product.cpp) at every row count,
-      the weights read in place and prefetched where the row count makes it pay. All linears of the default
-      model in order (benchmarks/ab_bf16_amx.py, busy machine): 1.2-1.9x oneDNN's packed product at 1-64 rows,
-      0.73-0.90x at 1024-2048 (benchmarks/RESULTS.md, "bfloat16 on our AMX kernel");
+      the weights read in place and prefetched where the row count makes it pay. It beats oneDNN's packed
+      product at decode's few rows, and is a little behind it on large prefill chunks, where one layout for
+      every row count (no second copy of the weights) is worth that;
     - bfloat16 on a CPU with native bf16 (AVX-512 BF16 / AMX) otherwise (no native kernels,
       kernels='torch', a bias, or an input width not a multiple of 32): F.linear re-packs W into
       oneDNN's blocked layout on every call. Packing once at load (`_reorder_linear_weight`)
-      gives bit-identical results and cuts the linear layers' time by ~30% (24.7 vs 35.0 ms
-      per 64-token decode step, 17.8 vs 26.7 ms per single-token step).
-    Only one layout is kept: keeping the plain W too would double the weight memory (measured,
-    default model with a 64 MiB KV cache: RSS 888 -> 686 MiB in bfloat16, 1035 -> 779 MiB with int4).
+      gives bit-identical results and saves that repacking at every call.
+    Only one layout is kept: keeping the plain W too would double the weight memory.
+    `conveyor bench decode-step` and `conveyor bench throughput` compare the paths (`kernels='torch'`).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 kernels: NativeKernels | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernels: NativeKernels | None = None
+    ) -> None:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.tiles = pack_bf16_tiles(weight) if _amx_bf16(weight, bias, kernels) else None  # [out/16, in/32, 16, 32]
@@ -48,8 +46,9 @@ class Projection:
             self.bias = bias.contiguous()
         packed_once = self.tiles is not None or self.packed is not None or self.panels is not None
         self.transposed = not packed_once and weight.dtype == torch.float32 and weight.device.type == "cpu"
-        self.weight: torch.Tensor | None = None if packed_once else (
-            weight.t().contiguous() if self.transposed else weight)  # [in, out] or [out, in]
+        self.weight: torch.Tensor | None = (
+            None if packed_once else (weight.t().contiguous() if self.transposed else weight)
+        )  # [in, out] or [out, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in] -> [tokens, out]."""
@@ -62,7 +61,7 @@ class Projection:
             if x.shape[0] <= F32_NATIVE_MAX_ROWS:
                 assert self.kernels is not None
                 return self.kernels.f32_linear(x.contiguous(), self.panels, self.out_features, self.bias)
-            weight = self.panels.transpose(0, 1).reshape(self.in_features, -1)[:, :self.out_features]  # [in, out]
+            weight = self.panels.transpose(0, 1).reshape(self.in_features, -1)[:, : self.out_features]  # [in, out]
             return x @ weight if self.bias is None else torch.addmm(self.bias, x, weight)
         weight = self.weight
         assert weight is not None
@@ -82,8 +81,10 @@ class Projection:
         has one: torch's max(dim=-1).indices), without writing self(x) (a greedy step's LM head: the logits are
         never stored and read back). Only where computes_argmax."""
         if self.tiles is None or self.kernels is None:
-            raise ValueError("first_argmax needs bfloat16 weights packed in AMX tiles on the native kernels; this "
-                             "projection keeps another layout: take the argmax of its output instead")
+            raise ValueError(
+                "first_argmax needs bfloat16 weights packed in AMX tiles on the native kernels; this "
+                "projection keeps another layout: take the argmax of its output instead"
+            )
         return self.kernels.bf16_linear_argmax_amx(x, self.tiles, self.out_features)
 
     def unpacked(self) -> torch.Tensor:
@@ -92,7 +93,7 @@ class Projection:
         if self.tiles is not None:
             return unpack_bf16_tiles(self.tiles, self.out_features)
         if self.panels is not None:
-            return self.panels.transpose(1, 2).reshape(-1, self.in_features)[:self.out_features]
+            return self.panels.transpose(1, 2).reshape(-1, self.in_features)[: self.out_features]
         if self.weight is None:
             raise ValueError("this projection holds only oneDNN's packed bfloat16 weights")
         return self.weight.t() if self.transposed else self.weight
@@ -102,9 +103,9 @@ class SiluGateProjection:
     """silu(x Wg^T) * (x Wu^T) for the gated MLP's stacked [Wg; Wu] [2 inner, hidden], in one AMX product whose
     blocks of 32 weight rows each hold 16 gate rows and their 16 up rows (interleave_gate_up), so that the
     activation is applied to the accumulators before anything is stored: no [tokens, 2 inner] output written and
-    read back. The same bits as Projection followed by the silu_and_mul op (tests/model/test_bf16_amx.py). Default model
-    (benchmarks/RESULTS.md, session s14): 2048 rows 3.4 ms per layer against 4.2-4.3 for product and op; W1 run
-    synchronously 6.48-6.77 s against 6.96-6.97 s (before the stores overlapped the products)."""
+    read back. The same bits as Projection followed by the silu_and_mul op (tests/model/test_bf16_amx.py), in less
+    time and memory traffic: the [tokens, 2 inner] intermediate is what a large prefill chunk's MLP spends most
+    of its stores and loads on."""
 
     def __init__(self, weight: torch.Tensor, kernels: NativeKernels) -> None:
         self.inner = weight.shape[0] // 2
@@ -136,11 +137,9 @@ def interleave_gate_up(weight: torch.Tensor) -> torch.Tensor:
 
 
 F32_NATIVE_MAX_ROWS = 384
-"""Rows up to which float32 products use the native kernel. All decoder linears of the default model,
-alternating in one process (benchmarks/ab_f32_linear.py --linears): 1.13-1.35x torch's GEMM at 128-256
-rows in three of four runs (0.89x at 256 in a noisy one), 1.0-1.1x at 384, 0.8x at 512. Above it,
-torch's GEMM runs over W^T rebuilt from the panels: 0.90-1.07x of torch's GEMM with W^T kept, at 512
-and 2048 rows."""
+"""Rows up to which float32 products use the native kernel: up to here it is at least level with torch's GEMM
+on the decoder linears, beyond it torch's GEMM (over W^T rebuilt from the panels) is faster. Tuned with
+`conveyor bench latency --input-len N` in float32 (prefill chunks of N rows)."""
 _F32_PANEL_COLS = 32
 
 
@@ -156,8 +155,13 @@ def pack_f32_panels(weight: torch.Tensor) -> torch.Tensor:
 
 def _native_f32(weight: torch.Tensor, kernels: NativeKernels | None) -> bool:
     """The native float32 kernel applies: given, built with AVX-512, and W float32 on the CPU."""
-    return kernels is not None and weight.dtype == torch.float32 and weight.device.type == "cpu" \
-        and weight.shape[1] > 0 and kernels.f32_linear_vectorized()
+    return (
+        kernels is not None
+        and weight.dtype == torch.float32
+        and weight.device.type == "cpu"
+        and weight.shape[1] > 0
+        and kernels.f32_linear_vectorized()
+    )
 
 
 _TILE_ROWS, _TILE_K = 16, 32
@@ -174,14 +178,15 @@ def pack_bf16_tiles(weight: torch.Tensor) -> torch.Tensor:
     pairs = tiles.view(padded_rows // _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, _TILE_ROWS, 2)
 
     def place(row_tiles: slice, rows: torch.Tensor) -> None:  # rows [16 n, in] (any strides) -> tiles n
-        pairs[row_tiles].copy_(rows.reshape(-1, _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, 2)
-                               .permute(0, 2, 3, 1, 4))  # [n, in / 32, pair, row, 2]
+        pairs[row_tiles].copy_(
+            rows.reshape(-1, _TILE_ROWS, in_features // _TILE_K, _TILE_K // 2, 2).permute(0, 2, 3, 1, 4)
+        )  # [n, in / 32, pair, row, 2]
 
     whole = out_features // _TILE_ROWS  # full tiles
-    place(slice(0, whole), weight[:whole * _TILE_ROWS])
+    place(slice(0, whole), weight[: whole * _TILE_ROWS])
     if padded_rows > whole * _TILE_ROWS:
         rest = weight.new_zeros(padded_rows - whole * _TILE_ROWS, in_features)  # [< 32, in]
-        rest[:out_features - whole * _TILE_ROWS] = weight[whole * _TILE_ROWS:]
+        rest[: out_features - whole * _TILE_ROWS] = weight[whole * _TILE_ROWS :]
         place(slice(whole, None), rest)
     return tiles  # [out / 16, in / 32, 16, 32]
 
@@ -196,8 +201,15 @@ def unpack_bf16_tiles(tiles: torch.Tensor, out_features: int) -> torch.Tensor:
 def _amx_bf16(weight: torch.Tensor, bias: torch.Tensor | None, kernels: NativeKernels | None) -> bool:
     """Our AMX kernel applies: the native kernels given and built with AMX on a CPU that grants it, W bfloat16 on
     the CPU with an input width a multiple of 32, and no bias (those keep oneDNN's pack, which adds it)."""
-    return kernels is not None and weight.dtype == torch.bfloat16 and weight.device.type == "cpu" \
-        and bias is None and weight.shape[1] > 0 and weight.shape[1] % _TILE_K == 0 and kernels.bf16_amx_available()
+    return (
+        kernels is not None
+        and weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and bias is None
+        and weight.shape[1] > 0
+        and weight.shape[1] % _TILE_K == 0
+        and kernels.bf16_amx_available()
+    )
 
 
 _PACK_BATCH_HINT = 64

@@ -1,4 +1,5 @@
-"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 decoder over a flattened ragged batch with a paged KV cache."""
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 / Phi-3 decoder over a flattened ragged batch with a paged KV
+cache."""
 
 from __future__ import annotations
 
@@ -9,13 +10,13 @@ import torch
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.decode_stack import DecodeStack
 from conveyor.model.gguf_projection import GGUFProjection, GGUFSiluGate
-from conveyor.model.native import NativeKernels
-from conveyor.model.layers import Projection, SiluGateProjection, apply_rotary, gelu_tanh_and_mul, rms_norm
-from conveyor.model.rope import RotaryEmbedding
-from conveyor.model.ops import layer_ops
 from conveyor.model.gguf_quant import embedding_rows, place_weights
-from conveyor.model.quant import Int4Projection, make_lm_head, make_projection
+from conveyor.model.layers import Projection, SiluGateProjection, apply_rotary, gelu_tanh_and_mul, rms_norm
 from conveyor.model.model_spec import ModelSpec
+from conveyor.model.native import NativeKernels
+from conveyor.model.ops import layer_ops
+from conveyor.model.quant import Int4Projection, make_lm_head, make_projection
+from conveyor.model.rope import RotaryEmbedding
 
 if TYPE_CHECKING:
     from conveyor.tensor_parallel.group import TensorParallelGroup
@@ -24,30 +25,45 @@ if TYPE_CHECKING:
 class LlamaModel:
     """Weights (fused QKV and gate/up) plus the forward pass; holds no per-request state."""
 
-    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_positions: int,
-                 device: torch.device, quantization: str | None = None,
-                 kernels: NativeKernels | None = None, gguf_weights: str = "auto") -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        weights: dict[str, torch.Tensor],
+        max_positions: int,
+        device: torch.device,
+        quantization: str | None = None,
+        kernels: NativeKernels | None = None,
+        gguf_weights: str = "auto",
+    ) -> None:
         self.spec = spec
         self.device = device
         w = place_weights(weights, device, kernels, gguf_weights)  # GGUF blocks compact or dequantized
         self.kernels = kernels
         self.dtype = w["embed"].dtype
         self.rotary = RotaryEmbedding(spec.rope, spec.head_dim, max_positions, device)
-        self.local_rotary = RotaryEmbedding(spec.local_rope, spec.head_dim, max_positions, device) \
-            if spec.local_rope is not None else None
+        self.local_rotary = (
+            RotaryEmbedding(spec.local_rope, spec.head_dim, max_positions, device)
+            if spec.local_rope is not None
+            else None
+        )
         """Gemma 3: the sliding-window layers' own rotary embedding."""
-        self.scale = spec.attention_scale if spec.attention_scale is not None else spec.head_dim ** -0.5
-        self.embed_multiplier = torch.tensor(spec.embedding_multiplier, dtype=self.dtype).item() \
-            if spec.embedding_multiplier != 1.0 else None
+        self.scale = spec.attention_scale if spec.attention_scale is not None else spec.head_dim**-0.5
+        self.embed_multiplier = (
+            torch.tensor(spec.embedding_multiplier, dtype=self.dtype).item()
+            if spec.embedding_multiplier != 1.0
+            else None
+        )
         """Gemma: sqrt(hidden), rounded to the compute dtype first as transformers does."""
         self.ops = layer_ops(kernels)
         """The small per-layer ops: native CPU kernels (model/native.py) when given, else torch's."""
         self.embed = w["embed"]  # [vocab, hidden]
         self.final_norm = w["final_norm"]
-        self.lm_head = make_lm_head(w.get("lm_head", w["embed"]), quantization,
-                                    kernels)  # tied to the embedding when absent
-        self.layers = [_Layer(w, f"layers.{i}.", quantization, kernels, spec.activation)
-                       for i in range(spec.num_layers)]
+        self.lm_head = make_lm_head(
+            w.get("lm_head", w["embed"]), quantization, kernels
+        )  # tied to the embedding when absent
+        self.layers = [
+            _Layer(w, f"layers.{i}.", quantization, kernels, spec.activation) for i in range(spec.num_layers)
+        ]
         self.windows = [spec.window_of(i) for i in range(spec.num_layers)]
         """Per layer: its sliding window, or None for full attention."""
         self.parallel: TensorParallelGroup | None = None
@@ -55,14 +71,22 @@ class LlamaModel:
         self.decode_stack = DecodeStack(self, kernels) if kernels is not None and DecodeStack.applies(self) else None
         """Pure-decode steps' layers in one native call, where every layer is the plain Llama kind on AMX."""
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: AttentionBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden] (before the final norm)."""
         spec, ops, eps = self.spec, self.ops, self.spec.rms_norm_eps
         n = input_ids.shape[0]
         parallel = self.parallel
-        h = embedding_rows(self.embed, input_ids, self.kernels) if parallel is None \
-            else parallel.embed(input_ids, self.embed)  # [num_tokens, hidden]
+        h = (
+            embedding_rows(self.embed, input_ids, self.kernels)
+            if parallel is None
+            else parallel.embed(input_ids, self.embed)
+        )  # [num_tokens, hidden]
         if self.embed_multiplier is not None:
             h = h * self.embed_multiplier
         if self.decode_stack is not None and parallel is None and DecodeStack.takes(batch, n):
@@ -74,7 +98,7 @@ class LlamaModel:
             cos, sin = tables if window is None else local_tables
             h, x = ops.add_norm(h, delta, layer.input_norm, eps)  # h += delta; x = norm(h)
             qkv = layer.qkv(x)  # [num_tokens, q_size + 2 * kv_size]
-            v = qkv[:, spec.q_size + spec.kv_size:].view(n, spec.num_kv_heads, spec.head_dim)  # [tokens, kv_heads, d]
+            v = qkv[:, spec.q_size + spec.kv_size :].view(n, spec.num_kv_heads, spec.head_dim)  # [tokens, kv_heads, d]
             if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3, Gemma 3: per-head norms before rotary
                 q, k, _ = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
                 q = rms_norm(q.view(n, spec.num_heads, spec.head_dim), layer.q_norm, eps)
@@ -82,9 +106,20 @@ class LlamaModel:
                 q, k, kv_written = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), False
             else:
                 q, k, kv_written = ops.rotate_and_write(qkv, cos, sin, k_cache, v_cache, batch.slot_mapping, spec)
-            attn = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, ops.decode_attention,
-                                   kv_written, window, spec.attn_logit_softcap,
-                                   ops.prefill_attention)  # [num_tokens, heads * head_dim]
+            attn = paged_attention(
+                q,
+                k,
+                v,
+                k_cache,
+                v_cache,
+                batch,
+                self.scale,
+                ops.decode_attention,
+                kv_written,
+                window,
+                spec.attn_logit_softcap,
+                ops.prefill_attention,
+            )  # [num_tokens, heads * head_dim]
             attn = layer.o_proj(attn)  # [num_tokens, hidden]
             if parallel is not None:  # row-parallel: each rank's heads gave a partial sum
                 attn = parallel.all_reduce(attn)
@@ -108,8 +143,12 @@ class LlamaModel:
         (the first largest bfloat16 logit, as the sampler's argmax takes it), found by the LM head's product
         without writing the logits; None where the head is not a bfloat16 one on our AMX kernel, or is sharded
         or soft-capped (the caller then takes logits() and samples)."""
-        if self.parallel is not None or self.spec.final_logit_softcap is not None \
-                or not isinstance(self.lm_head, Projection) or not self.lm_head.computes_argmax:
+        if (
+            self.parallel is not None
+            or self.spec.final_logit_softcap is not None
+            or not isinstance(self.lm_head, Projection)
+            or not self.lm_head.computes_argmax
+        ):
             return None
         _, x = self.ops.add_norm(hidden.contiguous(), None, self.final_norm, self.spec.rms_norm_eps)
         return self.lm_head.first_argmax(x)
@@ -128,8 +167,14 @@ class LlamaModel:
 class _Layer:
     """One decoder layer's weights."""
 
-    def __init__(self, w: dict[str, torch.Tensor], prefix: str, quantization: str | None,
-                 kernels: NativeKernels | None, activation: str) -> None:
+    def __init__(
+        self,
+        w: dict[str, torch.Tensor],
+        prefix: str,
+        quantization: str | None,
+        kernels: NativeKernels | None,
+        activation: str,
+    ) -> None:
         self.input_norm = w[prefix + "input_norm"]
         self.post_norm = w[prefix + "post_norm"]
         self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization, kernels)
@@ -144,9 +189,9 @@ class _Layer:
         self.k_norm = w.get(prefix + "k_norm")
 
 
-def _mlp_input(gate_up: object, activation: str, quantization: str | None, kernels: NativeKernels | None
-               ) -> tuple[SiluGateProjection | GGUFSiluGate | None,
-                          Projection | Int4Projection | GGUFProjection | None]:
+def _mlp_input(
+    gate_up: object, activation: str, quantization: str | None, kernels: NativeKernels | None
+) -> tuple[SiluGateProjection | GGUFSiluGate | None, Projection | Int4Projection | GGUFProjection | None]:
     """(the fused gate/up product and activation, or None; the plain gate/up projection, or None where fused).
     Fused for a SiLU MLP whose weights are either dense and kept as they are (no quantization asked) on our AMX
     kernel (SiluGateProjection), or in GGUF blocks (GGUFSiluGate: fused for prompt steps); else the plain projection
@@ -155,7 +200,11 @@ def _mlp_input(gate_up: object, activation: str, quantization: str | None, kerne
     if activation == "silu" and kernels is not None and dense_kept and SiluGateProjection.applies(gate_up, kernels):
         return SiluGateProjection(gate_up, kernels), None
     projection = make_projection(gate_up, None, quantization, kernels)
-    if (activation == "silu" and kernels is not None and isinstance(projection, GGUFProjection)
-            and GGUFSiluGate.applies(projection)):
+    if (
+        activation == "silu"
+        and kernels is not None
+        and isinstance(projection, GGUFProjection)
+        and GGUFSiluGate.applies(projection)
+    ):
         return GGUFSiluGate(projection), None
     return None, projection

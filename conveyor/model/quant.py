@@ -3,11 +3,11 @@
 Single-sequence decoding on a CPU is memory-bound: every step reads every weight once. 4-bit
 weights are a quarter of bfloat16's bytes. Two kernels multiply them: the native one
 (csrc/quant_linear.cpp, on CPUs with AVX-512 BF16) and torch's (`_weight_int4pack_mm_for_cpu`)
-elsewhere. Measured on the 2-core machine, all decoder linears of the default model at 1 row,
-alternating in one process: native 4.75 ms, torch 5.58 ms, bfloat16 (oneDNN-packed) 20.2 ms.
-Both stop paying at about 8 rows (16 rows: int4 ~38 ms, bfloat16 ~25 ms), so batches of more
-than SMALL_BATCH_ROWS rows (prefill chunks, busy decode steps) use a bfloat16 copy of the very
-same dequantized weights: int4 takes more weight memory than bfloat16 and buys latency.
+elsewhere. At one row both are several times faster than bfloat16 (they read a quarter of the
+bytes); as rows grow, unpacking the 4-bit codes again for every row costs more than the bytes saved,
+and from about 8 rows bfloat16 is faster, so batches of more than SMALL_BATCH_ROWS rows (prefill
+chunks, busy decode steps) use a bfloat16 copy of the very same dequantized weights: int4 takes
+more weight memory than bfloat16 and buys latency. Tuned with `conveyor bench decode-step --num-seqs N`.
 The LM head (tied to the embedding in small models) is kept at 8 bits per weight, one scale per
 row (Int8Projection), as llama.cpp keeps a Q4_1 file's Q8_0 output matrix.
 
@@ -25,8 +25,15 @@ import torch
 
 from conveyor.errors import ConfigError
 from conveyor.model.gguf_projection import GGUFProjection
-from conveyor.model.gguf_quant import (FORMATS, QUANTIZATIONS, AnyWeight, QuantizedWeight, dense, kernels_keep_compact,
-                                       quantize)
+from conveyor.model.gguf_quant import (
+    FORMATS,
+    QUANTIZATIONS,
+    AnyWeight,
+    QuantizedWeight,
+    dense,
+    kernels_keep_compact,
+    quantize,
+)
 from conveyor.model.layers import Projection
 from conveyor.model.native import NativeKernels
 
@@ -89,8 +96,9 @@ def fast_native(kernels: NativeKernels | None) -> NativeKernels | None:
 class Int4Projection:
     """y = x W^T + b with W in int4 for small batches and in bfloat16 (same values) for large ones."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 kernels: NativeKernels | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, kernels: NativeKernels | None = None
+    ) -> None:
         codes, scale, zero = quantize_int4(weight)
         self.kernels = fast_native(kernels)
         self.blocks: torch.Tensor | None = None  # [out / 16, in / 32, 320] uint8, the native kernel's
@@ -116,11 +124,11 @@ class Int4Projection:
 
 
 LM_HEAD_INT8_ROWS = 2
-"""Rows up to which the LM head multiplies int8 weights with torch's kernel (measured at 1 row: 0.95 ms
-against 1.37 ms in bfloat16 for 576 -> 49,152; at 4 rows it is already slower: 1.70 against 1.40 ms)."""
+"""Rows up to which the LM head multiplies int8 weights with torch's kernel (faster than bfloat16 at a row or two,
+which read half the bytes; already slower at 4 rows). Tuned with `conveyor bench decode-step --num-seqs N`."""
 LM_HEAD_INT8_ROWS_NATIVE = 4
-"""The same with the native kernel (1 row: 0.63 ms, torch's 1.06, bfloat16 1.64; 4 rows: 1.52 against
-bfloat16's 1.62; 8 rows: 2.98 against 1.82)."""
+"""The same with the native kernel, which stays ahead of bfloat16 up to 4 rows and falls behind by 8 (tuned
+the same way)."""
 
 
 class Int8Projection:
@@ -163,8 +171,9 @@ def dequantize_int8(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return codes.float() * scale.float()[:, None]
 
 
-def make_lm_head(weight: AnyWeight, quantization: str | None,
-                 kernels: NativeKernels | None = None) -> Projection | Int8Projection | GGUFProjection:
+def make_lm_head(
+    weight: AnyWeight, quantization: str | None, kernels: NativeKernels | None = None
+) -> Projection | Int8Projection | GGUFProjection:
     """The LM head: GGUF blocks as loaded, or Q8_0 with quantization='q*'; int8 rows beside int4 decoder
     weights; else the dtype's fastest layout."""
     if quantization == "int4_latency":
@@ -178,8 +187,9 @@ def make_lm_head(weight: AnyWeight, quantization: str | None,
     return Projection(weight, None, kernels)
 
 
-def make_projection(weight: AnyWeight, bias: torch.Tensor | None, quantization: str | None,
-                    kernels: NativeKernels | None = None) -> Projection | Int4Projection | GGUFProjection:
+def make_projection(
+    weight: AnyWeight, bias: torch.Tensor | None, quantization: str | None, kernels: NativeKernels | None = None
+) -> Projection | Int4Projection | GGUFProjection:
     """The decoder's linear layers: GGUF blocks as loaded; quantized into a GGUF format where asked (q*);
     int4 where asked and the shape allows it; else the dtype's fastest layout."""
     if quantization == "int4_latency":
@@ -201,14 +211,21 @@ def quantize_for_load(weight: torch.Tensor, quantization: str, kernels: NativeKe
     """A checkpoint's weight [out, in] -> GGUF blocks of the asked format (quantization='q4_k' etc.)."""
     reason = kernels_keep_compact(kernels, weight.device, weight.dtype)
     if reason is not None:
-        raise ConfigError(f"quantization={quantization!r} needs the native GGUF kernels, but {reason}; leave "
-                          f"quantization unset, or use kernels='auto' on a CPU with AVX-512 BF16/VNNI")
+        raise ConfigError(
+            f"quantization={quantization!r} needs the native GGUF kernels, but {reason}; leave "
+            f"quantization unset, or use kernels='auto' on a CPU with AVX-512 BF16/VNNI"
+        )
     kind = quantization.upper()
     if weight.shape[1] % FORMATS[kind].block and kind in K_QUANT_FALLBACKS:
         fallback = K_QUANT_FALLBACKS[kind]
-        logger.warning("quantization=%r: a weight %s has %d input columns, not a multiple of 256; it is "
-                       "quantized to %s instead (as llama.cpp does)", quantization, tuple(weight.shape),
-                       weight.shape[1], fallback)
+        logger.warning(
+            "quantization=%r: a weight %s has %d input columns, not a multiple of 256; it is "
+            "quantized to %s instead (as llama.cpp does)",
+            quantization,
+            tuple(weight.shape),
+            weight.shape[1],
+            fallback,
+        )
         kind = fallback
     return quantize(weight, kind)
 

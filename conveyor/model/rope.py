@@ -48,19 +48,19 @@ def rope_inv_freq(rope: RopeSpec, head_dim: int, max_positions: int) -> torch.Te
 def _inv_freq(rope: RopeSpec, dim: int, max_positions: int) -> torch.Tensor:
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # [dim // 2]
     if rope.freq_factors is not None:
-        return (1.0 / (rope.theta ** exponents)) / torch.tensor(rope.freq_factors, dtype=torch.float32)
+        return (1.0 / (rope.theta**exponents)) / torch.tensor(rope.freq_factors, dtype=torch.float32)
     if rope.scaling_type == "linear":
-        return (1.0 / (rope.theta ** exponents)) / rope.factor
+        return (1.0 / (rope.theta**exponents)) / rope.factor
     if rope.scaling_type == "llama3":
-        return _llama3(1.0 / (rope.theta ** exponents), rope)
+        return _llama3(1.0 / (rope.theta**exponents), rope)
     if rope.scaling_type == "yarn":
         return _yarn(rope, dim)
     if rope.scaling_type == "longrope":
         factors = longrope_factors(rope, max_positions)
-        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * rope.theta ** exponents)
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * rope.theta**exponents)
     if rope.scaling_type != "default":
         raise ValueError(f"rope scaling type {rope.scaling_type!r} is not one of {ROPE_SCALING_TYPES}")
-    return 1.0 / (rope.theta ** exponents)
+    return 1.0 / (rope.theta**exponents)
 
 
 def longrope_factors(rope: RopeSpec, max_positions: int) -> tuple[float, ...]:

@@ -10,20 +10,19 @@ from typing import Any
 import torch
 
 from conveyor.config import EngineConfig
-from conveyor.errors import ConfigError
-from conveyor.host_memory import advise_huge_pages, keep_freed_host_memory
 from conveyor.core.kv_cache import CachePlan
 from conveyor.core.persistent_batch import PersistentBatch
 from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
+from conveyor.device import DeviceInfo, available_memory
+from conveyor.errors import ConfigError
+from conveyor.host_memory import advise_huge_pages, keep_freed_host_memory
 from conveyor.model import kv_int8
 from conveyor.model.attention import DECODE_GROUP_SIZE, AttentionBatch, build_attention_batch
 from conveyor.model.llama import LlamaModel
 from conveyor.model.loader import LoadedModel
 from conveyor.model.native import resolve_kernels
-from conveyor.model.sampler import (SampleOutput, SamplingKernels, SamplingTensors, plain_greedy, raw_logprobs,
-                                    sample)
+from conveyor.model.sampler import SampleOutput, SamplingKernels, SamplingTensors, plain_greedy, raw_logprobs, sample
 from conveyor.model.sampling_inputs import build_sampling_tensors
-from conveyor.device import DeviceInfo, available_memory
 from conveyor.structured.bitmask import DeferredBitmask
 
 logger = logging.getLogger(__name__)
@@ -54,9 +53,11 @@ def plan_kv_cache(config: EngineConfig, info: DeviceInfo, bytes_per_token: int, 
     elif requested is None:
         tokens = max(config.max_num_seqs * DEFAULT_TOKENS_PER_SEQ, max_model_len)
         budget = min(tokens * bytes_per_token, int(free * DEFAULT_CPU_FRACTION), DEFAULT_CPU_CAP)
-        text = (f"the default (max(max_num_seqs={config.max_num_seqs} x {DEFAULT_TOKENS_PER_SEQ}, max_model_len="
-                f"{max_model_len}) tokens, capped at {DEFAULT_CPU_FRACTION:.0%} of {free / 2**30:.1f} GiB "
-                f"available and {DEFAULT_CPU_CAP / 2**30:.0f} GiB)")
+        text = (
+            f"the default (max(max_num_seqs={config.max_num_seqs} x {DEFAULT_TOKENS_PER_SEQ}, max_model_len="
+            f"{max_model_len}) tokens, capped at {DEFAULT_CPU_FRACTION:.0%} of {free / 2**30:.1f} GiB "
+            f"available and {DEFAULT_CPU_CAP / 2**30:.0f} GiB)"
+        )
     elif isinstance(requested, float):
         budget = int(free * requested)
         text = f"kv_cache_memory={requested} ({requested:.0%} of {free / 2**30:.1f} GiB available)"
@@ -138,11 +139,14 @@ class ModelRunner:
         self.device = info.device
         self.block_size = config.block_size
         if config.quantization is not None and info.device.type != "cpu":
-            raise ConfigError(f"quantization={config.quantization!r} has CPU kernels only and cannot run on {info.name}; "
-                              f"use device='cpu', or leave quantization unset (dtype='bfloat16' is fast on GPUs)")
+            raise ConfigError(
+                f"quantization={config.quantization!r} has CPU kernels only and cannot run on {info.name}; "
+                f"use device='cpu', or leave quantization unset (dtype='bfloat16' is fast on GPUs)"
+            )
         kernels = resolve_kernels(config.kernels, info.device)
-        self.model = LlamaModel(loaded.spec, loaded.weights, max_model_len, info.device, config.quantization, kernels,
-                                config.gguf_weights)
+        self.model = LlamaModel(
+            loaded.spec, loaded.weights, max_model_len, info.device, config.quantization, kernels, config.gguf_weights
+        )
         self.decode_group_size = DECODE_GROUP_SIZE if kernels is None else 2**31
         """Decodes per attention group: the torch path pads each group to its longest context; the
         native kernel pads nothing and takes them all at once."""
@@ -150,8 +154,10 @@ class ModelRunner:
         """The sampler's argmax and structured output's grammar masks by the native kernels (None: torch's ops)."""
         loaded.weights.clear()  # the model holds its own (device) copies now
         if config.kv_cache_dtype == "int8" and info.device.type != "cpu":
-            raise ConfigError(f"kv_cache_dtype='int8' runs on CPU only for now, not on {info.name}; use device='cpu', "
-                              f"or leave kv_cache_dtype at 'auto'")
+            raise ConfigError(
+                f"kv_cache_dtype='int8' runs on CPU only for now, not on {info.name}; use device='cpu', "
+                f"or leave kv_cache_dtype at 'auto'"
+            )
         self.cache_dtype = torch.int8 if config.kv_cache_dtype == "int8" else self.model.dtype
         spec = self.spec
         if self.cache_dtype == torch.int8:
@@ -159,6 +165,7 @@ class ModelRunner:
         else:
             bytes_per_token = spec.kv_bytes_per_token(torch.empty((), dtype=self.model.dtype).element_size())
         self.cache_plan = plan_kv_cache(config, info, bytes_per_token, max_model_len)
+        shape: tuple[int, ...]
         if self.cache_dtype == torch.int8:  # each [num_blocks, kv_heads, block_size * (head_dim + 4)] int8 pages
             shape = kv_int8.cache_shape(self.cache_plan.num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         else:  # each [num_blocks, block_size, kv_heads, head_dim]
@@ -177,9 +184,13 @@ class ModelRunner:
         self._last_step_id: int | None = None
         self.num_placeholder_tokens = 0
         """Input tokens filled on the device from the previous step's samples (async batching at work)."""
-        logger.info("KV cache: %d blocks x %d tokens (%.1f MiB, %s)", self.cache_plan.num_blocks, self.block_size,
-                    self.cache_plan.num_blocks * self.cache_plan.bytes_per_block / 2**20,
-                    "int8" if self.cache_dtype == torch.int8 else str(self.cache_dtype).removeprefix("torch."))
+        logger.info(
+            "KV cache: %d blocks x %d tokens (%.1f MiB, %s)",
+            self.cache_plan.num_blocks,
+            self.block_size,
+            self.cache_plan.num_blocks * self.cache_plan.bytes_per_block / 2**20,
+            "int8" if self.cache_dtype == torch.int8 else str(self.cache_dtype).removeprefix("torch."),
+        )
 
     def _new_cache(self, shape: tuple[int, ...]) -> torch.Tensor:
         """One layer's K or V cache, zero-filled so that masked-out slots never hold NaN/inf garbage; in host
@@ -228,8 +239,10 @@ class ModelRunner:
             for j, token in enumerate(s.input_token_ids):
                 if token == PLACEHOLDER_TOKEN:
                     if s.request_id not in source_row:
-                        raise RuntimeError(f"step {plan.step_id}: request {s.request_id!r} has a placeholder "
-                                           f"token but the in-flight step does not sample it")
+                        raise RuntimeError(
+                            f"step {plan.step_id}: request {s.request_id!r} has a placeholder "
+                            f"token but the in-flight step does not sample it"
+                        )
                     holes.append(len(ids) + j)
                     sources.append(source_row[s.request_id])
             if s.prompt_logprob_targets is not None:
@@ -251,37 +264,63 @@ class ModelRunner:
         history_sources: list[int] = []
         sampling = None
         if sampling_seqs:
-            sampling = build_sampling_tensors([s.sampling for s in sampling_seqs if s.sampling is not None], t,
-                                              history_holes, history_sources, source_row,
-                                              [s.request_id for s in sampling_seqs], self.batch.history)
+            sampling = build_sampling_tensors(
+                [s.sampling for s in sampling_seqs if s.sampling is not None],
+                t,
+                history_holes,
+                history_sources,
+                source_row,
+                [s.request_id for s in sampling_seqs],
+                self.batch.history,
+            )
         uses_previous = bool(holes or history_holes)
 
         def index(values: list[int]) -> torch.Tensor | None:
             return t(torch.tensor(values, dtype=torch.int64)) if values else None
 
-        batch = build_attention_batch([s.start_position for s in computing], [s.num_tokens for s in computing],
-                                      [self.batch.block_table(s.request_id) for s in computing], self.block_size, t,
-                                      self.decode_group_size, plan.num_steps - 1) if computing else None
+        batch = (
+            build_attention_batch(
+                [s.start_position for s in computing],
+                [s.num_tokens for s in computing],
+                [self.batch.block_table(s.request_id) for s in computing],
+                self.block_size,
+                t,
+                self.decode_group_size,
+                plan.num_steps - 1,
+            )
+            if computing
+            else None
+        )
         every_row = sample_rows == list(range(len(ids)))
         later = None
         if plan.num_steps > 1:
             if batch is None or not every_row or len(ids) != len(plan.seqs):
-                raise RuntimeError(f"step {plan.step_id}: a plan of {plan.num_steps} steps must be decodes that each "
-                                   f"sample, one row per sequence")
+                raise RuntimeError(
+                    f"step {plan.step_id}: a plan of {plan.num_steps} steps must be decodes that each "
+                    f"sample, one row per sequence"
+                )
             later = self._later_steps(plan, batch)
         return PreparedStep(
             step_id=plan.step_id,
             input_ids=t(torch.tensor(ids, dtype=torch.int64)),
             positions=t(torch.tensor(positions, dtype=torch.int64)),
-            batch=batch, sample_rows=index(sample_rows), sampling=sampling,
-            placeholder_positions=index(holes), placeholder_sources=index(sources),
-            history_holes=index(history_holes), history_sources=index(history_sources),
+            batch=batch,
+            sample_rows=index(sample_rows),
+            sampling=sampling,
+            placeholder_positions=index(holes),
+            placeholder_sources=index(sources),
+            history_holes=index(history_holes),
+            history_sources=index(history_sources),
             source_step_id=previous.step_id if uses_previous and previous else None,
-            copy_from=index([a for a, _ in plan.block_copies]), copy_to=index([b for _, b in plan.block_copies]),
-            prompt_rows=index(prompt_rows), prompt_targets=index(prompt_targets),
+            copy_from=index([a for a, _ in plan.block_copies]),
+            copy_to=index([b for _, b in plan.block_copies]),
+            prompt_rows=index(prompt_rows),
+            prompt_targets=index(prompt_targets),
             prompt_top_n=max((s.num_prompt_logprobs for s in plan.seqs), default=0),
             samples_every_row=every_row,
-            grammar=_deferred_bitmask(sampling_seqs), later=later)
+            grammar=_deferred_bitmask(sampling_seqs),
+            later=later,
+        )
 
     def _later_steps(self, plan: StepPlan, batch: AttentionBatch) -> LaterSteps:
         """Positions, slots and context lengths of steps 2..n of a multi-step plan (the scheduler allocated their
@@ -297,10 +336,13 @@ class ModelRunner:
         ahead = torch.arange(1, steps, dtype=torch.int64).unsqueeze(1)  # [n - 1, 1]
         t = self._to_device
         rows = len(plan.seqs)
-        return LaterSteps(positions=t(torch.tensor(positions, dtype=torch.int64).view(steps - 1, rows)),
-                          slot_mapping=t(torch.tensor(slots, dtype=torch.int64).view(steps - 1, rows)),
-                          context_lens=[group.context_lens.unsqueeze(0) + ahead.to(group.context_lens.device)
-                                        for group in batch.decode_groups])
+        return LaterSteps(
+            positions=t(torch.tensor(positions, dtype=torch.int64).view(steps - 1, rows)),
+            slot_mapping=t(torch.tensor(slots, dtype=torch.int64).view(steps - 1, rows)),
+            context_lens=[
+                group.context_lens.unsqueeze(0) + ahead.to(group.context_lens.device) for group in batch.decode_groups
+            ],
+        )
 
     # ---- device side ------------------------------------------------------------------
     def forward(self, step: PreparedStep) -> StepOutput:
@@ -314,8 +356,10 @@ class ModelRunner:
 
     def _previous_samples(self, step: PreparedStep) -> torch.Tensor:
         if step.source_step_id != self._last_step_id or self._last_sampled is None:
-            raise RuntimeError(f"step {step.step_id} needs tokens of step {step.source_step_id}, but the last "
-                               f"step run was {self._last_step_id}")
+            raise RuntimeError(
+                f"step {step.step_id} needs tokens of step {step.source_step_id}, but the last "
+                f"step run was {self._last_step_id}"
+            )
         return self._last_sampled
 
     @torch.inference_mode()
@@ -328,8 +372,12 @@ class ModelRunner:
         if step.placeholder_positions is not None and step.placeholder_sources is not None:
             filled = self._previous_samples(step)[step.placeholder_sources]  # [num_placeholders]
             input_ids = input_ids.index_put((step.placeholder_positions,), filled)  # [num_tokens]
-        if step.history_holes is not None and step.history_sources is not None and step.sampling is not None \
-                and step.sampling.penalties is not None:
+        if (
+            step.history_holes is not None
+            and step.history_sources is not None
+            and step.sampling is not None
+            and step.sampling.penalties is not None
+        ):
             p = step.sampling.penalties
             p.tokens = p.tokens.index_put((step.history_holes,), self._previous_samples(step)[step.history_sources])
         hidden = None
@@ -358,8 +406,11 @@ class ModelRunner:
     def _sample(self, step: PreparedStep, sampled_hidden: torch.Tensor) -> SampleOutput:
         """sampled_hidden [num_sampled, hidden] -> the step's samples: the argmax from the LM head's product where
         every row is plain greedy (no logits written), else logits and the sampler."""
-        tokens = self.model.greedy_tokens(sampled_hidden) \
-            if step.grammar is None and step.sampling is not None and plain_greedy(step.sampling) else None
+        tokens = (
+            self.model.greedy_tokens(sampled_hidden)
+            if step.grammar is None and step.sampling is not None and plain_greedy(step.sampling)
+            else None
+        )
         if tokens is not None:  # [num_sampled]
             return SampleOutput(tokens)
         assert step.sampling is not None
@@ -394,8 +445,9 @@ def _logprob_rows(out: SampleOutput) -> list[TokenLogprobs]:
     ranks = out.rank.tolist() if out.rank is not None else []
     top_ids = out.top_ids.tolist() if out.top_ids is not None else [[] for _ in ids]
     top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else [[] for _ in ids]
-    return [TokenLogprobs(t, lp, r, list(zip(ti, tl))) for t, lp, r, ti, tl in zip(ids, chosen, ranks, top_ids,
-                                                                                   top_lps)]
+    return [
+        TokenLogprobs(t, lp, r, list(zip(ti, tl))) for t, lp, r, ti, tl in zip(ids, chosen, ranks, top_ids, top_lps)
+    ]
 
 
 def to_result(plan: StepPlan, out: StepOutput) -> StepResult:
@@ -411,12 +463,14 @@ def to_result(plan: StepPlan, out: StepOutput) -> StepResult:
                 logprobs.append(None if n is None else TokenLogprobs(row.token_id, row.logprob, row.rank, row.top[:n]))
     prompt: dict[str, list[TokenLogprobs | None]] = {}
     if out.prompt is not None:
-        rows = iter(_logprob_rows(out.prompt))
+        prompt_rows = iter(_logprob_rows(out.prompt))
         for seq in plan.seqs:
             if seq.prompt_logprob_targets is None:
                 continue
-            prompt[seq.request_id] = [None if target < 0 else _trim(next(rows), seq.num_prompt_logprobs)
-                                      for target in seq.prompt_logprob_targets]
+            prompt[seq.request_id] = [
+                None if target < 0 else _trim(next(prompt_rows), seq.num_prompt_logprobs)
+                for target in seq.prompt_logprob_targets
+            ]
     later = [tokens.tolist() for tokens in out.later] if out.later else []
     return StepResult(plan.step_id, sampled, logprobs, prompt, later)
 

@@ -59,7 +59,7 @@ class PenaltyTensors:
 @dataclass
 class SamplingTensors:
     # The five below are read only for random rows: None when every row is greedy (all_greedy), so that a greedy
-    # step builds none of them (five small tensors a step on the host: ~0.25 ms of a CPU decode step, s27).
+    # step builds none of them (five small host tensors a step, on the host's critical path of a CPU decode step).
     temperature: torch.Tensor | None  # [rows] float32; 0 = greedy
     top_k: torch.Tensor | None  # [rows] int64; <= 0 = off
     top_p: torch.Tensor | None  # [rows] float32; 1.0 = off
@@ -123,8 +123,9 @@ def raw_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int) -> Samp
     chosen = lp.gather(1, tokens.unsqueeze(1))  # [rows, 1]
     rank = (lp > chosen).sum(dim=-1) + 1  # [rows]
     top = lp.topk(top_n, dim=-1) if top_n > 0 else None
-    return SampleOutput(tokens, chosen.squeeze(1), rank, None if top is None else top.indices,
-                        None if top is None else top.values)
+    return SampleOutput(
+        tokens, chosen.squeeze(1), rank, None if top is None else top.indices, None if top is None else top.values
+    )
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -156,16 +157,17 @@ class SamplingKernels(GrammarKernels, Protocol):
 
 def _first_argmax(x: torch.Tensor, kernels: SamplingKernels | None = None) -> torch.Tensor:
     """[rows, vocab] -> [rows] index of each row's first maximum (the first NaN where a row has one).
-    `max(dim).indices` has argmax's tie rule and runs ~2.5x faster on CPU than argmax (0.84 vs 2.1 ms for
-    64 x 49152 float32); the native kernel gives the same ids and reads the logits once at memory speed
+    `max(dim).indices` has argmax's tie rule and is faster on CPU than argmax, whose reduction kernel is not
+    vectorized the same way; the native kernel gives the same ids and reads the logits once at memory speed
     (64 x 49,152 bfloat16: benchmarks/decode_attention_bw.py has both)."""
     if kernels is not None and native_applies(x):
         return kernels.argmax_rows(x)
     return x.max(dim=-1).indices
 
 
-def _greedy_allowed(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor,
-                    kernels: SamplingKernels | None, owned: bool) -> torch.Tensor:
+def _greedy_allowed(
+    logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, kernels: SamplingKernels | None, owned: bool
+) -> torch.Tensor:
     """logits [batch, vocab]; rows [k] int64 (distinct); bitmask [k, words] int32 -> [batch] each row's first
     argmax among the tokens its grammar allows (every token for a row not in `rows`): the argmax of the
     masked logits. The native kernel finds it without writing the mask and reads no logit of a word the
@@ -173,8 +175,11 @@ def _greedy_allowed(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Ten
     if kernels is None or not native_applies(logits):
         return _first_argmax(apply_bitmask(logits, rows, bitmask, owned=owned))
     allowed = kernels.argmax_allowed(logits, rows.to(torch.int64).contiguous(), bitmask.contiguous())  # [k]
-    tokens = torch.empty(logits.shape[0], dtype=torch.int64) if rows.shape[0] == logits.shape[0] \
-        else _first_argmax(logits, kernels)  # [batch]
+    tokens = (
+        torch.empty(logits.shape[0], dtype=torch.int64)
+        if rows.shape[0] == logits.shape[0]
+        else _first_argmax(logits, kernels)
+    )  # [batch]
     return tokens.index_copy_(0, rows, allowed)
 
 
@@ -184,8 +189,13 @@ def plain_greedy(t: SamplingTensors) -> bool:
     return t.all_greedy and t.bias is None and t.suppress is None and t.penalties is None and t.num_logprobs is None
 
 
-def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor, torch.Tensor] | None = None,
-           kernels: SamplingKernels | None = None, logits_owned: bool = False) -> SampleOutput:
+def sample(
+    logits: torch.Tensor,
+    t: SamplingTensors,
+    grammar: tuple[torch.Tensor, torch.Tensor] | None = None,
+    kernels: SamplingKernels | None = None,
+    logits_owned: bool = False,
+) -> SampleOutput:
     """logits: [rows, vocab] raw model logits, in the model's dtype -> sampled ids [rows] (+ raw
     logprobs when asked).
 
@@ -194,8 +204,7 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
     counter-based noise. Everything is computed in float32, except a batch that is only plain
     greedy rows: its argmax is taken in the model's dtype, which gives the same ids (widening to
     float32 is exact and keeps the order and the ties) without the float32 copy of the logits
-    (bfloat16, 64 x 49,152, medians of 60 alternating calls: 1.38 -> 1.18 ms; tests/model/test_sampler.py
-    checks the ids).
+    (tests/model/test_sampler.py checks the ids).
 
     `grammar` (rows [k], bitmask [k, words]): structured-output rows, whose forbidden tokens are set
     to -inf after the other logits processing (so no bias or penalty can bring them back), by the
@@ -213,14 +222,17 @@ def sample(logits: torch.Tensor, t: SamplingTensors, grammar: tuple[torch.Tensor
     processed = process_logits(logits, t)  # [rows, vocab]
     if grammar is not None:
         # in place only into a tensor of our own: `logits` is still read for the raw logprobs below
-        own = processed is not logits or t.num_logprobs is None and (logits is not raw or logits_owned)
-        processed = apply_bitmask(processed, *grammar, native=None if kernels is None else kernels.apply_token_bitmask_,
-                                  owned=own)
+        own = processed is not logits or (t.num_logprobs is None and (logits is not raw or logits_owned))
+        processed = apply_bitmask(
+            processed, *grammar, native=None if kernels is None else kernels.apply_token_bitmask_, owned=own
+        )
     tokens = _first_argmax(processed, kernels)  # [rows]
     if not t.all_greedy:
         if t.temperature is None or t.top_k is None or t.top_p is None or t.seeds is None or t.output_index is None:
-            raise ValueError("SamplingTensors with random rows (all_greedy False) need temperature, top_k, top_p, "
-                             "seeds and output_index; build them with build_sampling_tensors")
+            raise ValueError(
+                "SamplingTensors with random rows (all_greedy False) need temperature, top_k, top_p, "
+                "seeds and output_index; build them with build_sampling_tensors"
+            )
         is_greedy = t.temperature == 0  # [rows]
         temperature = torch.where(is_greedy, torch.ones_like(t.temperature), t.temperature)
         scaled = processed / temperature.unsqueeze(1)  # [rows, vocab]

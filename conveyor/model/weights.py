@@ -13,8 +13,8 @@ import torch
 
 from conveyor.errors import ModelLoadError
 from conveyor.model.gguf_quant import AnyWeight, cast_weight, cat_rows, dense
-from conveyor.model.rope import partial_rotary_order
 from conveyor.model.model_spec import ModelSpec
+from conveyor.model.rope import partial_rotary_order
 
 
 @dataclass
@@ -35,8 +35,9 @@ _IGNORED_TENSORS = (".rotary_emb.inv_freq",)
 """Tensors some old checkpoints carry that are recomputed from the config (never read)."""
 
 
-def fuse_weights(spec: ModelSpec, tensors: dict[str, AnyWeight], dtype: torch.dtype, source: str,
-                 norm_offset: float = 0.0) -> dict[str, AnyWeight]:
+def fuse_weights(
+    spec: ModelSpec, tensors: dict[str, AnyWeight], dtype: torch.dtype, source: str, norm_offset: float = 0.0
+) -> dict[str, AnyWeight]:
     """Hugging Face names -> our fused layout in `dtype`. A tensor left unread is refused by name: skipping it
     would silently compute a different model. norm_offset: added to every RMSNorm weight, in float32 before the
     cast (Gemma's checkpoints store weight - 1; llama.cpp's converter already adds the 1)."""
@@ -49,8 +50,9 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, AnyWeight], dtype: torch.dt
     def need(name: str) -> torch.Tensor:
         tensor = get(name)
         if tensor is None:
-            raise ModelLoadError(f"{source}: tensor {name!r} is missing; the checkpoint is incomplete or not a "
-                                 f"{spec.architecture} model")
+            raise ModelLoadError(
+                f"{source}: tensor {name!r} is missing; the checkpoint is incomplete or not a {spec.architecture} model"
+            )
         return tensor
 
     def cast(t: Any) -> Any:  # a float tensor, or GGUF blocks kept compact (model/gguf_quant.py)
@@ -67,8 +69,10 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, AnyWeight], dtype: torch.dt
     def norm(name: str) -> torch.Tensor:
         return cast(need(name).float() + norm_offset)  # a new tensor
 
-    out: dict[str, torch.Tensor] = {"embed": owned(need("model.embed_tokens.weight")),
-                                    "final_norm": norm("model.norm.weight")}
+    out: dict[str, torch.Tensor] = {
+        "embed": owned(need("model.embed_tokens.weight")),
+        "final_norm": norm("model.norm.weight"),
+    }
     lm_head = get("lm_head.weight")
     if lm_head is not None and not spec.tie_word_embeddings:
         out["lm_head"] = cast(lm_head)
@@ -81,19 +85,24 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, AnyWeight], dtype: torch.dt
         fused = get(a + "qkv_proj.weight")  # Phi-3 stores Q, K and V stacked, as we do
         if fused is not None:
             if fused.shape[0] != spec.q_size + 2 * spec.kv_size:
-                raise ModelLoadError(f"{source}: layer {i} qkv_proj has {fused.shape[0]} rows, config implies "
-                                     f"{spec.q_size + 2 * spec.kv_size}; config.json and weights disagree")
+                raise ModelLoadError(
+                    f"{source}: layer {i} qkv_proj has {fused.shape[0]} rows, config implies "
+                    f"{spec.q_size + 2 * spec.kv_size}; config.json and weights disagree"
+                )
             out[p + "qkv"] = cast(fused)  # [q_size + 2 * kv_size, hidden]
         else:
             q, k, v = need(a + "q_proj.weight"), need(a + "k_proj.weight"), need(a + "v_proj.weight")
             expected = (spec.q_size, spec.kv_size, spec.kv_size)
             if (q.shape[0], k.shape[0], v.shape[0]) != expected:
-                raise ModelLoadError(f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
-                                     f"config implies {expected}; config.json and weights disagree")
+                raise ModelLoadError(
+                    f"{source}: layer {i} q/k/v rows are {q.shape[0]}/{k.shape[0]}/{v.shape[0]}, "
+                    f"config implies {expected}; config.json and weights disagree"
+                )
             out[p + "qkv"] = cast(cat_rows([q, k, v]))  # [q_size + 2 * kv_size, hidden]
         if spec.qkv_bias:
-            out[p + "qkv_bias"] = cast(torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"),
-                                                  need(a + "v_proj.bias")]))
+            out[p + "qkv_bias"] = cast(
+                torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"), need(a + "v_proj.bias")])
+            )
         if spec.qk_norm:
             out[p + "q_norm"] = norm(a + "q_norm.weight")
             out[p + "k_norm"] = norm(a + "k_norm.weight")
@@ -115,15 +124,19 @@ def fuse_weights(spec: ModelSpec, tensors: dict[str, AnyWeight], dtype: torch.dt
         if gate_up is None:
             gate_up = cat_rows([need(m + "gate_proj.weight"), need(m + "up_proj.weight")])
         if gate_up.shape[0] != 2 * spec.intermediate_size:
-            raise ModelLoadError(f"{source}: layer {i} gate/up rows are {gate_up.shape[0]}, config implies "
-                                 f"{2 * spec.intermediate_size}; config.json and weights disagree")
+            raise ModelLoadError(
+                f"{source}: layer {i} gate/up rows are {gate_up.shape[0]}, config implies "
+                f"{2 * spec.intermediate_size}; config.json and weights disagree"
+            )
         out[p + "gate_up"] = cast(gate_up)  # [2 * intermediate, hidden]
         out[p + "down"] = cast(need(m + "down_proj.weight"))
     unread = sorted(name for name in tensors if name not in read and not name.endswith(_IGNORED_TENSORS))
     if unread:
-        raise ModelLoadError(f"{source}: {len(unread)} tensor(s) Conveyor does not know for {spec.architecture}: "
-                             f"{unread[:5]}{' ...' if len(unread) > 5 else ''}; skipping them would silently change "
-                             f"the model, so it is refused (see the model table in README.md)")
+        raise ModelLoadError(
+            f"{source}: {len(unread)} tensor(s) Conveyor does not know for {spec.architecture}: "
+            f"{unread[:5]}{' ...' if len(unread) > 5 else ''}; skipping them would silently change "
+            f"the model, so it is refused (see the model table in README.md)"
+        )
     return out
 
 
@@ -134,12 +147,15 @@ def _reorder_for_partial_rotary(out: dict[str, torch.Tensor], prefix: str, spec:
     order = partial_rotary_order(spec.head_dim, spec.rope.rotary_dim)  # [head_dim]
     out[prefix + "qkv"] = dense(out[prefix + "qkv"])  # GGUF blocks: rows are reordered on the dense matrix
     heads = spec.num_heads + spec.num_kv_heads
-    rows = torch.cat([(torch.arange(heads)[:, None] * spec.head_dim + order[None, :]).reshape(-1),
-                      torch.arange(spec.q_size + spec.kv_size, spec.q_size + 2 * spec.kv_size)])  # [qkv rows]
+    rows = torch.cat(
+        [
+            (torch.arange(heads)[:, None] * spec.head_dim + order[None, :]).reshape(-1),
+            torch.arange(spec.q_size + spec.kv_size, spec.q_size + 2 * spec.kv_size),
+        ]
+    )  # [qkv rows]
     out[prefix + "qkv"] = out[prefix + "qkv"][rows].contiguous()  # [q_size + 2 * kv_size, hidden]
     if prefix + "qkv_bias" in out:
         out[prefix + "qkv_bias"] = out[prefix + "qkv_bias"][rows].contiguous()
     for name in ("q_norm", "k_norm"):
         if prefix + name in out:
             out[prefix + name] = out[prefix + name][order].contiguous()
-

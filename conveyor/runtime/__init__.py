@@ -14,8 +14,8 @@ def make_executor(async_batching: bool, runner: ModelRunner, tracer: Tracer) -> 
     around it, under tensor parallelism, the executor that also ends the worker processes."""
     executor = _device_executor(async_batching, runner, tracer)
     if runner.config.tensor_parallel_size > 1:
-        from conveyor.tensor_parallel.launch import TensorParallelRunner
         from conveyor.runtime.tp_executor import TensorParallelExecutor
+        from conveyor.tensor_parallel.launch import TensorParallelRunner
 
         assert isinstance(runner, TensorParallelRunner)
         return TensorParallelExecutor(executor, runner)

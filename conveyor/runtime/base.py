@@ -28,6 +28,7 @@ import abc
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.model.runner import ModelRunner, PreparedStep
@@ -57,7 +58,7 @@ class ThreadLending(abc.ABC):
         """Steps submitted whose forward has not started."""
 
     @abc.abstractmethod
-    def serve(self, until: Future[object], owed: int) -> None:
+    def serve(self, until: Future[Any], owed: int) -> None:
         """Lend the calling thread to the executor until `until` is done, running the `owed` oldest queued
         steps and any step `wait` asks for."""
 
@@ -96,7 +97,7 @@ class Executor(abc.ABC):
     def wait(self, handle: StepHandle) -> StepResult:
         """The result of the oldest submitted step (handles are waited for in submission order)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: executors without threads of their own keep this no-op
         """Stop any thread of the executor's own (after the engine has waited for every step)."""
 
     def run_here(self, plan: StepPlan, prepared: PreparedStep) -> StepResult:
@@ -108,5 +109,14 @@ class Executor(abc.ABC):
         finally:
             end = time.perf_counter()
             self.device_busy_s += end - start
-            self.tracer.add("forward+sample", DEVICE_LANE, start, end, plan.step_id, len(plan.seqs),
-                            plan.num_computed_tokens, plan.num_sampled, plan.num_steps)
+            self.tracer.add(
+                "forward+sample",
+                DEVICE_LANE,
+                start,
+                end,
+                plan.step_id,
+                len(plan.seqs),
+                plan.num_computed_tokens,
+                plan.num_sampled,
+                plan.num_steps,
+            )

@@ -20,6 +20,7 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from conveyor.core.plan import StepPlan, StepResult
 from conveyor.model.runner import ModelRunner
@@ -64,7 +65,7 @@ class CpuOverlapExecutor(Executor, ThreadLending):
         with self._changed:
             return len(self._queue)
 
-    def serve(self, until: Future[object], owed: int) -> None:
+    def serve(self, until: Future[Any], owed: int) -> None:
         """Run forwards on this thread, oldest first: the `owed` oldest queued ones (those queued before
         the host turn began: one, in the steady state, the forward that overlaps this turn) and any the
         host thread waits for. Returns once `until` is done and those have run; steps queued during the

@@ -16,8 +16,9 @@ at the next `submit` or at its `wait`, whichever comes first.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -43,8 +44,10 @@ class CudaStreamsExecutor(Executor):
     def __init__(self, runner: ModelRunner, tracer: Tracer) -> None:
         super().__init__(runner, tracer)
         if not runner.info.is_cuda:
-            raise ValueError(f"CudaStreamsExecutor drives CUDA streams, and the runner's device is {runner.info.name}; "
-                             f"on CPU use CpuOverlapExecutor")
+            raise ValueError(
+                f"CudaStreamsExecutor drives CUDA streams, and the runner's device is {runner.info.name}; "
+                f"on CPU use CpuOverlapExecutor"
+            )
         self.compute_stream = runner.compute_stream
         self.d2h_stream = torch.cuda.Stream(runner.device)
         self._unlaunched: list[LaunchedStep] = []
@@ -90,8 +93,17 @@ class CudaStreamsExecutor(Executor):
         self.device_busy_s += busy
         end = time.perf_counter()
         plan = handle.plan
-        self.tracer.add("forward+sample", DEVICE_LANE, end - busy, end, plan.step_id, len(plan.seqs),
-                        plan.num_computed_tokens, plan.num_sampled, plan.num_steps)
+        self.tracer.add(
+            "forward+sample",
+            DEVICE_LANE,
+            end - busy,
+            end,
+            plan.step_id,
+            len(plan.seqs),
+            plan.num_computed_tokens,
+            plan.num_sampled,
+            plan.num_steps,
+        )
         assert handle.host_output is not None
         return to_result(plan, handle.host_output)
 
@@ -100,6 +112,8 @@ def _map_output(output: StepOutput, fn: Callable[[torch.Tensor], torch.Tensor]) 
     def each(s: SampleOutput | None) -> SampleOutput | None:
         if s is None:
             return None
-        return SampleOutput(*(None if t is None else fn(t) for t in (s.tokens, s.logprob, s.rank, s.top_ids,
-                                                                      s.top_logprobs)))  # type: ignore[arg-type]
+        return SampleOutput(
+            *(None if t is None else fn(t) for t in (s.tokens, s.logprob, s.rank, s.top_ids, s.top_logprobs))  # type: ignore[arg-type]  # tokens is never None
+        )
+
     return StepOutput(each(output.sample), each(output.prompt))

@@ -50,11 +50,22 @@ class StepTimeline:
         """Seconds since the timeline was created (the clock every Span uses)."""
         return time.perf_counter() - self.origin
 
-    def add(self, name: str, lane: int, start: float, end: float, step: int | None = None, num_seqs: int = 0,
-            num_tokens: int = 0, num_sampled: int = 0, num_steps: int = 1) -> None:
+    def add(
+        self,
+        name: str,
+        lane: int,
+        start: float,
+        end: float,
+        step: int | None = None,
+        num_seqs: int = 0,
+        num_tokens: int = 0,
+        num_sampled: int = 0,
+        num_steps: int = 1,
+    ) -> None:
         """Record a span given in time.perf_counter() seconds."""
-        span = Span(name, lane, start - self.origin, end - self.origin, step, num_seqs, num_tokens, num_sampled,
-                    num_steps)
+        span = Span(
+            name, lane, start - self.origin, end - self.origin, step, num_seqs, num_tokens, num_sampled, num_steps
+        )
         with self._lock:
             self._spans.append(span)
 

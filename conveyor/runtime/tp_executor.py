@@ -9,8 +9,8 @@ the step's forward. close() ends the inner executor, then every worker process.
 from __future__ import annotations
 
 from conveyor.core.plan import StepPlan, StepResult
-from conveyor.tensor_parallel.launch import TensorParallelRunner
 from conveyor.runtime.base import Executor, StepHandle, ThreadLending
+from conveyor.tensor_parallel.launch import TensorParallelRunner
 
 
 class TensorParallelExecutor(Executor):
@@ -21,8 +21,8 @@ class TensorParallelExecutor(Executor):
         self.depth = inner.depth
         self._closed = False
 
-    @property  # type: ignore[override]
-    def device_busy_s(self) -> float:
+    @property
+    def device_busy_s(self) -> float:  # type: ignore[override]  # read-only here: the inner executor's
         return self.inner.device_busy_s
 
     def submit(self, plan: StepPlan) -> StepHandle:

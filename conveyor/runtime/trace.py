@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from conveyor.runtime.timeline import DEVICE_LANE, HOST_LANE, StepTimeline
 
@@ -35,8 +35,18 @@ class Tracer:
         self.origin = time.perf_counter()
         self.enabled = True
 
-    def add(self, name: str, lane: int, start: float, end: float, step: int | None = None, seqs: int = 0,
-            tokens: int = 0, sampled: int = 0, steps: int = 1) -> None:
+    def add(
+        self,
+        name: str,
+        lane: int,
+        start: float,
+        end: float,
+        step: int | None = None,
+        seqs: int = 0,
+        tokens: int = 0,
+        sampled: int = 0,
+        steps: int = 1,
+    ) -> None:
         self.timeline.add(name, lane, start, end, step, seqs, tokens, sampled, steps)
         if not self.enabled:
             return
@@ -45,8 +55,15 @@ class Tracer:
             args["steps"] = steps
         if step is not None:
             args["step"] = step
-        event = {"name": name, "ph": "X", "pid": 1, "tid": lane, "ts": (start - self.origin) * 1e6,
-                 "dur": max(0.0, end - start) * 1e6, "args": args}
+        event = {
+            "name": name,
+            "ph": "X",
+            "pid": 1,
+            "tid": lane,
+            "ts": (start - self.origin) * 1e6,
+            "dur": max(0.0, end - start) * 1e6,
+            "args": args,
+        }
         with self._lock:
             self._events.append(event)
 
@@ -59,8 +76,10 @@ class Tracer:
             self.add(name, lane, start, time.perf_counter(), step, seqs)
 
     def save(self, path: str) -> None:
-        meta = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": lane, "args": {"name": name}}
-                for lane, name in _LANE_NAMES.items()]
+        meta = [
+            {"name": "thread_name", "ph": "M", "pid": 1, "tid": lane, "args": {"name": name}}
+            for lane, name in _LANE_NAMES.items()
+        ]
         with self._lock:
             events = meta + sorted(self._events, key=lambda e: e["ts"])  # type: ignore[arg-type,return-value]
         with open(path, "w") as f:

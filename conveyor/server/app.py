@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -13,11 +14,11 @@ from conveyor import __version__
 from conveyor.outputs import RequestOutput
 from conveyor.server.error_responses import APIError, as_api_error, error_response, install_error_handlers
 from conveyor.server.guard import GuardMiddleware
-from conveyor.server.state import ServerState
-from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.logprobs import TokenBytes
+from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.request_id import RequestIdMiddleware, response_id
 from conveyor.server.serving import Prepared, Serving, chat_choice, completion_choice, new_id, now, usage
+from conveyor.server.state import ServerState
 from conveyor.server.streaming import sse_response, stream_chat, stream_completion
 from conveyor.server.tokenizer_routes import tokenizer_routes
 from conveyor.server.ui import mount_ui
@@ -30,8 +31,13 @@ def build_app(state: ServerState) -> FastAPI:
     serving = Serving(state.engine, state.options.model_name, state.options.request_timeout)
     if state.options.allowed_origins:
         origins = list(state.options.allowed_origins)
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials="*" not in origins,
-                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["Authorization", "Content-Type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_credentials="*" not in origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     app.add_middleware(GuardMiddleware, state=state)  # runs before CORS and routing
     app.add_middleware(RequestIdMiddleware)  # outermost: every response, refusals too, carries X-Request-Id
     app.include_router(tokenizer_routes(serving))  # /tokenize, /detokenize, /tokenizer_info (as vLLM)
@@ -75,11 +81,13 @@ def build_app(state: ServerState) -> FastAPI:
         prepared = await serving.prepare_completion(body)
 
         def choices(outputs: list[RequestOutput], tokens: TokenBytes | None) -> list[dict[str, Any]]:
-            return [completion_choice(prepared, i, out, c, tokens)
-                    for i, out in enumerate(outputs) for c in out.outputs]
+            return [
+                completion_choice(prepared, i, out, c, tokens) for i, out in enumerate(outputs) for c in out.outputs
+            ]
 
-        return await _respond(state, serving, request, body, prepared, "cmpl", "text_completion",
-                              stream_completion, choices)
+        return await _respond(
+            state, serving, request, body, prepared, "cmpl", "text_completion", stream_completion, choices
+        )
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -89,17 +97,25 @@ def build_app(state: ServerState) -> FastAPI:
         def choices(outputs: list[RequestOutput], tokens: TokenBytes | None) -> list[dict[str, Any]]:
             return [chat_choice(outputs[0], c, tokens, prepared) for c in outputs[0].outputs]
 
-        return await _respond(state, serving, request, body, prepared, "chatcmpl", "chat.completion",
-                              stream_chat, choices)
+        return await _respond(
+            state, serving, request, body, prepared, "chatcmpl", "chat.completion", stream_chat, choices
+        )
 
     mount_ui(app, state, serve_page=state.options.ui)
     return app
 
 
-async def _respond(state: ServerState, serving: Serving, request: Request,
-                   body: CompletionRequest | ChatCompletionRequest, prepared: Prepared, id_prefix: str,
-                   object_name: str, stream: Callable[..., AsyncIterator[str]],
-                   choices: Callable[[list[RequestOutput], TokenBytes | None], list[dict[str, Any]]]) -> Response:
+async def _respond(
+    state: ServerState,
+    serving: Serving,
+    request: Request,
+    body: CompletionRequest | ChatCompletionRequest,
+    prepared: Prepared,
+    id_prefix: str,
+    object_name: str,
+    stream: Callable[..., AsyncIterator[str]],
+    choices: Callable[[list[RequestOutput], TokenBytes | None], list[dict[str, Any]]],
+) -> Response:
     """Admit a prepared request, then stream it as SSE or collect it into one response body."""
     streams = await serving.admit(prepared, new_id(id_prefix))  # the engine's ids stay unique
     rid = response_id(request, id_prefix)
@@ -109,20 +125,29 @@ async def _respond(state: ServerState, serving: Serving, request: Request,
     if prepared.extras.tokens_as_ids:
         tokens = TokenIdNames(tokens)
     if body.stream:
-        return sse_response(stream(streams, prepared, rid, state.options.model_name, tokens, _include_usage(body),
-                                   state))
+        return sse_response(
+            stream(streams, prepared, rid, state.options.model_name, tokens, _include_usage(body), state)
+        )
     try:
         outputs = await _until_disconnect(request, serving.collect(streams))
         _raise_if_failed(outputs)
         body_choices = choices(outputs, tokens)
     except BaseException as exc:
-        gone = isinstance(exc, asyncio.CancelledError) or isinstance(exc, APIError) and exc.status == 499
+        gone = isinstance(exc, asyncio.CancelledError) or (isinstance(exc, APIError) and exc.status == 499)
         state.metrics.requests.labels("abort" if gone else "error").inc()
         raise
     state.metrics.requests.labels("ok").inc()
-    return JSONResponse({"id": rid, "object": object_name, "created": now(), "model": state.options.model_name,
-                         "choices": body_choices, "usage": usage(outputs, prepared.score_only)}
-                        | (prompt_fields(prepared.extras, outputs[0]) if object_name == "chat.completion" else {}))
+    return JSONResponse(
+        {
+            "id": rid,
+            "object": object_name,
+            "created": now(),
+            "model": state.options.model_name,
+            "choices": body_choices,
+            "usage": usage(outputs, prepared.score_only),
+        }
+        | (prompt_fields(prepared.extras, outputs[0]) if object_name == "chat.completion" else {})
+    )
 
 
 def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
@@ -133,8 +158,7 @@ async def _require_ready(state: ServerState) -> None:
     if state.engine.is_dead:
         raise APIError(503, "the engine has stopped; restart the server", code="engine_dead")
     if not state.engine.is_ready:
-        raise APIError(503, "the model is still loading; retry shortly", code="loading",
-                       headers={"Retry-After": "2"})
+        raise APIError(503, "the model is still loading; retry shortly", code="loading", headers={"Retry-After": "2"})
 
 
 def _raise_if_failed(outputs: list[RequestOutput]) -> None:
@@ -167,5 +191,3 @@ async def _until_disconnect(request: Request, work: Any) -> Any:
         raise APIError(499, "client disconnected")
     finally:
         watcher.cancel()
-
-

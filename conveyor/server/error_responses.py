@@ -16,26 +16,44 @@ from conveyor.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
-          422: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error",
-          502: "service_unavailable_error", 503: "service_unavailable_error", 504: "timeout_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    502: "service_unavailable_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param,
-                      "code": code}}
+    return {
+        "error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}
+    }
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
@@ -56,8 +74,11 @@ def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
     if err.get("type") == "extra_forbidden":
         return f"unrecognized request argument supplied: {param}", param
     if param is None and err.get("type") in ("missing", "model_attributes_type", "dict_type"):
-        return ("the request body must be a JSON object (got " + ("nothing" if err.get("type") == "missing" else
-                "something else") + "); send JSON with the header Content-Type: application/json"), None
+        return (
+            "the request body must be a JSON object (got "
+            + ("nothing" if err.get("type") == "missing" else "something else")
+            + "); send JSON with the header Content-Type: application/json"
+        ), None
     if err.get("type") == "missing":
         return f"missing required field: {param}", param
     message = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
@@ -90,12 +111,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
+        logger.error("unhandled error", exc_info=exc)
         return error_response(500, "internal server error; the request was not completed (see the server log)")
 
 
 def as_api_error(out: RequestOutput) -> APIError:
     """A failed request's error for the API, chosen by its code (504 for a timeout, else 500)."""
     timed_out = out.error_code == "timeout"
-    return APIError(504 if timed_out else 500, out.error or "the request failed",
-                    code="timeout" if timed_out else "engine_error")
+    return APIError(
+        504 if timed_out else 500, out.error or "the request failed", code="timeout" if timed_out else "engine_error"
+    )

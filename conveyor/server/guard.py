@@ -44,12 +44,17 @@ class GuardMiddleware:
             for key in opts.api_keys:  # compare against every key, always
                 ok |= hmac.compare_digest(token.encode(), key.encode())
             if not ok:
-                await error_response(401, "missing or invalid API key; send 'Authorization: Bearer <key>'",
-                                     code="invalid_api_key")(scope, receive, send)
+                await error_response(
+                    401, "missing or invalid API key; send 'Authorization: Bearer <key>'", code="invalid_api_key"
+                )(scope, receive, send)
                 return
         if self.state.draining and path not in OPEN_PATHS and scope["method"] == "POST":
-            await error_response(503, "the server is shutting down and takes no new requests",
-                                 code="draining", headers={"Retry-After": "5"})(scope, receive, send)
+            await error_response(
+                503,
+                "the server is shutting down and takes no new requests",
+                code="draining",
+                headers={"Retry-After": "5"},
+            )(scope, receive, send)
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > opts.max_body_bytes:
@@ -72,8 +77,9 @@ class GuardMiddleware:
             await self._too_large(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await error_response(413, f"the request body is larger than {self.state.options.max_body_bytes} bytes",
-                             code="body_too_large")(scope, receive, send)
+        await error_response(
+            413, f"the request body is larger than {self.state.options.max_body_bytes} bytes", code="body_too_large"
+        )(scope, receive, send)
 
 
 class _BodyTooLarge(Exception):

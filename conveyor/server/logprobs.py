@@ -16,7 +16,8 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -84,8 +85,9 @@ def generated(lps: Sequence[TokenLogprobs]) -> list[Entry]:
     return [(lp.token_id, lp.logprob, lp.top) for lp in lps]
 
 
-def echoed(prompt_ids: Sequence[int], prompt_lps: Sequence[TokenLogprobs | None] | None,
-           top: int | None = None) -> list[Entry]:
+def echoed(
+    prompt_ids: Sequence[int], prompt_lps: Sequence[TokenLogprobs | None] | None, top: int | None = None
+) -> list[Entry]:
     """The prompt's positions: the first has no logprob (nothing precedes it). top: alternatives kept per
     position (the engine computed more when prompt_logprobs asked for more than logprobs)."""
     lps = list(prompt_lps or [])
@@ -112,19 +114,23 @@ class TextOffsets:
         return offset
 
 
-def completion_logprobs(tokens: TokenBytes | None, entries: list[Entry],
-                        offsets: TextOffsets | None = None) -> dict[str, Any]:
+def completion_logprobs(
+    tokens: TokenBytes | None, entries: list[Entry], offsets: TextOffsets | None = None
+) -> dict[str, Any]:
     """/v1/completions `logprobs`; offsets: the choice's running count when it is streamed in chunks."""
+
     def name(token_id: int) -> str:
         return tokens.of(token_id)[1] if tokens else str(token_id)
 
     texts = [name(t) for t, _, _ in entries]
     counter = offsets if offsets is not None else TextOffsets()
-    return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in entries],
-            # the chosen token first, then the top-N: up to N + 1 entries (OpenAI's legacy API and vLLM do so)
-            "top_logprobs": [None if top is None else {name(i): v for i, v in [(t, lp), *top]}
-                             for t, lp, top in entries],
-            "text_offset": [counter.advance(tokens.of(t)[0] if tokens else str(t).encode()) for t, _, _ in entries]}
+    return {
+        "tokens": texts,
+        "token_logprobs": [lp for _, lp, _ in entries],
+        # the chosen token first, then the top-N: up to N + 1 entries (OpenAI's legacy API and vLLM do so)
+        "top_logprobs": [None if top is None else {name(i): v for i, v in [(t, lp), *top]} for t, lp, top in entries],
+        "text_offset": [counter.advance(tokens.of(t)[0] if tokens else str(t).encode()) for t, _, _ in entries],
+    }
 
 
 def chat_logprobs(tokens: TokenBytes | None, entries: list[Entry]) -> dict[str, Any]:
@@ -136,5 +142,4 @@ def chat_logprobs(tokens: TokenBytes | None, entries: list[Entry]) -> dict[str, 
         raw, text = tokens.of(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
-    return {"content": [entry(t, lp) | {"top_logprobs": [entry(i, v) for i, v in top or []]}
-                        for t, lp, top in entries]}
+    return {"content": [entry(t, lp) | {"top_logprobs": [entry(i, v) for i, v in top or []]} for t, lp, top in entries]}

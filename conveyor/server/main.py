@@ -16,8 +16,8 @@ import uvicorn
 from conveyor.config import EngineConfig
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.server.app import build_app
-from conveyor.server.state import ServerOptions, ServerState
 from conveyor.server.metrics import Metrics
+from conveyor.server.state import ServerOptions, ServerState
 from conveyor.server.vllm_metrics import export_vllm_names
 
 logger = logging.getLogger("conveyor.serve")
@@ -27,18 +27,26 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", action="append", default=[], help="accepted bearer key (repeatable); also "
-                                                                  "CONVEYOR_API_KEY")
+    g.add_argument(
+        "--api-key", action="append", default=[], help="accepted bearer key (repeatable); also CONVEYOR_API_KEY"
+    )
     g.add_argument("--served-model-name", default=None, help="model name clients use (default: from the file)")
     g.add_argument("--max-queued-requests", type=int, default=256, help="waiting requests before 503")
     g.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request is aborted")
     g.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds in-flight requests get on SIGTERM")
     g.add_argument("--allowed-origins", nargs="*", default=[], help="CORS origins (off by default)")
     g.add_argument("--max-body-bytes", type=int, default=4 * 2**20)
-    g.add_argument("--vllm-metrics", action="store_true", help="also export the main metrics under vLLM's names "
-                   "(vllm:*, labelled model_name), for dashboards made for vLLM")
-    g.add_argument("--no-ui", action="store_true", help="do not serve the web page (playground and engine view) "
-                                                        "at /; the API, /v1/engine/status included, stays")
+    g.add_argument(
+        "--vllm-metrics",
+        action="store_true",
+        help="also export the main metrics under vLLM's names "
+        "(vllm:*, labelled model_name), for dashboards made for vLLM",
+    )
+    g.add_argument(
+        "--no-ui",
+        action="store_true",
+        help="do not serve the web page (playground and engine view) at /; the API, /v1/engine/status included, stays",
+    )
 
 
 def model_name(config: EngineConfig) -> str:
@@ -65,8 +73,9 @@ class DrainingServer(uvicorn.Server):
     """On SIGTERM / SIGINT: refuse new work (503), let in-flight requests finish for up to
     `shutdown_timeout`, abort the rest (each ends with an error event), then exit 0."""
 
-    def __init__(self, config: uvicorn.Config, state: Draining, shutdown_timeout: float,
-                 work: Drainable | None = None) -> None:
+    def __init__(
+        self, config: uvicorn.Config, state: Draining, shutdown_timeout: float, work: Drainable | None = None
+    ) -> None:
         super().__init__(config)
         self.state = state
         self.work: Drainable = work if work is not None else state.engine  # type: ignore[attr-defined]
@@ -94,7 +103,8 @@ class DrainingServer(uvicorn.Server):
         engine = self.work
         deadline = self._loop.time() + self.shutdown_timeout if self._loop else 0
         logger.info("draining: %d request(s) in flight, up to %.0f s", engine.num_active, self.shutdown_timeout)
-        while engine.num_active and self._loop and self._loop.time() < deadline:
+        # polled: a count that changes from several places, and a deadline
+        while engine.num_active and self._loop and self._loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         if engine.num_active:
             logger.info("shutdown timeout: aborting %d request(s)", engine.num_active)
@@ -115,19 +125,33 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
     origins = tuple(args.allowed_origins)
     metrics = Metrics()
     engine = AsyncEngine(config, max_queued_requests=args.max_queued_requests, on_timings=metrics.observe)
-    state = ServerState(engine, ServerOptions(model_name=args.served_model_name or model_name(config), api_keys=keys,
-                                              max_body_bytes=args.max_body_bytes,
-                                              request_timeout=args.request_timeout, allowed_origins=origins,
-                                              ui=not args.no_ui), metrics)
+    state = ServerState(
+        engine,
+        ServerOptions(
+            model_name=args.served_model_name or model_name(config),
+            api_keys=keys,
+            max_body_bytes=args.max_body_bytes,
+            request_timeout=args.request_timeout,
+            allowed_origins=origins,
+            ui=not args.no_ui,
+        ),
+        metrics,
+    )
     if args.vllm_metrics:
         export_vllm_names(state.metrics, state.options.model_name)
     engine.start()  # loads the model in the background; /health says 503 until it is ready
     app = build_app(state)
-    server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                           timeout_graceful_shutdown=5), state, args.shutdown_timeout)
-    print(f"conveyor: serving {state.options.model_name} on http://{args.host}:{args.port} "
-          f"(OpenAI API under /v1; GET /health turns 200 once the model is loaded"
-          f"{'' if args.no_ui else '; the web page at /'})", flush=True)
+    server = DrainingServer(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5),
+        state,
+        args.shutdown_timeout,
+    )
+    print(
+        f"conveyor: serving {state.options.model_name} on http://{args.host}:{args.port} "
+        f"(OpenAI API under /v1; GET /health turns 200 once the model is loaded"
+        f"{'' if args.no_ui else '; the web page at /'})",
+        flush=True,
+    )
     watcher = threading.Thread(target=_exit_if_engine_fails, args=(engine, server), daemon=True)
     watcher.start()
     server.run()

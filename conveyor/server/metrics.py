@@ -19,19 +19,32 @@ class Metrics:
         self.kv_usage = Gauge("conveyor_kv_cache_usage_ratio", "Share of KV blocks held by requests", registry=r)
         self.kv_free = Gauge("conveyor_kv_cache_free_blocks", "KV blocks free or evictable", registry=r)
         self.kv_total = Gauge("conveyor_kv_cache_total_blocks", "KV blocks in all", registry=r)
-        self.prefix_hit = Gauge("conveyor_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache "
-                                                                  "/ prompt tokens looked up", registry=r)
+        self.prefix_hit = Gauge(
+            "conveyor_prefix_cache_hit_rate",
+            "Prompt tokens served from the prefix cache / prompt tokens looked up",
+            registry=r,
+        )
         self.idle = Gauge("conveyor_device_idle_fraction", "Share of active time the device waited", registry=r)
-        self.ttft = Histogram("conveyor_time_to_first_token_seconds", "Time to first token", registry=r,
-                              buckets=_LATENCY_BUCKETS)
-        self.itl = Histogram("conveyor_inter_token_latency_seconds", "Time between tokens of a request",
-                             registry=r, buckets=_LATENCY_BUCKETS)
-        self.e2e = Histogram("conveyor_e2e_request_latency_seconds", "Arrival to last token", registry=r,
-                             buckets=_LATENCY_BUCKETS)
+        self.ttft = Histogram(
+            "conveyor_time_to_first_token_seconds", "Time to first token", registry=r, buckets=_LATENCY_BUCKETS
+        )
+        self.itl = Histogram(
+            "conveyor_inter_token_latency_seconds",
+            "Time between tokens of a request",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.e2e = Histogram(
+            "conveyor_e2e_request_latency_seconds", "Arrival to last token", registry=r, buckets=_LATENCY_BUCKETS
+        )
         self.prompt_tokens = Counter("conveyor_prompt_tokens", "Prompt tokens admitted", registry=r)
         self.generation_tokens = Counter("conveyor_generation_tokens", "Tokens generated", registry=r)
-        self.requests = Counter("conveyor_requests", "Finished HTTP generation requests by status: ok, error, "
-                                "abort (the client went away)", ["status"], registry=r)
+        self.requests = Counter(
+            "conveyor_requests",
+            "Finished HTTP generation requests by status: ok, error, abort (the client went away)",
+            ["status"],
+            registry=r,
+        )
         self._generated_seen = 0
         self.extra_registries: list[CollectorRegistry] = []
         """Rendered after this one (vllm_metrics.py: the same series under vLLM's names)."""
@@ -51,8 +64,9 @@ class Metrics:
             self.kv_total.set(stats.kv_blocks_total)
             self.kv_free.set(stats.kv_blocks_free)
             self.kv_usage.set(1 - stats.kv_blocks_free / max(stats.kv_blocks_total, 1))
-            self.prefix_hit.set(stats.prefix_hit_tokens / stats.prefix_query_tokens if stats.prefix_query_tokens
-                                else 0.0)
+            self.prefix_hit.set(
+                stats.prefix_hit_tokens / stats.prefix_query_tokens if stats.prefix_query_tokens else 0.0
+            )
             self.idle.set(stats.device_idle_fraction)
             if stats.num_generated_tokens > self._generated_seen:
                 self.generation_tokens.inc(stats.num_generated_tokens - self._generated_seen)

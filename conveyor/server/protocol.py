@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from conveyor.params import SamplingParams
 from conveyor.server.vllm_extras import VllmChatFields, VllmFields
 
+
 def bounds(name: str) -> dict[str, Any]:
     """The numeric bounds SamplingParams puts on its field `name` (ge / gt / le / lt), so the server
-    refuses exactly what the engine would: one source for every value range."""
+    refuses exactly what the engine would: one source for every value range. (mypy's pydantic support cannot
+    see through `Field(**bounds(...))`, hence the `type: ignore[misc]` at each use.)"""
     found: dict[str, Any] = {}
     for constraint in SamplingParams.model_fields[name].metadata:
         for key in ("ge", "gt", "le", "lt"):
@@ -42,43 +44,43 @@ class _SamplingFields(VllmFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: Optional[str] = None
+    model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
-    temperature: Optional[float] = Field(default=None, **bounds("temperature"))
-    top_p: Optional[float] = Field(default=None, **bounds("top_p"))
-    stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = Field(default=None, **bounds("seed"))  # int64, as OpenAI and vLLM
-    presence_penalty: float = Field(default=0.0, **bounds("presence_penalty"))
-    frequency_penalty: float = Field(default=0.0, **bounds("frequency_penalty"))
-    logit_bias: Optional[dict[str, float]] = None
+    temperature: float | None = Field(default=None, **bounds("temperature"))  # type: ignore[misc]
+    top_p: float | None = Field(default=None, **bounds("top_p"))  # type: ignore[misc]
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, **bounds("seed"))  # type: ignore[misc]  # int64, as OpenAI and vLLM
+    presence_penalty: float = Field(default=0.0, **bounds("presence_penalty"))  # type: ignore[misc]
+    frequency_penalty: float = Field(default=0.0, **bounds("frequency_penalty"))  # type: ignore[misc]
+    logit_bias: dict[str, float] | None = None
     stream: bool = False
-    stream_options: Optional[StreamOptions] = None
-    user: Optional[str] = Field(default=None, max_length=256)
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(default=None, max_length=256)
     # OpenAI fields that change nothing here: accepted so that clients which always send them work
-    store: Optional[bool] = None
-    metadata: Optional[dict[str, str]] = None
-    service_tier: Optional[str] = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
     # vLLM's extra sampling fields
-    top_k: int = Field(default=0, **bounds("top_k"))
-    min_p: float = Field(default=0.0, **bounds("min_p"))
-    repetition_penalty: float = Field(default=1.0, **bounds("repetition_penalty"))
-    min_tokens: int = Field(default=0, **bounds("min_tokens"))
+    top_k: int = Field(default=0, **bounds("top_k"))  # type: ignore[misc]
+    min_p: float = Field(default=0.0, **bounds("min_p"))  # type: ignore[misc]
+    repetition_penalty: float = Field(default=1.0, **bounds("repetition_penalty"))  # type: ignore[misc]
+    min_tokens: int = Field(default=0, **bounds("min_tokens"))  # type: ignore[misc]
     ignore_eos: bool = False
-    stop_token_ids: Optional[list[int]] = Field(default=None, max_length=256)
+    stop_token_ids: list[int] | None = Field(default=None, max_length=256)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     # structured output: OpenAI's response_format, vLLM's structured_outputs and older guided_* fields
     # (read and checked in server/request_constraints.py)
-    response_format: Optional[dict[str, Any]] = None
-    structured_outputs: Optional[dict[str, Any]] = None
-    guided_json: Optional[Union[dict[str, Any], str]] = None
-    guided_regex: Optional[str] = None
-    guided_choice: Optional[list[str]] = None
-    guided_grammar: Optional[str] = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop")
     @classmethod
-    def _stops(cls, value: Union[str, list[str], None]) -> Union[str, list[str], None]:
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
         stops = [value] if isinstance(value, str) else (value or [])
         if len(stops) > MAX_STOP:
             raise ValueError(f"at most {MAX_STOP} stop strings, got {len(stops)}")
@@ -88,7 +90,7 @@ class _SamplingFields(VllmFields):
 
     @field_validator("logit_bias")
     @classmethod
-    def _bias(cls, value: Optional[dict[str, float]]) -> Optional[dict[str, float]]:
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for key, bias in (value or {}).items():
             if not key.lstrip("-").isdigit():
                 raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
@@ -97,31 +99,31 @@ class _SamplingFields(VllmFields):
         return value
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> "_SamplingFields":
+    def _stream_options_need_stream(self) -> _SamplingFields:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[str, list[str], list[StrictInt], list[list[StrictInt]]]
-    max_tokens: Optional[int] = Field(default=16, ge=0)
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: int | None = Field(default=16, ge=0)
     """0 only with echo: score the prompt (its logprobs) without generating."""
-    logprobs: Optional[int] = Field(default=None, **bounds("logprobs"))
+    logprobs: int | None = Field(default=None, **bounds("logprobs"))  # type: ignore[misc]
     echo: bool = False
-    suffix: Optional[str] = None
-    best_of: Optional[int] = Field(default=None, ge=1)
+    suffix: str | None = None
+    best_of: int | None = Field(default=None, ge=1)
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Union[str, list[dict[str, Any]], None] = None
-    name: Optional[str] = None
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
 
     @field_validator("content")
     @classmethod
-    def _text_parts_only(cls, value: Union[str, list[dict[str, Any]], None]) -> Union[str, list[dict[str, Any]], None]:
+    def _text_parts_only(cls, value: str | list[dict[str, Any]] | None) -> str | list[dict[str, Any]] | None:
         if isinstance(value, list):
             for part in value:
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
@@ -129,7 +131,7 @@ class ChatMessage(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _tool_turns(self) -> "ChatMessage":
+    def _tool_turns(self) -> ChatMessage:
         extra = self.model_extra or {}
         if extra.get("function_call"):
             raise ValueError("function_call (OpenAI's deprecated form) is not supported; send tool_calls")
@@ -138,10 +140,14 @@ class ChatMessage(BaseModel):
             if self.role != "assistant":
                 raise ValueError("only assistant messages carry tool_calls")
             if not isinstance(calls, list) or not all(
-                    isinstance(c, dict) and isinstance(c.get("function"), dict)
-                    and isinstance(c["function"].get("name"), str) for c in calls):
-                raise ValueError("tool_calls must be a list of {'id', 'type': 'function', 'function': {'name', "
-                                 "'arguments'}}")
+                isinstance(c, dict)
+                and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str)
+                for c in calls
+            ):
+                raise ValueError(
+                    "tool_calls must be a list of {'id', 'type': 'function', 'function': {'name', 'arguments'}}"
+                )
         return self
 
     def as_dict(self) -> dict[str, Any]:
@@ -163,12 +169,12 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields, VllmChatFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: Optional[int] = Field(default=None, ge=1)
-    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: Optional[int] = Field(default=None, **bounds("logprobs"))
+    top_logprobs: int | None = Field(default=None, **bounds("logprobs"))  # type: ignore[misc]
     add_generation_prompt: bool = True
     # tool calling (checked in conveyor/tools/choice.py)
-    tools: Optional[list[dict[str, Any]]] = Field(default=None, max_length=128)
-    tool_choice: Optional[Union[str, dict[str, Any]]] = None
-    parallel_tool_calls: Optional[bool] = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None

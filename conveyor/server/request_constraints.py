@@ -26,11 +26,13 @@ def _from_response_format(value: dict[str, Any]) -> dict[str, Any] | None:
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), (dict, bool)):
-            raise APIError(400, "response_format.json_schema must be an object {'name': ..., 'schema': {...}}",
-                           "response_format")
+            raise APIError(
+                400, "response_format.json_schema must be an object {'name': ..., 'schema': {...}}", "response_format"
+            )
         return {"json": spec.get("schema", {})}
-    raise APIError(400, f"response_format.type={kind!r} is not one of 'text', 'json_object', 'json_schema'",
-                   "response_format")
+    raise APIError(
+        400, f"response_format.type={kind!r} is not one of 'text', 'json_object', 'json_schema'", "response_format"
+    )
 
 
 def request_constraint(body: CompletionRequest | ChatCompletionRequest) -> tuple[dict[str, Any] | None, str | None]:
@@ -47,8 +49,9 @@ def request_constraint(body: CompletionRequest | ChatCompletionRequest) -> tuple
         if value is not None:
             found.append((name, {kind: value}))
     if len(found) > 1:
-        raise APIError(400, f"{found[1][0]} cannot be combined with {found[0][0]}: give one output constraint",
-                       found[1][0])
+        raise APIError(
+            400, f"{found[1][0]} cannot be combined with {found[0][0]}: give one output constraint", found[1][0]
+        )
     return (found[0][1], found[0][0]) if found else (None, None)
 
 
@@ -60,12 +63,20 @@ def chat_constraint(body: ChatCompletionRequest) -> tuple[ToolPlan, dict[str, An
         raise APIError(400, str(exc), exc.param) from None
     constraint, source = request_constraint(body)
     if constraint is not None and plan.mode in ("required", "named"):
-        raise APIError(400, f"{source} cannot be combined with tool_choice={body.tool_choice!r}: that tool "
-                            f"choice already constrains the reply to tool calls", source)
+        raise APIError(
+            400,
+            f"{source} cannot be combined with tool_choice={body.tool_choice!r}: that tool "
+            f"choice already constrains the reply to tool calls",
+            source,
+        )
     if constraint is not None and plan.mode == "auto":
-        raise APIError(400, f"{source} with tools and tool_choice 'auto' cannot both be honoured (a constrained "
-                            f"reply cannot be a tool call); use tool_choice 'none' to get the formatted reply, or "
-                            f"'required' for tool calls", source)
+        raise APIError(
+            400,
+            f"{source} with tools and tool_choice 'auto' cannot both be honoured (a constrained "
+            f"reply cannot be a tool call); use tool_choice 'none' to get the formatted reply, or "
+            f"'required' for tool calls",
+            source,
+        )
     if plan.constraint is not None:
         return plan, plan.constraint, "tools" if plan.mode == "required" else "tool_choice"
     return plan, constraint, source

@@ -29,9 +29,12 @@ class RequestIdMiddleware:
         given = dict(scope["headers"]).get(HEADER.encode())
         request_id = given.decode("latin-1").strip() if given is not None else uuid.uuid4().hex[:24]
         if not 0 < len(request_id) <= MAX_LENGTH or not request_id.isprintable():
-            await error_response(400, f"the X-Request-Id header must be 1 to {MAX_LENGTH} printable characters "
-                                      f"(got {len(request_id)} characters); send another or leave it out",
-                                 "X-Request-Id")(scope, receive, send)
+            await error_response(
+                400,
+                f"the X-Request-Id header must be 1 to {MAX_LENGTH} printable characters "
+                f"(got {len(request_id)} characters); send another or leave it out",
+                "X-Request-Id",
+            )(scope, receive, send)
             return
         scope.setdefault("state", {})["request_id"] = request_id
 

@@ -6,8 +6,9 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Sequence
+from typing import Any
 
 from conveyor.engine.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from conveyor.engine.info import EngineInfo
@@ -18,8 +19,14 @@ from conveyor.server.error_responses import APIError, param_of, sse_error
 from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completion_logprobs, echoed, generated
 from conveyor.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from conveyor.server.request_constraints import chat_constraint, request_constraint
-from conveyor.server.vllm_extras import (ResponseExtras, choice_token_ids, extras_of, generation_prompt,
-                                         no_streamed_prompt_logprobs, prompt_fields)
+from conveyor.server.vllm_extras import (
+    ResponseExtras,
+    choice_token_ids,
+    extras_of,
+    generation_prompt,
+    no_streamed_prompt_logprobs,
+    prompt_fields,
+)
 from conveyor.tools import ToolParser, ToolPlan, parser_for, render_conversation
 
 
@@ -60,8 +67,9 @@ class Serving:
         """The ready engine's model facts (routes that reach here have checked readiness)."""
         info = self.engine.info
         if info is None:
-            raise APIError(503, "the model is still loading; retry shortly", code="loading",
-                           headers={"Retry-After": "2"})
+            raise APIError(
+                503, "the model is still loading; retry shortly", code="loading", headers={"Retry-After": "2"}
+            )
         return info
 
     @property
@@ -75,12 +83,21 @@ class Serving:
     # ---- request -> engine ------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r} "
-                                f"(see GET /v1/models)", "model", "model_not_found")
+            raise APIError(
+                404,
+                f"the model {model!r} does not exist; this server serves {self.model_name!r} (see GET /v1/models)",
+                "model",
+                "model_not_found",
+            )
 
-    def _params(self, body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None,
-                logprobs: int | None, prompt_logprobs: int | None = None,
-                constraint: tuple[dict[str, Any] | None, str | None] = (None, None)) -> SamplingParams:
+    def _params(
+        self,
+        body: CompletionRequest | ChatCompletionRequest,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        constraint: tuple[dict[str, Any] | None, str | None] = (None, None),
+    ) -> SamplingParams:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         defaults = self._core.sampling_defaults  # the model's recommended settings fill what is left out
         temperature = body.temperature if body.temperature is not None else defaults.get("temperature", 1.0)
@@ -88,15 +105,27 @@ class Serving:
         top_k = body.top_k if "top_k" in body.model_fields_set else int(defaults.get("top_k", 0))
         try:
             return SamplingParams(
-                n=body.n, max_tokens=max_tokens, temperature=temperature,
-                top_p=top_p, top_k=top_k, min_p=body.min_p,
-                presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-                repetition_penalty=body.repetition_penalty, seed=body.seed, stop=stop,
-                stop_token_ids=body.stop_token_ids or [], include_stop_str_in_output=body.include_stop_str_in_output,
-                ignore_eos=body.ignore_eos, min_tokens=body.min_tokens, logprobs=logprobs,
+                n=body.n,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                min_p=body.min_p,
+                presence_penalty=body.presence_penalty,
+                frequency_penalty=body.frequency_penalty,
+                repetition_penalty=body.repetition_penalty,
+                seed=body.seed,
+                stop=stop,
+                stop_token_ids=body.stop_token_ids or [],
+                include_stop_str_in_output=body.include_stop_str_in_output,
+                ignore_eos=body.ignore_eos,
+                min_tokens=body.min_tokens,
+                logprobs=logprobs,
                 logit_bias={int(k): v for k, v in (body.logit_bias or {}).items()},
-                skip_special_tokens=body.skip_special_tokens, prompt_logprobs=prompt_logprobs,
-                structured_outputs=constraint[0])
+                skip_special_tokens=body.skip_special_tokens,
+                prompt_logprobs=prompt_logprobs,
+                structured_outputs=constraint[0],
+            )
         except InvalidRequestError as exc:
             param = param_of(exc)
             raise APIError(400, str(exc), constraint[1] if param == "structured_outputs" else param) from None
@@ -118,13 +147,23 @@ class Serving:
             if bad is not None:
                 raise APIError(400, f"prompt token id {bad} is outside the vocabulary [0, {vocab})", "prompt")
             if len(ids) >= limit:
-                raise APIError(400, f"the prompt has {len(ids)} tokens, but this model's context is {limit} tokens "
-                                    f"(max_model_len) and at least one must be left for output; shorten the "
-                                    f"prompt", "prompt", "context_length_exceeded")
+                raise APIError(
+                    400,
+                    f"the prompt has {len(ids)} tokens, but this model's context is {limit} tokens "
+                    f"(max_model_len) and at least one must be left for output; shorten the "
+                    f"prompt",
+                    "prompt",
+                    "context_length_exceeded",
+                )
             if max_tokens is not None and len(ids) + max_tokens > limit:
-                raise APIError(400, f"{param}={max_tokens} is too large: the prompt has {len(ids)} tokens and the "
-                                    f"context is {limit} tokens, so at most {limit - len(ids)} can be generated; "
-                                    f"lower {param} (or omit it)", param, "context_length_exceeded")
+                raise APIError(
+                    400,
+                    f"{param}={max_tokens} is too large: the prompt has {len(ids)} tokens and the "
+                    f"context is {limit} tokens, so at most {limit - len(ids)} can be generated; "
+                    f"lower {param} (or omit it)",
+                    param,
+                    "context_length_exceeded",
+                )
 
     async def prepare_completion(self, body: CompletionRequest) -> Prepared:
         self.check_model(body.model)
@@ -142,12 +181,15 @@ class Serving:
         if not items:
             raise APIError(400, "prompt is empty; give a string, a list of strings or token ids", "prompt")
         if len(items) * body.n > 64:
-            raise APIError(400, f"{len(items)} prompts x n={body.n} is more than 64 completions per request",
-                           "prompt")
+            raise APIError(400, f"{len(items)} prompts x n={body.n} is more than 64 completions per request", "prompt")
         score_only = body.max_tokens == 0
         if score_only and not body.echo:
-            raise APIError(400, "max_tokens must be at least 1 (got 0); 0 is allowed only with echo=true, to score "
-                                "the prompt without generating", "max_tokens")
+            raise APIError(
+                400,
+                "max_tokens must be at least 1 (got 0); 0 is allowed only with echo=true, to score "
+                "the prompt without generating",
+                "max_tokens",
+            )
         prompts = [await self._tokenize(x) if isinstance(x, str) else list(x) for x in items]
         max_tokens = 1 if score_only else body.max_tokens
         self._check_lengths(prompts, max_tokens, "max_tokens")
@@ -155,8 +197,10 @@ class Serving:
         echo = None
         if body.echo:
             tokenizer = self._core.tokenizer
-            echo = [t if t is not None else tokenizer.decode(ids) if tokenizer is not None else ""
-                    for t, ids in zip(texts, prompts)]
+            echo = [
+                t if t is not None else tokenizer.decode(ids) if tokenizer is not None else ""
+                for t, ids in zip(texts, prompts)
+            ]
         no_streamed_prompt_logprobs(body, completions=True)
         wanted = [n for n in (body.logprobs if body.echo else None, body.prompt_logprobs) if n is not None]
         constraint = request_constraint(body)
@@ -168,8 +212,13 @@ class Serving:
         add_generation_prompt = generation_prompt(body)
         tools, constraint, source = chat_constraint(body)
         parser = self.tool_parser()
-        text = self.chat_text(body.messages, add_generation_prompt, body.continue_final_message,
-                              tools.tools if tools.offers_tools else None, parser)
+        text = self.chat_text(
+            body.messages,
+            add_generation_prompt,
+            body.continue_final_message,
+            tools.tools if tools.offers_tools else None,
+            parser,
+        )
         ids = await self._tokenize(text, add_special_tokens=False)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -181,8 +230,9 @@ class Serving:
         last = body.messages[-1]
         role = "assistant" if add_generation_prompt else last.role  # as vLLM: the role whose turn it is
         extras = extras_of(body, role, last.text() if body.echo and last.role == role else "")
-        params = self._params(body, max_tokens, top if body.logprobs else None, body.prompt_logprobs,
-                              (constraint, source))
+        params = self._params(
+            body, max_tokens, top if body.logprobs else None, body.prompt_logprobs, (constraint, source)
+        )
         return Prepared([ids], [text], params, extras=extras, tools=tools, parser=parser, constraint_param=source)
 
     def tool_parser(self) -> ToolParser:
@@ -190,24 +240,34 @@ class Serving:
         tokenizer = self._core.tokenizer
         return parser_for(self.engine.config.tool_call_parser, getattr(tokenizer, "chat_template", None))
 
-    def chat_text(self, messages: list[ChatMessage], add_generation_prompt: bool,
-                  continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
-                  parser: ToolParser | None = None) -> str:
+    def chat_text(
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        parser: ToolParser | None = None,
+    ) -> str:
         """The conversation rendered by the model's chat template (400 when it has none or refuses), tool
         calls and tool results included; `tools` are offered to the model."""
         tokenizer = self._core.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
-        rendered, template_args = render_conversation([m.as_dict() for m in messages], tools,
-                                                      tokenizer.chat_template, parser or self.tool_parser())
+        rendered, template_args = render_conversation(
+            [m.as_dict() for m in messages], tools, tokenizer.chat_template, parser or self.tool_parser()
+        )
         try:
-            text: str = tokenizer.apply_chat_template(rendered, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt,
-                                                      continue_final_message=continue_final_message,
-                                                      **template_args)
+            text: str = tokenizer.apply_chat_template(
+                rendered,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **template_args,
+            )
         except Exception as exc:
-            raise APIError(400, f"the chat template rejected these messages: {type(exc).__name__}", "messages") \
-                from None
+            raise APIError(
+                400, f"the chat template rejected these messages: {type(exc).__name__}", "messages"
+            ) from None
         return text
 
     # ---- engine -> responses ----------------------------------------------------------
@@ -226,8 +286,9 @@ class Serving:
                 raise APIError(503, "the engine has stopped; restart the server", code="engine_dead") from None
             if isinstance(exc, InvalidRequestError):
                 param = param_of(exc)
-                raise APIError(400, str(exc), prepared.constraint_param if param == "structured_outputs"
-                               else param) from None
+                raise APIError(
+                    400, str(exc), prepared.constraint_param if param == "structured_outputs" else param
+                ) from None
             raise
         return streams
 
@@ -239,6 +300,7 @@ class Serving:
                 final = out
             assert final is not None
             return final
+
         return list(await asyncio.gather(*(last(s) for s in streams)))
 
 
@@ -258,8 +320,9 @@ def finish_reason(reason: str | None, error: str | None, score_only: bool = Fals
     return "length" if score_only and reason is not None else reason
 
 
-def completion_entries(prepared: Prepared, out: RequestOutput, c: CompletionOutput, with_echo: bool,
-                       start: int = 0) -> list[Entry]:
+def completion_entries(
+    prepared: Prepared, out: RequestOutput, c: CompletionOutput, with_echo: bool, start: int = 0
+) -> list[Entry]:
     """A completion choice's logprob positions: the prompt's when it is echoed here, then the generated
     tokens from `start` on (none when only scoring the prompt)."""
     assert c.logprobs is not None
@@ -267,35 +330,51 @@ def completion_entries(prepared: Prepared, out: RequestOutput, c: CompletionOutp
     return entries if prepared.score_only else entries + generated(c.logprobs[start:])
 
 
-def completion_choice(prepared: Prepared, prompt_index: int, out: RequestOutput, c: CompletionOutput,
-                      tokens: TokenBytes | None) -> dict[str, Any]:
+def completion_choice(
+    prepared: Prepared, prompt_index: int, out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None
+) -> dict[str, Any]:
     """One choice of a /v1/completions response: the echoed prompt (when asked), then the completion."""
     echo = prepared.echo[prompt_index] if prepared.echo is not None else ""
     logprobs = None
     if c.logprobs is not None:
         logprobs = completion_logprobs(tokens, completion_entries(prepared, out, c, prepared.echo is not None))
-    return {"index": prompt_index * prepared.params.n + c.index,
+    return (
+        {
+            "index": prompt_index * prepared.params.n + c.index,
             "text": echo + ("" if prepared.score_only else c.text),
             "logprobs": logprobs,
             "finish_reason": finish_reason(c.finish_reason, out.error, prepared.score_only),
-            "stop_reason": None if prepared.score_only else c.stop_reason} | prompt_fields(prepared.extras, out) \
+            "stop_reason": None if prepared.score_only else c.stop_reason,
+        }
+        | prompt_fields(prepared.extras, out)
         | choice_token_ids(prepared.extras, c, len(c.token_ids) if prepared.score_only else 0)
+    )
 
 
-def chat_choice(out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None,
-                prepared: Prepared | None = None) -> dict[str, Any]:
+def chat_choice(
+    out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None, prepared: Prepared | None = None
+) -> dict[str, Any]:
     extras = prepared.extras if prepared is not None else ResponseExtras()
     message: dict[str, Any] = {"role": extras.role, "content": extras.chat_echo + c.text}
     reason = finish_reason(c.finish_reason, out.error)
-    if prepared is not None and prepared.tools is not None and prepared.tools.offers_tools \
-            and prepared.parser is not None and reason == "stop":
+    if (
+        prepared is not None
+        and prepared.tools is not None
+        and prepared.tools.offers_tools
+        and prepared.parser is not None
+        and reason == "stop"
+    ):
         content, calls = prepared.tools.read_reply(c.text, prepared.parser)
         if calls:
             message = {"role": extras.role, "content": content, "tool_calls": [call.to_openai() for call in calls]}
             reason = "tool_calls"
-    return {"index": c.index, "message": message,
-            "logprobs": chat_logprobs(tokens, generated(c.logprobs)) if c.logprobs is not None else None,
-            "finish_reason": reason, "stop_reason": c.stop_reason} | choice_token_ids(extras, c)
+    return {
+        "index": c.index,
+        "message": message,
+        "logprobs": chat_logprobs(tokens, generated(c.logprobs)) if c.logprobs is not None else None,
+        "finish_reason": reason,
+        "stop_reason": c.stop_reason,
+    } | choice_token_ids(extras, c)
 
 
 async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

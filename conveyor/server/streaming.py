@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi.responses import StreamingResponse
 
 from conveyor.outputs import RequestOutput
 from conveyor.server.error_responses import as_api_error
-from conveyor.server.state import ServerState
 from conveyor.server.logprobs import TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, generated
-from conveyor.server.serving import (Prepared, completion_entries, finish_reason, merged, now, sse, stream_error,
-                                     usage)
+from conveyor.server.serving import Prepared, completion_entries, finish_reason, merged, now, sse, stream_error, usage
+from conveyor.server.state import ServerState
 from conveyor.server.vllm_extras import choice_token_ids, running_usage
 
 
 def sse_response(body: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(body, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        body, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 async def _terminated(chunks: AsyncIterator[str], state: ServerState) -> AsyncIterator[str]:
@@ -39,13 +40,27 @@ async def _terminated(chunks: AsyncIterator[str], state: ServerState) -> AsyncIt
     yield "data: [DONE]\n\n"
 
 
-def stream_completion(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
-                      tokens: TokenBytes | None, include_usage: bool, state: ServerState) -> AsyncIterator[str]:
+def stream_completion(
+    streams: list[AsyncIterator[RequestOutput]],
+    prepared: Prepared,
+    rid: str,
+    model: str,
+    tokens: TokenBytes | None,
+    include_usage: bool,
+    state: ServerState,
+) -> AsyncIterator[str]:
     return _terminated(_completion_chunks(streams, prepared, rid, model, tokens, include_usage), state)
 
 
-def stream_chat(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
-                tokens: TokenBytes | None, include_usage: bool, state: ServerState) -> AsyncIterator[str]:
+def stream_chat(
+    streams: list[AsyncIterator[RequestOutput]],
+    prepared: Prepared,
+    rid: str,
+    model: str,
+    tokens: TokenBytes | None,
+    include_usage: bool,
+    state: ServerState,
+) -> AsyncIterator[str]:
     if prepared.tools is not None and prepared.tools.offers_tools:
         from conveyor.server.tool_stream import tool_chat_chunks
 
@@ -53,8 +68,14 @@ def stream_chat(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared,
     return _terminated(_chat_chunks(streams, prepared, rid, model, tokens, include_usage), state)
 
 
-async def _completion_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
-                             tokens: TokenBytes | None, include_usage: bool) -> AsyncIterator[str]:
+async def _completion_chunks(
+    streams: list[AsyncIterator[RequestOutput]],
+    prepared: Prepared,
+    rid: str,
+    model: str,
+    tokens: TokenBytes | None,
+    include_usage: bool,
+) -> AsyncIterator[str]:
     """Chunks of every choice as they grow. A choice's first chunk carries the echoed prompt (with its
     logprobs) when asked; text_offset counts the characters of the choice sent before."""
     n = prepared.params.n
@@ -93,34 +114,80 @@ async def _completion_chunks(streams: list[AsyncIterator[RequestOutput]], prepar
             if reason is not None:
                 ended.add(index)
             prompt_ids = {"prompt_token_ids": list(out.prompt_token_ids)} if first and extras.return_token_ids else {}
-            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                       "choices": [{"index": index, "text": echo + text, "logprobs": logprobs,
-                                    "finish_reason": reason,
-                                    "stop_reason": c.stop_reason if reason and not prepared.score_only
-                                    else None} | prompt_ids | ids]}
-                      | running_usage(extras, len(out.prompt_token_ids),
-                                      0 if prepared.score_only else len(c.token_ids)))
+            yield sse(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": index,
+                            "text": echo + text,
+                            "logprobs": logprobs,
+                            "finish_reason": reason,
+                            "stop_reason": c.stop_reason if reason and not prepared.score_only else None,
+                        }
+                        | prompt_ids
+                        | ids
+                    ],
+                }
+                | running_usage(extras, len(out.prompt_token_ids), 0 if prepared.score_only else len(c.token_ids))
+            )
         if out.finished:
             finals[i] = out
     if include_usage:
-        yield sse({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                   "usage": usage(list(finals.values()), prepared.score_only)})
+        yield sse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage(list(finals.values()), prepared.score_only),
+            }
+        )
 
 
-async def _chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
-                       tokens: TokenBytes | None, include_usage: bool) -> AsyncIterator[str]:
+async def _chat_chunks(
+    streams: list[AsyncIterator[RequestOutput]],
+    prepared: Prepared,
+    rid: str,
+    model: str,
+    tokens: TokenBytes | None,
+    include_usage: bool,
+) -> AsyncIterator[str]:
     created = now()
     base: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
     extras = prepared.extras
     prompt_len = len(prepared.prompts[0])
     for index in range(prepared.params.n):
         opening = {"prompt_token_ids": list(prepared.prompts[0])} if index == 0 and extras.return_token_ids else {}
-        yield sse(base | opening | {"choices": [{"index": index, "delta": {"role": extras.role, "content": ""},
-                                                 "logprobs": None, "finish_reason": None}]}
-                  | running_usage(extras, prompt_len, 0))
+        yield sse(
+            base
+            | opening
+            | {
+                "choices": [
+                    {
+                        "index": index,
+                        "delta": {"role": extras.role, "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            }
+            | running_usage(extras, prompt_len, 0)
+        )
     for index in range(prepared.params.n if extras.chat_echo else 0):  # echo: the last message, then the reply
-        yield sse(base | {"choices": [{"index": index, "delta": {"content": extras.chat_echo}, "logprobs": None,
-                                       "finish_reason": None}]} | running_usage(extras, prompt_len, 0))
+        yield sse(
+            base
+            | {
+                "choices": [
+                    {"index": index, "delta": {"content": extras.chat_echo}, "logprobs": None, "finish_reason": None}
+                ]
+            }
+            | running_usage(extras, prompt_len, 0)
+        )
     sent_text: dict[int, int] = {}
     sent_lp: dict[int, int] = {}
     sent_ids: dict[int, int] = {}
@@ -137,16 +204,20 @@ async def _chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Pr
             if len(c.text) <= start and reason is None:
                 continue
             ids = choice_token_ids(extras, c, sent_ids.get(c.index, 0))
-            sent_text[c.index], sent_lp[c.index], sent_ids[c.index] = len(c.text), len(c.logprobs or []), \
-                len(c.token_ids)
+            sent_text[c.index], sent_lp[c.index], sent_ids[c.index] = (
+                len(c.text),
+                len(c.logprobs or []),
+                len(c.token_ids),
+            )
             if reason is not None:
                 ended.add(c.index)
             delta = {"content": c.text[start:]} if len(c.text) > start else {}
-            logprobs = chat_logprobs(tokens, generated(c.logprobs[lp_start:])) if c.logprobs is not None \
-                else None
-            yield sse(base | {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs,
-                                           "finish_reason": reason} | ids]}
-                      | running_usage(extras, prompt_len, len(c.token_ids)))
+            logprobs = chat_logprobs(tokens, generated(c.logprobs[lp_start:])) if c.logprobs is not None else None
+            yield sse(
+                base
+                | {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason} | ids]}
+                | running_usage(extras, prompt_len, len(c.token_ids))
+            )
         if out.finished:
             final = out
     if include_usage and final is not None:

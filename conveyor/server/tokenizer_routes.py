@@ -4,7 +4,7 @@ POST /detokenize, GET /tokenizer_info. Same request and response shapes as vLLM'
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,26 +21,28 @@ class TokenizeRequest(BaseModel):
     """vLLM's two forms in one: a `prompt`, or chat `messages` rendered by the chat template."""
 
     model_config = ConfigDict(extra="forbid")
-    model: Optional[str] = None
-    prompt: Optional[str] = None
-    messages: Optional[list[ChatMessage]] = Field(default=None, min_length=1)
-    add_special_tokens: Optional[bool] = None
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool | None = None
     """Default: true for a prompt; false for messages (the chat template writes them), as vLLM."""
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
 
     @model_validator(mode="after")
-    def _prompt_or_messages(self) -> "TokenizeRequest":
+    def _prompt_or_messages(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
-            raise ValueError("send either `prompt` (text) or `messages` (a chat), not " +
-                             ("both" if self.prompt is not None else "neither"))
+            raise ValueError(
+                "send either `prompt` (text) or `messages` (a chat), not "
+                + ("both" if self.prompt is not None else "neither")
+            )
         return self
 
 
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    model: Optional[str] = None
+    model: str | None = None
     tokens: list[int] = Field(max_length=MAX_TOKENS_TO_DECODE)
 
 
@@ -49,8 +51,9 @@ def tokenizer_routes(serving: Serving) -> APIRouter:
 
     def tokenizer() -> Any:
         if not serving.engine.is_ready:
-            raise APIError(503, "the model is still loading; retry shortly", code="loading",
-                           headers={"Retry-After": "2"})
+            raise APIError(
+                503, "the model is still loading; retry shortly", code="loading", headers={"Retry-After": "2"}
+            )
         found = serving.engine.info.tokenizer if serving.engine.info is not None else None
         if found is None:
             raise APIError(400, "this model has no tokenizer, so it cannot tokenize or detokenize text", "model")
@@ -67,8 +70,12 @@ def tokenizer_routes(serving: Serving) -> APIRouter:
         special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None
         encoded = await asyncio.to_thread(tok, text, add_special_tokens=special)
         ids = list(encoded["input_ids"])
-        return {"count": len(ids), "max_model_len": serving.max_model_len, "tokens": ids,
-                "token_strs": tok.convert_ids_to_tokens(ids) if body.return_token_strs else None}
+        return {
+            "count": len(ids),
+            "max_model_len": serving.max_model_len,
+            "tokens": ids,
+            "token_strs": tok.convert_ids_to_tokens(ids) if body.return_token_strs else None,
+        }
 
     @router.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
@@ -83,11 +90,16 @@ def tokenizer_routes(serving: Serving) -> APIRouter:
     @router.get("/tokenizer_info")
     async def tokenizer_info() -> dict[str, Any]:
         tok = tokenizer()
-        return {"tokenizer_class": type(tok).__name__, "vocab_size": serving.vocab_size,
-                "model_max_length": serving.max_model_len,
-                **{name: getattr(tok, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")},
-                "added_tokens_decoder": {str(i): str(getattr(t, "content", t))
-                                         for i, t in (getattr(tok, "added_tokens_decoder", None) or {}).items()},
-                "chat_template": getattr(tok, "chat_template", None)}
+        return {
+            "tokenizer_class": type(tok).__name__,
+            "vocab_size": serving.vocab_size,
+            "model_max_length": serving.max_model_len,
+            **{name: getattr(tok, name, None) for name in ("bos_token", "eos_token", "pad_token", "unk_token")},
+            "added_tokens_decoder": {
+                str(i): str(getattr(t, "content", t))
+                for i, t in (getattr(tok, "added_tokens_decoder", None) or {}).items()
+            },
+            "chat_template": getattr(tok, "chat_template", None),
+        }
 
     return router

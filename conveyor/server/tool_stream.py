@@ -8,7 +8,8 @@ calls themselves and goes out once complete."""
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from conveyor.outputs import RequestOutput
 from conveyor.server.error_responses import as_api_error
@@ -27,15 +28,22 @@ def _safe_end(text: str, marker: str) -> int:
     return len(text)
 
 
-async def tool_chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared: Prepared, rid: str, model: str,
-                           tokens: TokenBytes | None, include_usage: bool) -> AsyncIterator[str]:
+async def tool_chat_chunks(
+    streams: list[AsyncIterator[RequestOutput]],
+    prepared: Prepared,
+    rid: str,
+    model: str,
+    tokens: TokenBytes | None,
+    include_usage: bool,
+) -> AsyncIterator[str]:
     assert prepared.tools is not None and prepared.parser is not None
     plan, parser = prepared.tools, prepared.parser
     base: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": now(), "model": model}
 
     def chunk(index: int, delta: dict[str, Any], reason: str | None = None, logprobs: Any = None) -> str:
-        return sse(base | {"choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                        "finish_reason": reason}]})
+        return sse(
+            base | {"choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
+        )
 
     for index in range(prepared.params.n):
         yield chunk(index, {"role": "assistant", "content": ""})
@@ -53,7 +61,7 @@ async def tool_chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared
             start = sent.get(c.index, 0)
             logprobs = None
             if c.logprobs is not None:
-                logprobs = chat_logprobs(tokens, generated(c.logprobs[sent_lp.get(c.index, 0):]))
+                logprobs = chat_logprobs(tokens, generated(c.logprobs[sent_lp.get(c.index, 0) :]))
                 sent_lp[c.index] = len(c.logprobs)
             if reason is None:
                 end = _safe_end(c.text, parser.start_marker) if plan.mode == "auto" else 0
@@ -73,8 +81,19 @@ async def tool_chat_chunks(streams: list[AsyncIterator[RequestOutput]], prepared
             if leftover:
                 yield chunk(c.index, {"content": leftover})
             for i, call in enumerate(calls):
-                yield chunk(c.index, {"tool_calls": [{"index": i, "id": call.id, "type": "function",
-                                                      "function": {"name": call.name, "arguments": ""}}]})
+                yield chunk(
+                    c.index,
+                    {
+                        "tool_calls": [
+                            {
+                                "index": i,
+                                "id": call.id,
+                                "type": "function",
+                                "function": {"name": call.name, "arguments": ""},
+                            }
+                        ]
+                    },
+                )
                 yield chunk(c.index, {"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})
             yield chunk(c.index, {}, "tool_calls", logprobs)
         if out.finished:

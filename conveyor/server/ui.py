@@ -40,8 +40,8 @@ def mount_ui(app: FastAPI, state: ServerState, serve_page: bool) -> None:
 
     @app.get("/v1/engine/status")
     async def engine_status(
-            since: float | None = Query(None, ge=0, description="only spans that ended after this engine time"),
-            window: float = Query(5.0, gt=0, le=60, description="seconds of spans when `since` is left out"),
+        since: float | None = Query(None, ge=0, description="only spans that ended after this engine time"),
+        window: float = Query(5.0, gt=0, le=60, description="seconds of spans when `since` is left out"),
     ) -> JSONResponse:
         return JSONResponse(engine_status_body(state, since, window))  # plain JSON: skips jsonable_encoder
 
@@ -57,10 +57,15 @@ def mount_ui(app: FastAPI, state: ServerState, serve_page: bool) -> None:
 
 def engine_status_body(state: ServerState, since: float | None, window_s: float) -> dict[str, Any]:
     engine = state.engine
-    condition = ("dead" if engine.is_dead else "draining" if state.draining else
-                 "ready" if engine.is_ready else "loading")
-    body: dict[str, Any] = {"object": "engine.status", "state": condition, "model": state.options.model_name,
-                            "error": engine.error}
+    condition = (
+        "dead" if engine.is_dead else "draining" if state.draining else "ready" if engine.is_ready else "loading"
+    )
+    body: dict[str, Any] = {
+        "object": "engine.status",
+        "state": condition,
+        "model": state.options.model_name,
+        "error": engine.error,
+    }
     stats = engine.stats()
     now, spans = engine.recent_spans(since, window_s)
     sampled = sum(s.num_sampled for s in engine.recent_spans(now - RATE_WINDOW_S)[1] if s.lane == DEVICE_LANE)
@@ -71,19 +76,41 @@ def engine_status_body(state: ServerState, since: float | None, window_s: float)
         body["stats"] = None
         return body
     body["stats"] = {
-        "requests": {"running": stats.num_running, "waiting": stats.num_waiting,
-                     "preempted": stats.num_preempted_waiting, "in_server": engine.num_active},
-        "steps": stats.num_steps, "preemptions": stats.num_preemptions, "generated_tokens": stats.num_generated_tokens,
-        "kv_blocks": {"total": stats.kv_blocks_total, "used": stats.kv_blocks_used, "free": stats.kv_blocks_free,
-                      "cached": stats.kv_blocks_cached},
-        "prefix_cache": {"hit_tokens": stats.prefix_hit_tokens, "query_tokens": stats.prefix_query_tokens,
-                         "hit_rate": round(stats.prefix_hit_rate, 4)},
-        "async_batching": stats.async_batching, "device_idle_fraction": round(stats.device_idle_fraction, 4),
+        "requests": {
+            "running": stats.num_running,
+            "waiting": stats.num_waiting,
+            "preempted": stats.num_preempted_waiting,
+            "in_server": engine.num_active,
+        },
+        "steps": stats.num_steps,
+        "preemptions": stats.num_preemptions,
+        "generated_tokens": stats.num_generated_tokens,
+        "kv_blocks": {
+            "total": stats.kv_blocks_total,
+            "used": stats.kv_blocks_used,
+            "free": stats.kv_blocks_free,
+            "cached": stats.kv_blocks_cached,
+        },
+        "prefix_cache": {
+            "hit_tokens": stats.prefix_hit_tokens,
+            "query_tokens": stats.prefix_query_tokens,
+            "hit_rate": round(stats.prefix_hit_rate, 4),
+        },
+        "async_batching": stats.async_batching,
+        "device_idle_fraction": round(stats.device_idle_fraction, 4),
     }
     return body
 
 
 def _span(s: Span) -> dict[str, Any]:
-    return {"name": s.name, "lane": _LANES.get(s.lane, "host"), "start": round(s.start, 6), "end": round(s.end, 6),
-            "step": s.step, "seqs": s.num_seqs, "tokens": s.num_tokens, "sampled": s.num_sampled,
-            "steps": s.num_steps}
+    return {
+        "name": s.name,
+        "lane": _LANES.get(s.lane, "host"),
+        "start": round(s.start, 6),
+        "end": round(s.end, 6),
+        "step": s.step,
+        "seqs": s.num_seqs,
+        "tokens": s.num_tokens,
+        "sampled": s.num_sampled,
+        "steps": s.num_steps,
+    }

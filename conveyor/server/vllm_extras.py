@@ -10,8 +10,9 @@ logprobs count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -26,7 +27,7 @@ class VllmFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     """Logprobs of each prompt token (and its top-N alternatives), in vLLM's shape; not when streaming."""
     return_token_ids: bool = False
     """Add prompt_token_ids and each choice's generated token_ids to the response."""
@@ -34,14 +35,16 @@ class VllmFields(BaseModel):
     """Name tokens in logprobs as 'token_id:<id>' (for tokens that are not valid UTF-8 on their own)."""
     use_beam_search: bool = False
     length_penalty: float = 1.0
-    prompt_embeds: Optional[Any] = None
+    prompt_embeds: Any | None = None
 
     @field_validator("logprobs", "top_logprobs", "prompt_logprobs", mode="before", check_fields=False)
     @classmethod
     def _no_whole_vocabulary(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, int) and not isinstance(value, bool) and value == -1:
-            raise ValueError(f"-1 (the logprobs of the whole vocabulary) is not supported; ask for 0 to "
-                             f"{MAX_LOGPROBS} alternatives per token")
+            raise ValueError(
+                f"-1 (the logprobs of the whole vocabulary) is not supported; ask for 0 to "
+                f"{MAX_LOGPROBS} alternatives per token"
+            )
         return value
 
     @field_validator("use_beam_search")
@@ -95,16 +98,20 @@ class ResponseExtras:
 
 def extras_of(body: Any, role: str = "assistant", chat_echo: str = "") -> ResponseExtras:
     options = body.stream_options
-    return ResponseExtras(return_token_ids=body.return_token_ids, tokens_as_ids=body.return_tokens_as_token_ids,
-                          prompt_logprobs=body.prompt_logprobs,
-                          continuous_usage=bool(options is not None and options.continuous_usage_stats),
-                          role=role, chat_echo=chat_echo)
+    return ResponseExtras(
+        return_token_ids=body.return_token_ids,
+        tokens_as_ids=body.return_tokens_as_token_ids,
+        prompt_logprobs=body.prompt_logprobs,
+        continuous_usage=bool(options is not None and options.continuous_usage_stats),
+        role=role,
+        chat_echo=chat_echo,
+    )
 
 
 class TokenIdNames(TokenBytes):
     """TokenBytes whose display text is 'token_id:<id>' (return_tokens_as_token_ids); the bytes stay real."""
 
-    def __init__(self, inner: TokenBytes | None) -> None:  # noqa: super().__init__ not called: wraps inner
+    def __init__(self, inner: TokenBytes | None) -> None:  # super().__init__ not called: wraps inner
         self.inner = inner
 
     def of(self, token_id: int) -> tuple[bytes, str]:
@@ -131,8 +138,13 @@ def running_usage(extras: ResponseExtras, prompt_tokens: int, completion_tokens:
     """continuous_usage_stats: the usage of one streamed choice so far, for its chunk (nothing when not asked)."""
     if not extras.continuous_usage:
         return {}
-    return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens}}
+    return {
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+    }
 
 
 def choice_token_ids(extras: ResponseExtras, c: CompletionOutput, start: int = 0) -> dict[str, Any]:
@@ -154,13 +166,20 @@ def generation_prompt(body: Any) -> bool:
     """Whether to render the assistant's turn opening: add_generation_prompt, off when continue_final_message
     is on (unless both were asked for explicitly, which is refused)."""
     if body.continue_final_message and body.add_generation_prompt and "add_generation_prompt" in body.model_fields_set:
-        raise APIError(400, "continue_final_message continues the last message, so it cannot be combined with "
-                            "add_generation_prompt=true (which opens a new one); set one of them to false",
-                       "continue_final_message")
+        raise APIError(
+            400,
+            "continue_final_message continues the last message, so it cannot be combined with "
+            "add_generation_prompt=true (which opens a new one); set one of them to false",
+            "continue_final_message",
+        )
     return bool(body.add_generation_prompt and not body.continue_final_message)
 
 
 def no_streamed_prompt_logprobs(body: Any, completions: bool) -> None:
     if body.prompt_logprobs is not None and body.stream:
-        raise APIError(400, "prompt_logprobs is not available when streaming (as in vLLM); ask without "
-                            "stream" + (", or use echo with logprobs" if completions else ""), "prompt_logprobs")
+        raise APIError(
+            400,
+            "prompt_logprobs is not available when streaming (as in vLLM); ask without "
+            "stream" + (", or use echo with logprobs" if completions else ""),
+            "prompt_logprobs",
+        )

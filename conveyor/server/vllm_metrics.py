@@ -7,7 +7,7 @@ Conveyor series without a vLLM counterpart keep only their own name (see README,
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
@@ -40,8 +40,16 @@ class VllmNames(Collector):
         for family in self.source.collect():
             for name in VLLM_NAMES.get(family.name, ()):
                 renamed = Metric(name, family.documentation + " (vLLM's name)", family.type, family.unit)
-                renamed.samples = [Sample(name + s.name[len(family.name):], {**s.labels, "model_name": self.model_name},
-                                          s.value, s.timestamp, s.exemplar) for s in family.samples]
+                renamed.samples = [
+                    Sample(
+                        name + s.name[len(family.name) :],
+                        {**s.labels, "model_name": self.model_name},
+                        s.value,
+                        s.timestamp,
+                        s.exemplar,
+                    )
+                    for s in family.samples
+                ]
                 yield renamed
 
 

@@ -6,7 +6,8 @@ preempted request recomputes) and asks for the masks of a step's constrained row
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -41,8 +42,9 @@ class GrammarBackend(Protocol):
     def compile(self, spec: StructuredOutputs) -> CompiledGrammar:
         """Compile (or fetch from the cache); raises InvalidRequestError naming the problem."""
 
-    def fill_bitmask(self, matchers: Sequence[GrammarMatcher | None], bitmask: torch.Tensor,
-                     num_threads: int = 1) -> None:
+    def fill_bitmask(
+        self, matchers: Sequence[GrammarMatcher | None], bitmask: torch.Tensor, num_threads: int = 1
+    ) -> None:
         """Row i of `bitmask` ([rows, ceil(vocab / 32)] int32, on the host) gets the tokens matcher i
         allows (bit t % 32 of word t // 32); a None matcher's row allows every token. The rows are shared
         among `num_threads` threads (the caller's own thread waits)."""

@@ -13,8 +13,9 @@ fills it then; on CPU it gets a filler that the sampling thread runs (engine/gra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -91,8 +92,8 @@ def bitmask_penalty(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype =
     """[rows, words] int32 -> [rows, vocab]: 0 where a token is allowed, -inf where it is not.
 
     One table lookup per byte of the mask (bit i of byte j of word w is token 32w + 8j + i on a
-    little-endian machine, which torch's CPUs and GPUs all are); measured ~2x faster on this CPU than
-    shifting out each of the 32 bits and masking."""
+    little-endian machine, which torch's CPUs and GPUs all are): a quarter of the ops of shifting out
+    each of the 32 bits and masking."""
     table = _byte_penalty(bitmask.device, dtype)
     as_bytes = bitmask.contiguous().view(torch.uint8).int()  # [rows, words * 4]
     return table[as_bytes].flatten(1)[:, :vocab_size]  # [rows, vocab]
@@ -101,12 +102,21 @@ def bitmask_penalty(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype =
 def native_applies(logits: torch.Tensor) -> bool:
     """Whether the native kernels take these logits: on the CPU, float32 or bfloat16, [batch, vocab] with
     contiguous rows."""
-    return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and logits.dim() == 2 \
+    return (
+        logits.device.type == "cpu"
+        and logits.dtype in (torch.float32, torch.bfloat16)
+        and logits.dim() == 2
         and logits.stride(-1) == 1
+    )
 
 
-def apply_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, native: MaskInPlace | None = None,
-                  owned: bool = False) -> torch.Tensor:
+def apply_bitmask(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    bitmask: torch.Tensor,
+    native: MaskInPlace | None = None,
+    owned: bool = False,
+) -> torch.Tensor:
     """logits [batch, vocab] float; rows [k] int64 (distinct); bitmask [k, words] int32 -> logits with every
     token a row's grammar forbids at -inf (other rows unchanged).
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Optional, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
 
@@ -19,18 +19,20 @@ class StructuredOutputs(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
-    json_: Optional[Union[dict[str, Any], StrictStr]] = Field(default=None, alias="json")
-    json_object: Optional[StrictBool] = None
-    regex: Optional[StrictStr] = Field(default=None, max_length=MAX_SOURCE_CHARS)
-    choice: Optional[tuple[StrictStr, ...]] = Field(default=None, min_length=1, max_length=MAX_CHOICES)
-    grammar: Optional[StrictStr] = Field(default=None, max_length=MAX_SOURCE_CHARS)
+    json_: dict[str, Any] | StrictStr | None = Field(default=None, alias="json")
+    json_object: StrictBool | None = None
+    regex: StrictStr | None = Field(default=None, max_length=MAX_SOURCE_CHARS)
+    choice: tuple[StrictStr, ...] | None = Field(default=None, min_length=1, max_length=MAX_CHOICES)
+    grammar: StrictStr | None = Field(default=None, max_length=MAX_SOURCE_CHARS)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "StructuredOutputs":
+    def _exactly_one(self) -> StructuredOutputs:
         given = [k for k in KINDS if self._value(k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(f"give exactly one of {', '.join(KINDS)} (json_object=True for any JSON object); "
-                             f"got {', '.join(given) if given else 'none'}")
+            raise ValueError(
+                f"give exactly one of {', '.join(KINDS)} (json_object=True for any JSON object); "
+                f"got {', '.join(given) if given else 'none'}"
+            )
         if isinstance(self.json_, str):
             try:
                 parsed = json.loads(self.json_)

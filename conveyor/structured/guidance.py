@@ -13,8 +13,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
-from typing import Any, Sequence
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
 
 import llguidance
 import llguidance.hf
@@ -60,16 +62,25 @@ class GuidanceGrammar:
 class GuidanceBackend:
     name = "llguidance"
 
-    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Sequence[int],
-                 compile_timeout_s: float = 10.0, cache_size: int = 256) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        compile_timeout_s: float = 10.0,
+        cache_size: int = 256,
+    ) -> None:
         self.vocab_size = vocab_size
         self.compile_timeout_s = compile_timeout_s
         try:
-            self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size,
-                                                          eos_token=list(eos_token_ids) or None)
+            self.tokenizer = llguidance.hf.from_tokenizer(
+                tokenizer, n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
+            )
         except Exception as exc:
-            raise InvalidRequestError(f"structured output needs a fast (Rust) Hugging Face tokenizer; this model's "
-                                      f"{type(tokenizer).__name__} could not be used ({exc})") from None
+            raise InvalidRequestError(
+                f"structured output needs a fast (Rust) Hugging Face tokenizer; this model's "
+                f"{type(tokenizer).__name__} could not be used ({exc})"
+            ) from None
         self._cache: OrderedDict[tuple[str, str], GuidanceGrammar] = OrderedDict()
         self._lock = threading.Lock()
         self._compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conveyor-grammar")
@@ -94,38 +105,48 @@ class GuidanceBackend:
         return grammar
 
     def _compile(self, spec: StructuredOutputs) -> GuidanceGrammar:
-        what = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",
-                "grammar": "grammar"}[spec.kind]
+        what = {
+            "json": "JSON schema",
+            "json_object": "JSON object",
+            "regex": "regex",
+            "choice": "choice",
+            "grammar": "grammar",
+        }[spec.kind]
         try:
             source = _grammar_source(spec)
         except (ValueError, TypeError) as exc:
-            raise InvalidRequestError(f"SamplingParams.structured_outputs: the {what} cannot be compiled: {exc}") \
-                from None
+            raise InvalidRequestError(
+                f"SamplingParams.structured_outputs: the {what} cannot be compiled: {exc}"
+            ) from None
         start = time.perf_counter()
         future = self._compiler.submit(llguidance.LLMatcher, self.tokenizer, source, log_level=0)
         try:
             template = future.result(timeout=self.compile_timeout_s)
         except FutureTimeout:
-            raise InvalidRequestError(f"SamplingParams.structured_outputs: compiling the {what} took longer than "
-                                      f"{self.compile_timeout_s:g} s; simplify it") from None
+            raise InvalidRequestError(
+                f"SamplingParams.structured_outputs: compiling the {what} took longer than "
+                f"{self.compile_timeout_s:g} s; simplify it"
+            ) from None
         except Exception as exc:
-            raise InvalidRequestError(f"SamplingParams.structured_outputs: the {what} cannot be compiled: "
-                                      f"{exc}") from None
+            raise InvalidRequestError(
+                f"SamplingParams.structured_outputs: the {what} cannot be compiled: {exc}"
+            ) from None
         if template.is_error():
-            raise InvalidRequestError(f"SamplingParams.structured_outputs: the {what} cannot be compiled: "
-                                      f"{template.get_error()}")
+            raise InvalidRequestError(
+                f"SamplingParams.structured_outputs: the {what} cannot be compiled: {template.get_error()}"
+            )
         self.compile_times_s.append(time.perf_counter() - start)
         return GuidanceGrammar(template)
 
-    def fill_bitmask(self, matchers: Sequence[GuidanceMatcher | None], bitmask: torch.Tensor,
-                     num_threads: int = 1) -> None:
+    def fill_bitmask(
+        self, matchers: Sequence[GuidanceMatcher | None], bitmask: torch.Tensor, num_threads: int = 1
+    ) -> None:
         # numpy's fill, not torch's: this runs on the engine's host thread, and a torch op large enough to go
         # parallel (98k words at 64 rows) would start a second OpenMP team there, whose threads then fight
-        # the forward's for the cores on every later step (runtime/overlap.py; measured: a 64-row decode
-        # step went from 39 to 63 ms after the first constrained step, and stayed there)
+        # the forward's for the cores on every later step (runtime/overlap.py: every decode step after the first
+        # constrained one stays slower)
         bitmask.numpy().fill(-1)
-        live = [(m.matcher, i) for i, m in enumerate(matchers)
-                if m is not None and not m.matcher.is_error()]
+        live = [(m.matcher, i) for i, m in enumerate(matchers) if m is not None and not m.matcher.is_error()]
         if live:
             executor = self._executors.get(num_threads)
             if executor is None:

@@ -19,14 +19,22 @@ COLLECTIVE_TIMEOUT_S = 300.0
 class TensorParallelGroup:
     """Rank `rank` of `size`: sums partial outputs, assembles vocab-parallel lookups and logits."""
 
-    def __init__(self, store: dist.Store, rank: int, size: int, vocab_start: int, vocab_end: int,
-                 timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        vocab_start: int,
+        vocab_end: int,
+        timeout_s: float = COLLECTIVE_TIMEOUT_S,
+    ) -> None:
         self.rank = rank
         self.size = size
         self.vocab_start = vocab_start
         self.vocab_end = vocab_end
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore("tp", store), rank, size,
-                                           datetime.timedelta(seconds=timeout_s))
+        self.group = dist.ProcessGroupGloo(
+            dist.PrefixStore("tp", store), rank, size, datetime.timedelta(seconds=timeout_s)
+        )
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of x over the ranks (row-parallel O and down projections), in place."""

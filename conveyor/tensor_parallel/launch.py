@@ -31,10 +31,15 @@ from conveyor.errors import ConfigError
 from conveyor.model.loader import LoadedModel
 from conveyor.model.runner import ModelRunner, PreparedStep, StepOutput
 from conveyor.tensor_parallel.group import TensorParallelGroup
-from conveyor.tensor_parallel.shard import check_tensor_parallel, kv_heads_replicated, shard_spec, shard_weights, \
-    vocab_range
-from conveyor.tensor_parallel.wire import STOP, write_frame
 from conveyor.tensor_parallel.plan_wire import encode_plan
+from conveyor.tensor_parallel.shard import (
+    check_tensor_parallel,
+    kv_heads_replicated,
+    shard_spec,
+    shard_weights,
+    vocab_range,
+)
+from conveyor.tensor_parallel.wire import STOP, write_frame
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +65,10 @@ class TensorParallelWorkers:
     def send(self, payload: bytes) -> None:
         for rank, proc in enumerate(self.procs, start=1):
             if proc.poll() is not None:
-                raise RuntimeError(f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with status "
-                                   f"{proc.returncode}; the engine cannot continue without it (see its log above)")
+                raise RuntimeError(
+                    f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with status "
+                    f"{proc.returncode}; the engine cannot continue without it (see its log above)"
+                )
             assert proc.stdin is not None
             write_frame(proc.stdin, payload)
 
@@ -71,8 +78,10 @@ class TensorParallelWorkers:
             assert proc.stdout is not None
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"tensor-parallel worker rank {rank} exited with status {proc.returncode} "
-                                       f"while starting (see its log above)")
+                    raise RuntimeError(
+                        f"tensor-parallel worker rank {rank} exited with status {proc.returncode} "
+                        f"while starting (see its log above)"
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise RuntimeError(f"tensor-parallel worker rank {rank} was not ready after {timeout_s:.0f} s")
@@ -105,8 +114,16 @@ class TensorParallelWorkers:
 class TensorParallelRunner(ModelRunner):
     """Rank 0's runner: its own shard, plus sending each step's plan to the workers just before its forward."""
 
-    def __init__(self, config: EngineConfig, loaded: LoadedModel, max_model_len: int, info: DeviceInfo,
-                 group: TensorParallelGroup, workers: TensorParallelWorkers, threads_before: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel,
+        max_model_len: int,
+        info: DeviceInfo,
+        group: TensorParallelGroup,
+        workers: TensorParallelWorkers,
+        threads_before: int,
+    ) -> None:
         super().__init__(config, loaded, max_model_len, info)
         self.model.parallel = group
         self.group = group
@@ -117,9 +134,11 @@ class TensorParallelRunner(ModelRunner):
     def prepare(self, plan: StepPlan, previous: StepPlan | None = None) -> PreparedStep:
         constrained = [s.request_id for s in plan.sampling_seqs if s.sampling is not None and s.sampling.constrained]
         if constrained:
-            raise ConfigError(f"structured output (request {constrained[0]!r}) is not supported with "
-                              f"tensor_parallel_size={self.config.tensor_parallel_size} yet; use "
-                              f"tensor_parallel_size=1 for constrained requests")
+            raise ConfigError(
+                f"structured output (request {constrained[0]!r}) is not supported with "
+                f"tensor_parallel_size={self.config.tensor_parallel_size} yet; use "
+                f"tensor_parallel_size=1 for constrained requests"
+            )
         start = time.perf_counter()
         self._plans[plan.step_id] = encode_plan(plan)
         self.workers.plan_send_s += time.perf_counter() - start
@@ -141,31 +160,47 @@ class TensorParallelRunner(ModelRunner):
         torch.set_num_threads(self._threads_before)
 
 
-def start_tensor_parallel(config: EngineConfig, loaded: LoadedModel, dtype: str, max_model_len: int,
-                          info: DeviceInfo) -> TensorParallelRunner:
+def start_tensor_parallel(
+    config: EngineConfig, loaded: LoadedModel, dtype: str, max_model_len: int, info: DeviceInfo
+) -> TensorParallelRunner:
     """Spawn ranks 1..N-1, join them in one gloo group, and build rank 0's runner on its shard."""
     n = config.tensor_parallel_size
     if info.device.type != "cpu":
-        raise ConfigError(f"tensor_parallel_size={n} runs on CPU (gloo) only for now, but the device is {info.name}; "
-                          f"pass device='cpu'")
+        raise ConfigError(
+            f"tensor_parallel_size={n} runs on CPU (gloo) only for now, but the device is {info.name}; "
+            f"pass device='cpu'"
+        )
     full = loaded.spec
     check_tensor_parallel(full, n, loaded.source)
     if kv_heads_replicated(full, n):
-        logger.warning("tensor parallelism: the model has %d KV heads for %d ranks; each KV head is replicated on "
-                       "%d ranks (KV cache memory per token is %dx what an even split would need)",
-                       full.num_kv_heads, n, n // full.num_kv_heads, n // full.num_kv_heads)
+        logger.warning(
+            "tensor parallelism: the model has %d KV heads for %d ranks; each KV head is replicated on "
+            "%d ranks (KV cache memory per token is %dx what an even split would need)",
+            full.num_kv_heads,
+            n,
+            n // full.num_kv_heads,
+            n // full.num_kv_heads,
+        )
     threads_before = torch.get_num_threads()
     threads = config.num_threads or max(1, (os.cpu_count() or 1) // n)
     torch.set_num_threads(threads)
     store = dist.TCPStore("127.0.0.1", 0, n, True, wait_for_workers=False)
-    header = {"config": dataclasses.asdict(config), "size": n, "host": "127.0.0.1", "port": store.port,
-              "dtype": dtype, "max_model_len": max_model_len, "num_threads": threads}
+    header = {
+        "config": dataclasses.asdict(config),
+        "size": n,
+        "host": "127.0.0.1",
+        "port": store.port,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "num_threads": threads,
+    }
     procs: list[subprocess.Popen[bytes]] = []
     workers = TensorParallelWorkers(procs)
     try:
         for rank in range(1, n):
-            proc = subprocess.Popen([sys.executable, "-m", "conveyor.tensor_parallel.worker"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "conveyor.tensor_parallel.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+            )
             procs.append(proc)
             assert proc.stdin is not None
             write_frame(proc.stdin, json.dumps({**header, "rank": rank}).encode())

@@ -42,9 +42,11 @@ def check_tensor_parallel(spec: ModelSpec, n: int, source: str) -> None:
     """Refuse a size that does not split this model evenly, listing the sizes that do."""
     problem = _problem(spec, n)
     if problem is not None:
-        raise ConfigError(f"tensor_parallel_size={n} cannot split {source}: it has {problem}, which {n} does not "
-                          f"divide evenly; sizes that work for this model: "
-                          f"{', '.join(str(s) for s in working_sizes(spec))}")
+        raise ConfigError(
+            f"tensor_parallel_size={n} cannot split {source}: it has {problem}, which {n} does not "
+            f"divide evenly; sizes that work for this model: "
+            f"{', '.join(str(s) for s in working_sizes(spec))}"
+        )
 
 
 def kv_heads_replicated(spec: ModelSpec, n: int) -> bool:
@@ -54,9 +56,12 @@ def kv_heads_replicated(spec: ModelSpec, n: int) -> bool:
 def shard_spec(spec: ModelSpec, n: int) -> ModelSpec:
     """The shape one rank computes: 1/N of the heads and MLP width (the vocabulary stays whole: logits are
     gathered before sampling)."""
-    return dataclasses.replace(spec, num_heads=spec.num_heads // n,
-                               num_kv_heads=max(1, spec.num_kv_heads // n),
-                               intermediate_size=spec.intermediate_size // n)
+    return dataclasses.replace(
+        spec,
+        num_heads=spec.num_heads // n,
+        num_kv_heads=max(1, spec.num_kv_heads // n),
+        intermediate_size=spec.intermediate_size // n,
+    )
 
 
 def vocab_range(spec: ModelSpec, rank: int, n: int) -> tuple[int, int]:

@@ -7,18 +7,18 @@ No pickle crosses the pipe. A parent that dies closes the pipe, and the worker r
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO
+from typing import IO
 
 _LENGTH = struct.Struct("<Q")
 STOP = b""
 
 
-def write_frame(pipe: BinaryIO, payload: bytes) -> None:
+def write_frame(pipe: IO[bytes], payload: bytes) -> None:
     pipe.write(_LENGTH.pack(len(payload)) + payload)
     pipe.flush()
 
 
-def read_frame(pipe: BinaryIO) -> bytes | None:
+def read_frame(pipe: IO[bytes]) -> bytes | None:
     """The next payload; None at end of file (the parent is gone); b"" for STOP."""
     head = pipe.read(_LENGTH.size)
     if len(head) < _LENGTH.size:

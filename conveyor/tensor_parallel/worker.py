@@ -23,9 +23,9 @@ from conveyor.device import detect_device
 from conveyor.model.loader import load_model
 from conveyor.model.runner import ModelRunner
 from conveyor.tensor_parallel.group import TensorParallelGroup
+from conveyor.tensor_parallel.plan_wire import decode_plan
 from conveyor.tensor_parallel.shard import shard_spec, shard_weights, vocab_range
 from conveyor.tensor_parallel.wire import read_frame
-from conveyor.tensor_parallel.plan_wire import decode_plan
 
 logger = logging.getLogger("conveyor.tensor_parallel.worker")
 

@@ -1,8 +1,8 @@
 """Tool calling (OpenAI `tools` / `tool_choice`), shared by the server and `LLM.chat`.
 
-    parsers.py   the model families' tool-call formats: find calls in output text, write calls as text
-    choice.py    tools + tool_choice -> what to render and which structured-output constraint to apply
-    messages.py  conversations with tool results and assistant tool_calls -> chat-template input
+parsers.py   the model families' tool-call formats: find calls in output text, write calls as text
+choice.py    tools + tool_choice -> what to render and which structured-output constraint to apply
+messages.py  conversations with tool results and assistant tool_calls -> chat-template input
 """
 
 from conveyor.tools.choice import ToolPlan, plan_tools

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -33,8 +33,8 @@ class ToolRequestError(InvalidRequestError):
 class FunctionDefinition(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
-    description: Optional[str] = None
-    parameters: Optional[dict[str, Any]] = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
 
 
 class ToolDefinition(BaseModel):
@@ -80,8 +80,11 @@ def _parameters(function: FunctionDefinition) -> dict[str, Any]:
     return function.parameters if function.parameters is not None else {"type": "object", "properties": {}}
 
 
-def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None,
-               parallel_tool_calls: bool | None = None) -> ToolPlan:
+def plan_tools(
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+    parallel_tool_calls: bool | None = None,
+) -> ToolPlan:
     """Validate tools and tool_choice (ToolRequestError naming the field) and decide the plan."""
     definitions: list[ToolDefinition] = []
     for i, tool in enumerate(tools or []):
@@ -90,12 +93,13 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
-            raise ToolRequestError(f"tools[{i}] is not a function tool ({where}: {err['msg']}); expected "
-                                   f"{{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}",
-                                   "tools") from None
+            raise ToolRequestError(
+                f"tools[{i}] is not a function tool ({where}: {err['msg']}); expected "
+                f"{{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}",
+                "tools",
+            ) from None
         if definitions[-1].type != "function":
-            raise ToolRequestError(f"tools[{i}].type={definitions[-1].type!r}: only 'function' tools exist",
-                                   "tools")
+            raise ToolRequestError(f"tools[{i}].type={definitions[-1].type!r}: only 'function' tools exist", "tools")
     names = [d.function.name for d in definitions]
     if len(set(names)) != len(names):
         raise ToolRequestError(f"tool names must be unique; got {names}", "tools")
@@ -103,25 +107,41 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, 
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
         if not isinstance(name, str):
-            raise ToolRequestError("tool_choice as an object must be {'type': 'function', 'function': "
-                                   "{'name': ...}}", "tool_choice")
+            raise ToolRequestError(
+                "tool_choice as an object must be {'type': 'function', 'function': {'name': ...}}", "tool_choice"
+            )
         if name not in names:
-            raise ToolRequestError(f"tool_choice names the function {name!r}, which is not among the tools "
-                                   f"({', '.join(names) or 'none given'})", "tool_choice")
+            raise ToolRequestError(
+                f"tool_choice names the function {name!r}, which is not among the tools "
+                f"({', '.join(names) or 'none given'})",
+                "tool_choice",
+            )
         function = definitions[names.index(name)].function
         return ToolPlan("named", list(tools or []), {"json": _parameters(function)}, name)
     if choice not in ("none", "auto", "required"):
-        raise ToolRequestError(f"tool_choice={choice!r} is not one of 'none', 'auto', 'required' or "
-                               f"{{'type': 'function', 'function': {{'name': ...}}}}", "tool_choice")
+        raise ToolRequestError(
+            f"tool_choice={choice!r} is not one of 'none', 'auto', 'required' or "
+            f"{{'type': 'function', 'function': {{'name': ...}}}}",
+            "tool_choice",
+        )
     if choice != "none" and not definitions:
         raise ToolRequestError(f"tool_choice={choice!r} needs tools, and none were given", "tool_choice")
     if choice != "required":
         return ToolPlan(choice, list(tools or []))
-    call_schemas = [{"type": "object", "properties": {"name": {"enum": [d.function.name]},
-                                                      "arguments": _parameters(d.function)},
-                     "required": ["name", "arguments"], "additionalProperties": False} for d in definitions]
-    array: dict[str, Any] = {"type": "array", "minItems": 1,
-                             "items": call_schemas[0] if len(call_schemas) == 1 else {"anyOf": call_schemas}}
+    call_schemas = [
+        {
+            "type": "object",
+            "properties": {"name": {"enum": [d.function.name]}, "arguments": _parameters(d.function)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for d in definitions
+    ]
+    array: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": call_schemas[0] if len(call_schemas) == 1 else {"anyOf": call_schemas},
+    }
     if parallel_tool_calls is False:
         array["maxItems"] = 1
     return ToolPlan("required", list(tools or []), {"json": array})

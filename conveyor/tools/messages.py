@@ -13,10 +13,12 @@ from typing import Any
 
 from conveyor.tools.parsers import ToolParser
 
-_TOOLS_PROMPT = ("You may call one or more functions to assist with the user query. The functions are given "
-                 "within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\nFor each function call, return a "
-                 "JSON object with the function name and arguments within <tool_call></tool_call> XML tags:\n"
-                 "<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>")
+_TOOLS_PROMPT = (
+    "You may call one or more functions to assist with the user query. The functions are given "
+    "within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\nFor each function call, return a "
+    "JSON object with the function name and arguments within <tool_call></tool_call> XML tags:\n"
+    '<tool_call>\n{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
+)
 
 
 def _native_call(call: dict[str, Any]) -> dict[str, Any]:
@@ -30,8 +32,9 @@ def _native_call(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": function}
 
 
-def render_conversation(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                        chat_template: str | None, parser: ToolParser) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def render_conversation(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, chat_template: str | None, parser: ToolParser
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(messages for apply_chat_template, extra keyword arguments for it)."""
     template = chat_template or ""
     native = "tool_calls" in template or "tools" in template

@@ -1,8 +1,8 @@
 """Tool-call formats of the common model families: find the calls in a reply, or write calls as text.
 
-    hermes       Hermes / Qwen:   <tool_call>{"name": ..., "arguments": {...}}</tool_call> (one block per call)
-    llama3_json  Llama 3.x:       [<|python_tag|>]{"name": ..., "parameters": {...}} (several joined by ';')
-    mistral      Mistral:         [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+hermes       Hermes / Qwen:   <tool_call>{"name": ..., "arguments": {...}}</tool_call> (one block per call)
+llama3_json  Llama 3.x:       [<|python_tag|>]{"name": ..., "parameters": {...}} (several joined by ';')
+mistral      Mistral:         [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
 """
 
 from __future__ import annotations
@@ -81,13 +81,16 @@ class HermesParser(ToolParser):
             if call is None:
                 return text, []  # not a well-formed call: the text stays content, nothing is guessed
             calls.append(call)
-        content = text[:text.index(self.start_marker)].strip()
+        content = text[: text.index(self.start_marker)].strip()
         return content or None, calls
 
     def render(self, calls: list[dict[str, Any]]) -> str:
-        return "\n".join("<tool_call>\n" + json.dumps({"name": c.get("function", {}).get("name"),
-                                                       "arguments": _arguments(c)}, ensure_ascii=False)
-                         + "\n</tool_call>" for c in calls)
+        return "\n".join(
+            "<tool_call>\n"
+            + json.dumps({"name": c.get("function", {}).get("name"), "arguments": _arguments(c)}, ensure_ascii=False)
+            + "\n</tool_call>"
+            for c in calls
+        )
 
 
 class Llama3JsonParser(ToolParser):
@@ -116,8 +119,10 @@ class Llama3JsonParser(ToolParser):
         return None, calls
 
     def render(self, calls: list[dict[str, Any]]) -> str:
-        return "; ".join(json.dumps({"name": c.get("function", {}).get("name"), "parameters": _arguments(c)},
-                                    ensure_ascii=False) for c in calls)
+        return "; ".join(
+            json.dumps({"name": c.get("function", {}).get("name"), "parameters": _arguments(c)}, ensure_ascii=False)
+            for c in calls
+        )
 
 
 class MistralParser(ToolParser):
@@ -139,12 +144,16 @@ class MistralParser(ToolParser):
         return content.strip() or None, [c for c in calls if c is not None]
 
     def render(self, calls: list[dict[str, Any]]) -> str:
-        return "[TOOL_CALLS]" + json.dumps([{"name": c.get("function", {}).get("name"), "arguments": _arguments(c)}
-                                            for c in calls], ensure_ascii=False)
+        return "[TOOL_CALLS]" + json.dumps(
+            [{"name": c.get("function", {}).get("name"), "arguments": _arguments(c)} for c in calls], ensure_ascii=False
+        )
 
 
-PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser, "llama3_json": Llama3JsonParser,
-                                        "mistral": MistralParser}
+PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesParser,
+    "llama3_json": Llama3JsonParser,
+    "mistral": MistralParser,
+}
 
 
 def parser_for(name: str, chat_template: str | None) -> ToolParser:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
@@ -22,13 +23,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from conveyor import __version__
-from conveyor.data_parallel.serving.front_metrics import FrontMetrics
 from conveyor.data_parallel.replicas import ReplicaSet
 from conveyor.data_parallel.router import PrefixAffinityRouter, Route
+from conveyor.data_parallel.serving.front_metrics import FrontMetrics
 from conveyor.server.error_responses import error_response, install_error_handlers, sse_error
 from conveyor.server.guard import GuardMiddleware
-from conveyor.server.state import ServerOptions
 from conveyor.server.request_id import HEADER, RequestIdMiddleware
+from conveyor.server.state import ServerOptions
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ class Front:
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=5.0, read=options.request_timeout, write=30.0, pool=None),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-            headers={"Authorization": f"Bearer {replicas.api_key}"})
+            headers={"Authorization": f"Bearer {replicas.api_key}"},
+        )
         self._open: set[httpx.Response] = set()
+        self._closing: set[asyncio.Future[None]] = set()
         """Upstream responses being relayed (abort_all closes them)."""
         self._abort_reason: str | None = None
         self._in_flight = 0
@@ -76,7 +79,9 @@ class Front:
         """Close every upstream stream: each client gets an error event naming `reason`, then [DONE]."""
         self._abort_reason = reason
         for response in list(self._open):
-            asyncio.ensure_future(response.aclose())
+            closing = asyncio.ensure_future(response.aclose())
+            self._closing.add(closing)  # held until done: the loop keeps only a weak reference to a task
+            closing.add_done_callback(self._closing.discard)
 
     # ---- routing ---------------------------------------------------------------------
     async def _prompt_ids(self, path: str, payload: dict[str, Any]) -> list[int]:
@@ -125,7 +130,8 @@ class Front:
             return error_response(400, f"the request body must be a JSON object, got {type(payload).__name__}")
         streamed = payload.get("stream") is True
         max_tokens = payload.get("max_tokens", payload.get("max_completion_tokens"))
-        n = payload.get("n") if isinstance(payload.get("n"), int) else 1
+        n_given = payload.get("n")
+        n = n_given if isinstance(n_given, int) else 1
         budget = (max_tokens if isinstance(max_tokens, int) else DEFAULT_MAX_TOKENS_GUESS) * max(1, n)
         ids = await self._prompt_ids(path, payload)
         headers = {"content-type": "application/json", HEADER: request.state.request_id}
@@ -133,9 +139,13 @@ class Front:
         while True:
             candidates = [i for i in self.replicas.healthy if i not in tried]
             if not candidates:
-                return error_response(503, f"no data-parallel replica is up to take the request (replicas tried: "
-                                           f"{sorted(tried) or 'none'}); retry shortly", code="no_replica",
-                                      headers={"Retry-After": "2"})
+                return error_response(
+                    503,
+                    f"no data-parallel replica is up to take the request (replicas tried: "
+                    f"{sorted(tried) or 'none'}); retry shortly",
+                    code="no_replica",
+                    headers={"Retry-After": "2"},
+                )
             unavailable = set(range(len(self.replicas.replicas))) - set(candidates)
             route = self.router.route(ids, budget, unavailable=unavailable)
             address = self.replicas.replicas[route.replica].address
@@ -145,23 +155,30 @@ class Front:
                     raise httpx.ConnectError("the replica went down")
                 upstream = await self.client.send(
                     self.client.build_request("POST", f"http://{address}{path}", content=body, headers=headers),
-                    stream=True)
+                    stream=True,
+                )
                 if not (streamed and upstream.status_code == 200):
                     content = await upstream.aread()  # nothing reaches the client before the whole answer
                     self.router.finished(route)
                     await upstream.aclose()
                     self._count(route)
-                    return Response(content, status_code=upstream.status_code,
-                                    media_type=upstream.headers.get("content-type"),
-                                    headers={REPLICA_HEADER: str(route.replica)})
+                    return Response(
+                        content,
+                        status_code=upstream.status_code,
+                        media_type=upstream.headers.get("content-type"),
+                        headers={REPLICA_HEADER: str(route.replica)},
+                    )
                 chunks = upstream.aiter_raw()
                 first = await anext(chunks, b"")  # until the replica has sent something, it may be retried
             except httpx.TransportError as exc:
                 self.router.finished(route)
                 if upstream is not None:
                     await upstream.aclose()
-                logger.warning("replica %d could not be reached for a request (%s); trying another",
-                               route.replica, type(exc).__name__)
+                logger.warning(
+                    "replica %d could not be reached for a request (%s); trying another",
+                    route.replica,
+                    type(exc).__name__,
+                )
                 self.replicas.mark_down(route.replica)
                 self.metrics.retried.inc()
                 tried.add(route.replica)
@@ -169,10 +186,12 @@ class Front:
             self._count(route)
             self._open.add(upstream)
             end = _RelayEnd(self, upstream, route)
-            return _RelayResponse(self._relay(chunks, first, route, end), end,
-                                  media_type="text/event-stream",
-                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                                           REPLICA_HEADER: str(route.replica)})
+            return _RelayResponse(
+                self._relay(chunks, first, route, end),
+                end,
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", REPLICA_HEADER: str(route.replica)},
+            )
 
     async def finish_relay(self, upstream: httpx.Response, route: Route) -> None:
         """A relayed stream ended (see _RelayEnd: called once per stream)."""
@@ -186,8 +205,9 @@ class Front:
         if route.matched_blocks:
             self.metrics.affinity_hits.labels(str(route.replica)).inc()
 
-    async def _relay(self, chunks: AsyncIterator[bytes], first: bytes, route: Route,
-                     end: "_RelayEnd") -> AsyncIterator[bytes]:
+    async def _relay(
+        self, chunks: AsyncIterator[bytes], first: bytes, route: Route, end: _RelayEnd
+    ) -> AsyncIterator[bytes]:
         """The replica's events as they come; if it stops before [DONE], an error event and [DONE]."""
         tail = first[-64:]
         try:
@@ -201,9 +221,11 @@ class Front:
                 pass  # told below
             if _DONE not in tail:
                 self.metrics.streams_lost.inc()
-                reason = self._abort_reason or (f"data-parallel replica {route.replica} stopped while streaming "
-                                                f"this response; the tokens sent are all there will be: retry "
-                                                f"the request")
+                reason = self._abort_reason or (
+                    f"data-parallel replica {route.replica} stopped while streaming "
+                    f"this response; the tokens sent are all there will be: retry "
+                    f"the request"
+                )
                 if self._abort_reason is None:
                     self.replicas.mark_down(route.replica)
                 yield sse_error(502, reason, code="replica_lost").encode()
@@ -215,23 +237,31 @@ class Front:
     async def pass_through(self, request: Request, path: str) -> Response:
         healthy = self.replicas.healthy
         if not healthy:
-            return error_response(503, "no data-parallel replica is up; retry shortly", code="no_replica",
-                                  headers={"Retry-After": "2"})
+            return error_response(
+                503, "no data-parallel replica is up; retry shortly", code="no_replica", headers={"Retry-After": "2"}
+            )
         address = self.replicas.replicas[healthy[0]].address
         try:
-            response = await self.client.request(request.method, f"http://{address}{path}",
-                                                 content=await request.body(),
-                                                 headers={"content-type": "application/json"})
+            response = await self.client.request(
+                request.method,
+                f"http://{address}{path}",
+                content=await request.body(),
+                headers={"content-type": "application/json"},
+            )
         except httpx.TransportError as exc:
-            return error_response(502, f"replica {healthy[0]} could not be reached ({type(exc).__name__}); retry",
-                                  code="replica_lost")
-        return Response(response.content, status_code=response.status_code,
-                        media_type=response.headers.get("content-type"))
+            return error_response(
+                502, f"replica {healthy[0]} could not be reached ({type(exc).__name__}); retry", code="replica_lost"
+            )
+        return Response(
+            response.content, status_code=response.status_code, media_type=response.headers.get("content-type")
+        )
 
     def health(self) -> Response:
         healthy = set(self.replicas.healthy)
-        states = [{"replica": r.index, "up": r.index in healthy, "restarts": r.restarts, "pid": r.pid}
-                  for r in self.replicas.replicas]
+        states = [
+            {"replica": r.index, "up": r.index in healthy, "restarts": r.restarts, "pid": r.pid}
+            for r in self.replicas.replicas
+        ]
         up = sum(s["up"] for s in states)
         if self.draining:
             return error_response(503, "the server is shutting down", code="draining")
@@ -290,8 +320,13 @@ def build_front_app(front: Front) -> FastAPI:
     install_error_handlers(app)
     if front.options.allowed_origins:
         origins = list(front.options.allowed_origins)
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_credentials="*" not in origins,
-                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["Authorization", "Content-Type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_credentials="*" not in origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     app.add_middleware(GuardMiddleware, state=front)  # API keys, body cap, 503 while draining
     app.add_middleware(RequestIdMiddleware)
 

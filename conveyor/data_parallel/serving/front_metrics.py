@@ -14,8 +14,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-ADDITIVE_GAUGES = ("conveyor_num_requests_running", "conveyor_num_requests_waiting",
-                   "conveyor_kv_cache_free_blocks", "conveyor_kv_cache_total_blocks")
+ADDITIVE_GAUGES = (
+    "conveyor_num_requests_running",
+    "conveyor_num_requests_waiting",
+    "conveyor_kv_cache_free_blocks",
+    "conveyor_kv_cache_total_blocks",
+)
 """Gauges whose total over replicas means something (a ratio or a rate does not add up)."""
 
 
@@ -23,19 +27,35 @@ class FrontMetrics:
     def __init__(self, num_replicas: int) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.routed = Counter("conveyor_dp_requests_routed", "Generation requests sent to each replica",
-                              ["replica"], registry=r)
-        self.affinity_hits = Counter("conveyor_dp_prefix_affinity_hits", "Requests routed to the replica that "
-                                     "was last sent the same prompt prefix (whole KV blocks)", ["replica"], registry=r)
-        self.retried = Counter("conveyor_dp_requests_retried", "Requests sent again to another replica because "
-                               "theirs could not be reached before answering", registry=r)
-        self.streams_lost = Counter("conveyor_dp_streams_lost", "Streams ended with an error event because their "
-                                    "replica stopped after sending tokens", registry=r)
+        self.routed = Counter(
+            "conveyor_dp_requests_routed", "Generation requests sent to each replica", ["replica"], registry=r
+        )
+        self.affinity_hits = Counter(
+            "conveyor_dp_prefix_affinity_hits",
+            "Requests routed to the replica that was last sent the same prompt prefix (whole KV blocks)",
+            ["replica"],
+            registry=r,
+        )
+        self.retried = Counter(
+            "conveyor_dp_requests_retried",
+            "Requests sent again to another replica because theirs could not be reached before answering",
+            registry=r,
+        )
+        self.streams_lost = Counter(
+            "conveyor_dp_streams_lost",
+            "Streams ended with an error event because their replica stopped after sending tokens",
+            registry=r,
+        )
         self.up = Gauge("conveyor_dp_replica_up", "1 while the replica answers /health", ["replica"], registry=r)
-        self.restarts = Gauge("conveyor_dp_replica_restarts", "Times the replica came back after being down",
-                              ["replica"], registry=r)
-        self.outstanding = Gauge("conveyor_dp_outstanding_tokens", "Prompt + max new tokens of the requests in "
-                                 "flight on the replica (what the router balances)", ["replica"], registry=r)
+        self.restarts = Gauge(
+            "conveyor_dp_replica_restarts", "Times the replica came back after being down", ["replica"], registry=r
+        )
+        self.outstanding = Gauge(
+            "conveyor_dp_outstanding_tokens",
+            "Prompt + max new tokens of the requests in flight on the replica (what the router balances)",
+            ["replica"],
+            registry=r,
+        )
         for i in range(num_replicas):  # every replica's series exists from the start, at 0
             for metric in (self.routed, self.affinity_hits, self.up, self.restarts, self.outstanding):
                 metric.labels(str(i))
