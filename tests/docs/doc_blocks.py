@@ -23,6 +23,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import io
@@ -175,14 +176,19 @@ def _strict(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_conveyor(argv: list[str]) -> None:
-    """Parse `conveyor ARGV` with the CLI's own parser; an unknown or renamed flag raises DocError."""
+@functools.lru_cache(maxsize=1)
+def _cli_parser() -> argparse.ArgumentParser:
     from conveyor.cli import build_parser
 
+    return _strict(build_parser())  # parsing does not change a parser: one serves every command
+
+
+def parse_conveyor(argv: list[str]) -> None:
+    """Parse `conveyor ARGV` with the CLI's own parser; an unknown or renamed flag raises DocError."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            _strict(build_parser()).parse_args(argv)
+            _cli_parser().parse_args(argv)
     except SystemExit as exc:
         if exc.code == 0 and ("--help" in argv or "-h" in argv):
             return

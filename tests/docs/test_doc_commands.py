@@ -263,3 +263,15 @@ def test_the_full_tier_runs_something_of_each_kind() -> None:
     assert {"generate", "chat", "inspect"} <= kinds
     assert any(c.kind == "curl" for c in commands)
 
+
+
+@pytest.mark.full
+def test_the_runners_report_failures(tmp_path: pathlib.Path) -> None:
+    """The full tier can fail: a command that exits non-zero and a Python block that raises are reported."""
+    runs = [{"argv": ["inspect", str(tmp_path / "missing.gguf")]}, {"argv": ["generate", "--help"]}]
+    done = _run([sys.executable, str(ROOT / "tests/docs/run_cli.py")], json.dumps(runs), str(tmp_path), 300)
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["rc"] != 0 for r in results] == [True, False]
+    code = [{"where": "planted.md:1", "code": "x = 1"}, {"where": "planted.md:5", "code": "raise ValueError(x)"}]
+    done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(code), str(tmp_path), 300)
+    assert done.returncode == 1 and "FAILED: the block at planted.md:5" in done.stdout
