@@ -31,8 +31,8 @@ import json
 import pathlib
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOC_PORT = 8000
@@ -146,20 +146,29 @@ def bash_commands(block: Block) -> list[Command]:
         line, pending = pending, ""
         if not tokens:
             continue
-        parts: list[list[str]] = [[]]
+        sequence: list[list[str]] = [[]]  # `a && b; c &`: each command is checked
         for tok in tokens:
-            if tok in ("|", "&&", ";"):
-                parts.append([])
+            if tok in ("&&", "||", ";", "&"):
+                sequence.append([])
             else:
-                parts[-1].append(tok)
-        first = parts[0]
-        env = {}
-        while first and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", first[0]):
-            key, _, value = first.pop(0).partition("=")
-            env[key] = value
-        if not first:
-            raise DocError(f"{block.where}: {line!r} sets variables and runs nothing; use `export`")
-        commands.append(Command(block, line, first, env, parts[1:]))
+                sequence[-1].append(tok)
+        for words in filter(None, sequence):
+            parts: list[list[str]] = [[]]  # `a | b`: a is the command, b a filter after it
+            for tok in words:
+                if tok == "|":
+                    parts.append([])
+                else:
+                    parts[-1].append(tok)
+            first = parts[0]
+            while first[:1] == ["flock"] and len(first) > 2:  # `flock LOCKFILE command ...`: the command is checked
+                first = first[2:]
+            env = {}
+            while first and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", first[0]):
+                key, _, value = first.pop(0).partition("=")
+                env[key] = value
+            if not first:
+                raise DocError(f"{block.where}: {line!r} sets variables and runs nothing; use `export`")
+            commands.append(Command(block, line, first, env, parts[1:]))
     if pending:
         raise DocError(f"{block.where}: an unclosed quote in {pending!r}")
     return commands
@@ -201,7 +210,7 @@ def _pyproject_extras() -> set[str]:
         import tomllib
     except ImportError:  # Python 3.10: the section's keys, read plainly
         section = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
-        return set(re.findall(r"^([\w-]+)\s*=", section, flags=re.M))
+        return set(re.findall(r"^([\w-]+)\s*=", section, flags=re.MULTILINE))
     with open(ROOT / "pyproject.toml", "rb") as f:
         return set(tomllib.load(f)["project"].get("optional-dependencies", {}))
 
@@ -219,7 +228,7 @@ def check_command(cmd: Command, warnings: list[str]) -> None:
         if len(argv) < 2:
             raise DocError(f"{where}: `bash` without a script")
         script = argv[1]
-        if not re.fullmatch(r"(scripts|benchmarks)/[\w.-]+\.sh", script) or not (ROOT / script).is_file():
+        if not re.fullmatch(r"(scripts|benchmarks)/[\w./-]+\.sh", script) or not (ROOT / script).is_file():
             raise DocError(f"{where}: {script} is not a script of this repository")
         args = argv[2:]
         if script == "scripts/run.sh" and args:

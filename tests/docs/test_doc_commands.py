@@ -19,11 +19,22 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 import pytest
 
-from docs.doc_blocks import (DOC_PORT, ROOT, Block, Command, DocError, all_blocks, bash_commands, check_block,
-                                   doc_files, extract_blocks)
+from docs.doc_blocks import (
+    DOC_PORT,
+    ROOT,
+    Block,
+    Command,
+    DocError,
+    all_blocks,
+    bash_commands,
+    check_block,
+    doc_files,
+    extract_blocks,
+)
 
 OWN_PAGES = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md"))
                             if p.name != "performance.md")]
@@ -61,6 +72,8 @@ PLANTED = {
     "a missing import": "```python\nfrom conveyor import NoSuchThing\n```\n",
     "bad JSON": '```json\n{"a": 1,}\n```\n',
     "a curl elsewhere": "```bash\ncurl https://example.com/v1/models\n```\n",
+    "a bad flag after &&": "```bash\nexport X=1 && conveyor chat --no-such-flag\n```\n",
+    "a bad flag behind flock": "```bash\nflock /tmp/l conveyor bench latency --no-such-flag &\n```\n",
 }
 
 
@@ -103,7 +116,7 @@ def test_links_and_images_resolve() -> None:
     """Relative links (and #anchors) of every page point at files and headings that exist; images exist."""
     errors = []
     for page in doc_files():
-        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+:", target):
                 continue
@@ -198,9 +211,18 @@ def _run(args: list[str], stdin: str, cwd: str, timeout: float) -> subprocess.Co
     return subprocess.run(args, input=stdin, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
+@pytest.fixture(scope="module")
+def servers() -> Any:
+    """Servers by their flags, shared by the pages that start the same one; each must exit 0 on SIGTERM."""
+    started: dict[tuple[str, ...], Any] = {}
+    yield started
+    codes = {args: server.stop() for args, server in started.items()}
+    assert all(rc == 0 for rc in codes.values()), f"`conveyor serve` exit status on SIGTERM (the docs promise 0): {codes}"
+
+
 @pytest.mark.full
 @pytest.mark.parametrize("page", _pages_with_runs())
-def test_page_runs(page: str) -> None:
+def test_page_runs(page: str, servers: dict[tuple[str, ...], Any]) -> None:
     from helpers.server_process import ServerProcess
 
     blocks: list[Block] = extract_blocks(ROOT / page)
@@ -211,45 +233,42 @@ def test_page_runs(page: str) -> None:
     server: ServerProcess | None = None
     failures: list[str] = []
     with tempfile.TemporaryDirectory() as cwd:
-        try:
-            if needs_server or server_args is not None:
-                server = ServerProcess(*(server_args or []))
-                server.wait_ready(timeout=300)
-            port = server.port if server else DOC_PORT
+        if needs_server or server_args is not None:
+            key = tuple(server_args or [])
+            if key not in servers:
+                servers[key] = ServerProcess(*key)
+                servers[key].wait_ready(timeout=300)
+            server = servers[key]
+        port = server.port if server else DOC_PORT
 
-            def local(text: str) -> str:
-                return text.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")
+        def local(text: str) -> str:
+            return text.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")
 
-            runs = [{"argv": argv, "stdin": "What is 2 + 2?\n" if argv[0] == "chat" else "", "where": c.block.where}
-                    for c in commands if (argv := _runnable_argv(c)) is not None]
-            if runs:
-                done = _run([sys.executable, str(ROOT / "tests/docs/run_cli.py")], json.dumps(runs), cwd, 900)
-                results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-                if len(results) != len(runs):
-                    failures.append(f"the CLI runner stopped early:\n{done.stderr[-3000:]}")
-                for run, result in zip(runs, results):
-                    if result["rc"] != 0:
-                        failures.append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` exited "
-                                        f"{result['rc']}:\n{result['stderr'][-2000:]}")
-                    elif run["argv"][0] != "inspect" and "--help" not in run["argv"] and not result["stdout"].strip():
-                        failures.append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` printed nothing")
-            for c in commands:
-                if c.kind == "curl":
-                    line = local(c.line).replace("curl ", "curl --fail-with-body -sS --max-time 120 ", 1)
-                    done = _run(["bash", "-o", "pipefail", "-c", line], "", cwd, 180)
-                    if done.returncode != 0 or not done.stdout.strip():
-                        failures.append(f"{c.block.where}: {c.line.strip()!r} failed ({done.returncode}): "
-                                        f"{done.stdout[-1000:]} {done.stderr[-1000:]}")
-            if python:
-                code = [{"where": b.where, "code": local(b.text)} for b in python]
-                done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(code), cwd, 900)
-                if done.returncode != 0:
-                    failures.append(f"Python blocks of {page}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-        finally:
-            if server is not None:
-                rc = server.stop()
-                if rc != 0:
-                    failures.append(f"`conveyor serve` exited {rc} on SIGTERM (the docs promise 0)")
+        runs = [{"argv": argv, "stdin": "What is 2 + 2?\n" if argv[0] == "chat" else "", "where": c.block.where}
+                for c in commands if (argv := _runnable_argv(c)) is not None]
+        if runs:
+            done = _run([sys.executable, str(ROOT / "tests/docs/run_cli.py")], json.dumps(runs), cwd, 900)
+            results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+            if len(results) != len(runs):
+                failures.append(f"the CLI runner stopped early:\n{done.stderr[-3000:]}")
+            for run, result in zip(runs, results):
+                if result["rc"] != 0:
+                    failures.append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` exited "
+                                    f"{result['rc']}:\n{result['stderr'][-2000:]}")
+                elif run["argv"][0] != "inspect" and "--help" not in run["argv"] and not result["stdout"].strip():
+                    failures.append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` printed nothing")
+        for c in commands:
+            if c.kind == "curl":
+                line = local(c.line).replace("curl ", "curl --fail-with-body -sS --max-time 120 ", 1)
+                done = _run(["bash", "-o", "pipefail", "-c", line], "", cwd, 180)
+                if done.returncode != 0 or not done.stdout.strip():
+                    failures.append(f"{c.block.where}: {c.line.strip()!r} failed ({done.returncode}): "
+                                    f"{done.stdout[-1000:]} {done.stderr[-1000:]}")
+        if python:
+            code = [{"where": b.where, "code": local(b.text)} for b in python]
+            done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(code), cwd, 900)
+            if done.returncode != 0:
+                failures.append(f"Python blocks of {page}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     assert not failures, "\n\n".join(failures)
 
 
