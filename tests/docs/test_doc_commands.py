@@ -1,0 +1,296 @@
+"""Every fenced block of README.md, docs/**/*.md and benchmarks/README.md is checked, so the docs cannot rot.
+
+Fast (seconds): every block is parsed and checked without a model (tests/docs/doc_blocks.py says how, per
+language); links and images resolve; the README stays a landing page. Full tier (`full` marker): each page's
+runnable commands run for real: its Python blocks in one interpreter; `conveyor generate | chat | inspect` and
+`--help` lines through the CLI's entry point; its first plain `conveyor serve` line as a server on a free port, with
+the page's curl lines and Python clients pointed at it, then stopped by SIGTERM (exit status 0, as documented).
+Commands that cannot run here (Ray clusters, tensor-parallel processes, benchmarks of minutes, peers' installs,
+the setup scripts) stay parse-only: their flags are still checked by the real parser in the fast part.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import pytest
+
+from docs.doc_blocks import (
+    DOC_PORT,
+    ROOT,
+    Block,
+    Command,
+    DocError,
+    all_blocks,
+    bash_commands,
+    check_block,
+    doc_files,
+    extract_blocks,
+)
+
+OWN_PAGES = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md"))
+                            if p.name != "performance.md")]
+"""The pages this test also holds to the timeless style (docs/performance.md is the dated record)."""
+
+
+# ---- fast ---------------------------------------------------------------------------------------------------
+
+def test_every_block_is_checked() -> None:
+    blocks = all_blocks()
+    assert len(blocks) > 20, "the docs lost their code blocks, or the extraction broke"
+    errors, warnings = [], []
+    for block in blocks:
+        try:
+            check_block(block, warnings)
+        except DocError as exc:
+            errors.append(str(exc))
+    for w in warnings:
+        print("warning:", w)
+    assert not errors, "\n".join(errors)
+
+
+PLANTED = {
+    "a removed flag": '```bash\nconveyor generate "x" --no-such-flag\n```\n',
+    "a bad choice": "```bash\nconveyor serve --dtype float8\n```\n",
+    "a bad bench flag": "```bash\nconveyor bench throughput --num-prompt 8\n```\n",
+    "run.sh's arguments": "```bash\nbash scripts/run.sh generate --temprature 0.7 hi\n```\n",
+    "a missing script": "```bash\nbash scripts/no_such_script.sh\n```\n",
+    "a flag the script lacks": "```bash\nbash scripts/test.sh --no-such-tier\n```\n",
+    "an unknown command": "```bash\nmake install\n```\n",
+    "no language": "```\nconveyor generate hi\n```\n",
+    "an unknown extra": "```bash\npip install 'conveyor[nope]'\n```\n",
+    "a bad SamplingParams field": "```python\nfrom conveyor import SamplingParams\nSamplingParams(max_token=3)\n```\n",
+    "a bad LLM option": "```python\nfrom conveyor import LLM\nLLM(kv_cache_mem='1GiB')\n```\n",
+    "a missing import": "```python\nfrom conveyor import NoSuchThing\n```\n",
+    "bad JSON": '```json\n{"a": 1,}\n```\n',
+    "a curl elsewhere": "```bash\ncurl https://example.com/v1/models\n```\n",
+    "a bad flag after &&": "```bash\nexport X=1 && conveyor chat --no-such-flag\n```\n",
+    "a bad flag behind flock": "```bash\nflock /tmp/l conveyor bench latency --no-such-flag &\n```\n",
+}
+
+
+@pytest.mark.parametrize("name", PLANTED)
+def test_a_planted_mistake_is_caught(name: str) -> None:
+    """The checks can fail: each planted mistake is refused."""
+    (block,) = extract_blocks(pathlib.Path("planted.md"), "Some prose.\n\n" + PLANTED[name])
+    with pytest.raises(DocError):
+        check_block(block, [])
+
+
+def test_the_extraction_sees_what_a_reader_sees() -> None:
+    text = ("- a list item:\n\n  ```bash\n  conveyor generate \"a\" \\\n    --max-tokens 4   # a comment\n"
+            "  curl http://127.0.0.1:8000/x -d '{\n    \"a\": 1}' | grep a\n  ```\n\n"
+            "<!-- doc-test: parse-only (needs Ray) -->\n```python\nprint(1)\n```\n")
+    bash, python = extract_blocks(pathlib.Path("x.md"), text)
+    assert (bash.lang, python.lang, python.parse_only) == ("bash", "python", "needs Ray")
+    first, second = bash_commands(bash)
+    assert first.argv == ["conveyor", "generate", "a", "--max-tokens", "4"]
+    assert second.argv[:2] == ["curl", "http://127.0.0.1:8000/x"] and second.pipe == [["grep", "a"]]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"[`*_]|\[|\]\([^)]*\)", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+    lines, inside, found = path.read_text().splitlines(), False, set()
+    for line in lines:
+        if line.lstrip().startswith("```"):
+            inside = not inside
+        elif not inside and line.startswith("#"):
+            found.add(_slug(line.lstrip("#")))
+    return found
+
+
+def test_links_and_images_resolve() -> None:
+    """Relative links (and #anchors) of every page point at files and headings that exist; images exist."""
+    errors = []
+    for page in doc_files():
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path_part, _, anchor = target.partition("#")
+            dest = (page.parent / path_part).resolve() if path_part else page
+            if path_part and not dest.exists():
+                if dest.name == "performance.md" or dest == ROOT / "benchmarks" / "README.md":
+                    continue  # written by another change; checked once it lands
+                errors.append(f"{page.relative_to(ROOT)}: {target} does not exist")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                errors.append(f"{page.relative_to(ROOT)}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+    assert not errors, "\n".join(errors)
+
+
+def test_the_readme_is_a_landing_page() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; move reference material into docs/"
+
+
+@pytest.mark.parametrize("page", OWN_PAGES)
+def test_pages_are_timeless(page: str) -> None:
+    """No development history: session ids, results-file citations, dates of runs (docs/performance.md has those)."""
+    text = (ROOT / page).read_text()
+    for pattern in (r"\b[Ss]ession s\d+", r"\bs\d{2}\b(?!\w)", r"RESULTS\.md, \"", r"\b20\d\d-\d\d-\d\d\b",
+                    r"last measured", r"\bre-measured\b"):
+        found = re.search(pattern, text)
+        assert not found, f"{page}: history in the docs: {found.group(0)!r}"
+
+
+# ---- full tier: run the commands -------------------------------------------------------------------------------
+
+def _default_model() -> str:
+    from conveyor.model.loader import default_model_path
+
+    return default_model_path()
+
+
+PLACEHOLDERS = {"path/to/model.gguf": _default_model}
+"""Placeholders of the docs that the full tier fills with a real file."""
+UNRUNNABLE_FLAGS = ("--tensor-parallel-size", "--data-parallel-size", "--ray-address")
+
+
+def _runnable_argv(cmd: Command) -> list[str] | None:
+    """The argv to run for a `conveyor` line, placeholders filled; None when it stays parse-only."""
+    if cmd.kind != "conveyor" or cmd.pipe or cmd.env:
+        return None
+    argv = [PLACEHOLDERS[a]() if a in PLACEHOLDERS else a for a in cmd.argv[1:]]
+    if any(flag in argv for flag in UNRUNNABLE_FLAGS):
+        return None
+    if "--help" in argv or "-h" in argv:
+        return argv
+    if argv[0] in ("generate", "chat"):
+        model = argv[argv.index("--model") + 1] if "--model" in argv else None
+        return argv if model is None or os.path.exists(model) else None
+    if argv[0] == "inspect":
+        return argv if all(os.path.exists(p) for p in argv[1:] if not p.startswith("-")) else None
+    return None
+
+
+def _page_server_args(commands: list[Command]) -> list[str] | None:
+    """The first plain `conveyor serve` line of a page (no key, no replicas, no missing model): its flags."""
+    for cmd in commands:
+        if cmd.kind == "conveyor" and cmd.argv[1:2] == ["serve"] and not cmd.env:
+            args = cmd.argv[2:]
+            if any(f in args for f in (*UNRUNNABLE_FLAGS, "--api-key", "--model", "--no-ui")):
+                continue
+            out, skip = [], False
+            for a in args:  # the test picks the host and port
+                if skip:
+                    skip = False
+                elif a in ("--host", "--port"):
+                    skip = True
+                else:
+                    out.append(a)
+            return out
+    return None
+
+
+def _pages_with_runs() -> list[str]:
+    pages = []
+    for f in doc_files():
+        blocks = extract_blocks(f)
+        commands = [c for b in blocks if b.lang == "bash" and not b.parse_only for c in bash_commands(b)]
+        if any(b.lang == "python" and not b.parse_only for b in blocks) or any(_runnable_argv(c) for c in commands) \
+                or _page_server_args(commands) is not None:
+            pages.append(str(f.relative_to(ROOT)))
+    return pages
+
+
+def _run(args: list[str], stdin: str, cwd: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(args, input=stdin, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Any:
+    """Servers by their flags, shared by the pages that start the same one; each must exit 0 on SIGTERM."""
+    started: dict[tuple[str, ...], Any] = {}
+    yield started
+    codes = {args: server.stop() for args, server in started.items()}
+    assert all(rc == 0 for rc in codes.values()), f"`conveyor serve` exit status on SIGTERM (the docs promise 0): {codes}"
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("page", _pages_with_runs())
+def test_page_runs(page: str, servers: dict[tuple[str, ...], Any]) -> None:
+    from helpers.server_process import ServerProcess
+
+    blocks: list[Block] = extract_blocks(ROOT / page)
+    commands = [c for b in blocks if b.lang == "bash" and not b.parse_only for c in bash_commands(b)]
+    python = [b for b in blocks if b.lang == "python" and not b.parse_only]
+    needs_server = any(f"127.0.0.1:{DOC_PORT}" in b.text for b in python) or any(c.kind == "curl" for c in commands)
+    server_args = _page_server_args(commands)
+    server: ServerProcess | None = None
+    failures: list[str] = []
+    with tempfile.TemporaryDirectory() as cwd:
+        if needs_server or server_args is not None:
+            key = tuple(server_args or [])
+            if key not in servers:
+                servers[key] = ServerProcess(*key)
+                servers[key].wait_ready(timeout=300)
+            server = servers[key]
+        port = server.port if server else DOC_PORT
+
+        def local(text: str) -> str:
+            return text.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")
+
+        runs = [{"argv": argv, "stdin": "What is 2 + 2?\n" if argv[0] == "chat" else "", "where": c.block.where}
+                for c in commands if (argv := _runnable_argv(c)) is not None]
+        if runs:
+            done = _run([sys.executable, str(ROOT / "tests/docs/run_cli.py")], json.dumps(runs), cwd, 900)
+            results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+            if len(results) != len(runs):
+                failures.append(f"the CLI runner stopped early:\n{done.stderr[-3000:]}")
+            for run, result in zip(runs, results):
+                if result["rc"] != 0:
+                    failures.append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` exited "
+                                    f"{result['rc']}:\n{result['stderr'][-2000:]}")
+                elif run["argv"][0] != "inspect" and "--help" not in run["argv"] and not result["stdout"].strip():
+                    failures.append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` printed nothing")
+        for c in commands:
+            if c.kind == "curl":
+                line = local(c.line).replace("curl ", "curl --fail-with-body -sS --max-time 120 ", 1)
+                done = _run(["bash", "-o", "pipefail", "-c", line], "", cwd, 180)
+                if done.returncode != 0 or not done.stdout.strip():
+                    failures.append(f"{c.block.where}: {c.line.strip()!r} failed ({done.returncode}): "
+                                    f"{done.stdout[-1000:]} {done.stderr[-1000:]}")
+        if python:
+            code = [{"where": b.where, "code": local(b.text)} for b in python]
+            done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(code), cwd, 900)
+            if done.returncode != 0:
+                failures.append(f"Python blocks of {page}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_the_full_tier_runs_something_of_each_kind() -> None:
+    """The full tier is not empty by accident: it runs Python blocks, CLI lines, a server and curl lines."""
+    pages = _pages_with_runs()
+    assert "README.md" in pages and "docs/usage.md" in pages and "docs/server.md" in pages
+    commands = [c for f in pages for b in extract_blocks(ROOT / f) if b.lang == "bash" and not b.parse_only
+                for c in bash_commands(b)]
+    kinds = {tuple(_runnable_argv(c) or ("-",))[0] for c in commands}
+    assert {"generate", "chat", "inspect"} <= kinds
+    assert any(c.kind == "curl" for c in commands)
+
+
+
+@pytest.mark.full
+def test_the_runners_report_failures(tmp_path: pathlib.Path) -> None:
+    """The full tier can fail: a command that exits non-zero and a Python block that raises are reported."""
+    runs = [{"argv": ["inspect", str(tmp_path / "missing.gguf")]}, {"argv": ["generate", "--help"]}]
+    done = _run([sys.executable, str(ROOT / "tests/docs/run_cli.py")], json.dumps(runs), str(tmp_path), 300)
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["rc"] != 0 for r in results] == [True, False]
+    code = [{"where": "planted.md:1", "code": "x = 1"}, {"where": "planted.md:5", "code": "raise ValueError(x)"}]
+    done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(code), str(tmp_path), 300)
+    assert done.returncode == 1 and "FAILED: the block at planted.md:5" in done.stdout
