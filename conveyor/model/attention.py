@@ -162,17 +162,18 @@ def build_attention_batch(
                 in_order=rows == list(range(len(rows))),
             )
         )
-    spans = tables = None
+    spans: torch.Tensor | None = None
+    span_tables: torch.Tensor | None = None
     if native_spans:
         width = max(len(t) for t in native_tables)
         spans = to_device(torch.tensor(native_spans, dtype=torch.int64))
-        tables = to_device(torch.tensor([t + [0] * (width - len(t)) for t in native_tables], dtype=torch.int64))
+        span_tables = to_device(torch.tensor([t + [0] * (width - len(t)) for t in native_tables], dtype=torch.int64))
     return AttentionBatch(
         slot_mapping=to_device(torch.tensor(slots, dtype=torch.int64)),
         decode_groups=groups,
         prefills=prefills,
         prefill_spans=spans,
-        prefill_tables=tables,
+        prefill_tables=span_tables,
     )
 
 

@@ -48,7 +48,10 @@ class StackModel(Protocol):
     kernels: NativeKernels | None
     ops: LayerOps
     local_rotary: RotaryEmbedding | None
-    windows: Sequence[int | None]
+
+    @property
+    def windows(self) -> Sequence[int | None]:
+        """Per layer: its sliding window, or None (read-only here, so the model's list satisfies it)."""
 
     @property
     def layers(self) -> Sequence[StackLayer]: ...

@@ -167,7 +167,7 @@ def read_gguf(path: str) -> GGUFFile:
     if os.path.getsize(path) == 0:
         raise GGUFFormatError(f"{path}: the file is empty (0 bytes); it is truncated or not a GGUF file")
     mapped = np.memmap(path, mode="c")
-    cursor = _Cursor(memoryview(mapped), path)
+    cursor = _Cursor(mapped.data, path)  # the map's bytes as a memoryview (memoryview(mapped) likewise)
     magic = cursor.unpack("<I", "the magic number")
     if magic != GGUF_MAGIC:
         raise GGUFFormatError(f"{path}: starts with {struct.pack('<I', magic)!r}, not b'GGUF': not a GGUF file")

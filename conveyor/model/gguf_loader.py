@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 import shutil
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -80,8 +80,13 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     return None
 
 
-def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Undo llama.cpp's per-head row interleaving of a Q or K projection [rows, cols]."""
+@overload
+def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray: ...
+@overload
+def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor: ...
+def unpermute_rows(weight: np.ndarray | torch.Tensor, num_heads: int) -> np.ndarray | torch.Tensor:
+    """Undo llama.cpp's per-head row interleaving of a Q or K projection [rows, cols] (an array, or a tensor viewing
+    the file's map)."""
     half = weight.shape[0] // num_heads // 2
     return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 

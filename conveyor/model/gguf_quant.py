@@ -14,6 +14,7 @@ Q4_K / Q5_K / Q6_K with the simple scheme of quantize_k() below.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -151,6 +152,14 @@ class RowStack:
 AnyWeight = torch.Tensor | QuantizedWeight | RowStack
 
 
+def plain_tensor(weight: AnyWeight, name: str) -> torch.Tensor:
+    """`weight` where only a plain tensor can be (norms, biases, a tensor-parallel shard); GGUF blocks are kept
+    compact only for weight matrices, so anything else there is a bug, refused naming the weight."""
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight {name!r} is a {type(weight).__name__}; it must be a plain tensor")
+    return weight
+
+
 def dense(weight: AnyWeight, kernels: object | None = None) -> torch.Tensor:
     """The weight as a plain tensor in its compute dtype: GGUF blocks dequantized (by gguf's reference, or by the
     native kernels when given), a tensor as it is (for the code that needs rows or columns of it, or re-quantizes
@@ -183,7 +192,7 @@ COMPACT_AUTO_BYTES = 1 << 30
 
 
 def place_weights(
-    weights: dict[str, AnyWeight], device: torch.device, kernels: object | None, mode: str
+    weights: Mapping[str, AnyWeight], device: torch.device, kernels: object | None, mode: str
 ) -> dict[str, AnyWeight]:
     """The model's weights on its device; GGUF blocks kept compact or dequantized to their compute dtype as
     config.gguf_weights asks (see its doc), logged once."""

@@ -217,7 +217,9 @@ def layer_windows(config: dict[str, Any], arch: str, path: str) -> tuple[int | N
             raise ModelLoadError(f"{path}: layer_types has sliding_attention but sliding_window is not set")
     if len(types) != layers:
         raise ModelLoadError(f"{path}: layer_types has {len(types)} entries for {layers} layers")
-    if window is not None and int(window) < 1:
+    if window is None:  # then no layer slides (each branch above sees to it)
+        return ()
+    if int(window) < 1:
         raise ModelLoadError(f"{path}: sliding_window={window} must be a positive number of tokens")
     windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
     return windows if any(w is not None for w in windows) else ()

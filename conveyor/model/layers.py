@@ -61,8 +61,8 @@ class Projection:
             if x.shape[0] <= F32_NATIVE_MAX_ROWS:
                 assert self.kernels is not None
                 return self.kernels.f32_linear(x.contiguous(), self.panels, self.out_features, self.bias)
-            weight = self.panels.transpose(0, 1).reshape(self.in_features, -1)[:, : self.out_features]  # [in, out]
-            return x @ weight if self.bias is None else torch.addmm(self.bias, x, weight)
+            unpacked = self.panels.transpose(0, 1).reshape(self.in_features, -1)[:, : self.out_features]  # [in, out]
+            return x @ unpacked if self.bias is None else torch.addmm(self.bias, x, unpacked)
         weight = self.weight
         assert weight is not None
         if not self.transposed:

@@ -3,6 +3,7 @@ cache."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,7 +11,7 @@ import torch
 from conveyor.model.attention import AttentionBatch, paged_attention
 from conveyor.model.decode_stack import DecodeStack
 from conveyor.model.gguf_projection import GGUFProjection, GGUFSiluGate
-from conveyor.model.gguf_quant import embedding_rows, place_weights
+from conveyor.model.gguf_quant import AnyWeight, RowStack, embedding_rows, place_weights, plain_tensor
 from conveyor.model.layers import Projection, SiluGateProjection, apply_rotary, gelu_tanh_and_mul, rms_norm
 from conveyor.model.model_spec import ModelSpec
 from conveyor.model.native import NativeKernels
@@ -28,7 +29,7 @@ class LlamaModel:
     def __init__(
         self,
         spec: ModelSpec,
-        weights: dict[str, torch.Tensor],
+        weights: Mapping[str, AnyWeight],
         max_positions: int,
         device: torch.device,
         quantization: str | None = None,
@@ -56,8 +57,11 @@ class LlamaModel:
         """Gemma: sqrt(hidden), rounded to the compute dtype first as transformers does."""
         self.ops = layer_ops(kernels)
         """The small per-layer ops: native CPU kernels (model/native.py) when given, else torch's."""
-        self.embed = w["embed"]  # [vocab, hidden]
-        self.final_norm = w["final_norm"]
+        embed = w["embed"]  # [vocab, hidden]
+        if isinstance(embed, RowStack):  # one tensor in the file: a tensor, or one type's GGUF blocks
+            raise TypeError("weight 'embed' is a RowStack; the embedding must be one tensor or one QuantizedWeight")
+        self.embed = embed
+        self.final_norm = plain_tensor(w["final_norm"], "final_norm")
         self.lm_head = make_lm_head(
             w.get("lm_head", w["embed"]), quantization, kernels
         )  # tied to the embedding when absent
@@ -67,7 +71,7 @@ class LlamaModel:
         self.windows = [spec.window_of(i) for i in range(spec.num_layers)]
         """Per layer: its sliding window, or None for full attention."""
         self.parallel: TensorParallelGroup | None = None
-        """Under tensor parallelism (conveyor/parallel): this rank's group; the weights are then its shards."""
+        """Under tensor parallelism (conveyor/tensor_parallel): this rank's group; the weights are then its shards."""
         self.decode_stack = DecodeStack(self, kernels) if kernels is not None and DecodeStack.applies(self) else None
         """Pure-decode steps' layers in one native call, where every layer is the plain Llama kind on AMX."""
 
@@ -85,7 +89,9 @@ class LlamaModel:
         h = (
             embedding_rows(self.embed, input_ids, self.kernels)
             if parallel is None
-            else parallel.embed(input_ids, self.embed)
+            else parallel.embed(
+                input_ids, plain_tensor(self.embed, "embed")
+            )  # a shard: dense (tensor_parallel/shard.py)
         )  # [num_tokens, hidden]
         if self.embed_multiplier is not None:
             h = h * self.embed_multiplier
@@ -129,6 +135,7 @@ class LlamaModel:
             if layer.silu_gate is not None:  # the activation applied inside the product
                 act = layer.silu_gate(x)  # [num_tokens, intermediate]
             else:
+                assert layer.gate_up is not None  # _mlp_input gives a layer one of the two
                 gate_up = layer.gate_up(x)  # [num_tokens, 2 * intermediate]
                 act = ops.silu_and_mul(gate_up) if spec.activation == "silu" else gelu_tanh_and_mul(gate_up)
             delta = layer.down(act)  # [num_tokens, hidden]
@@ -169,35 +176,47 @@ class _Layer:
 
     def __init__(
         self,
-        w: dict[str, torch.Tensor],
+        w: Mapping[str, AnyWeight],
         prefix: str,
         quantization: str | None,
         kernels: NativeKernels | None,
         activation: str,
     ) -> None:
-        self.input_norm = w[prefix + "input_norm"]
-        self.post_norm = w[prefix + "post_norm"]
-        self.qkv = make_projection(w[prefix + "qkv"], w.get(prefix + "qkv_bias"), quantization, kernels)
-        self.o_proj = make_projection(w[prefix + "o_proj"], w.get(prefix + "o_proj_bias"), quantization, kernels)
+        self.input_norm = plain_tensor(w[prefix + "input_norm"], prefix + "input_norm")
+        self.post_norm = plain_tensor(w[prefix + "post_norm"], prefix + "post_norm")
+        qkv_bias, o_proj_bias = _optional_tensor(w, prefix + "qkv_bias"), _optional_tensor(w, prefix + "o_proj_bias")
+        self.qkv = make_projection(w[prefix + "qkv"], qkv_bias, quantization, kernels)
+        self.o_proj = make_projection(w[prefix + "o_proj"], o_proj_bias, quantization, kernels)
         self.silu_gate, self.gate_up = _mlp_input(w[prefix + "gate_up"], activation, quantization, kernels)
         """silu_gate: SiLU MLPs with bfloat16 weights on our AMX kernel, or in GGUF blocks: gate/up product and
         activation in one (GGUF: for prompt steps); gate_up: the plain projection otherwise."""
         self.down = make_projection(w[prefix + "down"], None, quantization, kernels)
-        self.attn_out_norm = w.get(prefix + "attn_out_norm")
-        self.mlp_out_norm = w.get(prefix + "mlp_out_norm")
-        self.q_norm = w.get(prefix + "q_norm")
-        self.k_norm = w.get(prefix + "k_norm")
+        self.attn_out_norm = _optional_tensor(w, prefix + "attn_out_norm")
+        self.mlp_out_norm = _optional_tensor(w, prefix + "mlp_out_norm")
+        self.q_norm = _optional_tensor(w, prefix + "q_norm")
+        self.k_norm = _optional_tensor(w, prefix + "k_norm")
+
+
+def _optional_tensor(w: Mapping[str, AnyWeight], name: str) -> torch.Tensor | None:
+    """A norm or bias some models have: a plain tensor, or None where absent."""
+    weight = w.get(name)
+    return None if weight is None else plain_tensor(weight, name)
 
 
 def _mlp_input(
-    gate_up: object, activation: str, quantization: str | None, kernels: NativeKernels | None
+    gate_up: AnyWeight, activation: str, quantization: str | None, kernels: NativeKernels | None
 ) -> tuple[SiluGateProjection | GGUFSiluGate | None, Projection | Int4Projection | GGUFProjection | None]:
     """(the fused gate/up product and activation, or None; the plain gate/up projection, or None where fused).
     Fused for a SiLU MLP whose weights are either dense and kept as they are (no quantization asked) on our AMX
     kernel (SiluGateProjection), or in GGUF blocks (GGUFSiluGate: fused for prompt steps); else the plain projection
     and the separate activation op."""
-    dense_kept = isinstance(gate_up, torch.Tensor) and quantization is None
-    if activation == "silu" and kernels is not None and dense_kept and SiluGateProjection.applies(gate_up, kernels):
+    if (
+        activation == "silu"
+        and kernels is not None
+        and isinstance(gate_up, torch.Tensor)  # dense and kept as it is (no quantization asked)
+        and quantization is None
+        and SiluGateProjection.applies(gate_up, kernels)
+    ):
         return SiluGateProjection(gate_up, kernels), None
     projection = make_projection(gate_up, None, quantization, kernels)
     if (

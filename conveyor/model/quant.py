@@ -118,6 +118,7 @@ class Int4Projection:
             return self.dense(x)
         x = x.contiguous()  # both int4 kernels read rows in place
         if self.kernels is not None:
+            assert self.blocks is not None  # packed for the native kernel in __init__
             return self.kernels.int4_linear(x, self.blocks, self.bias)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_and_zeros)
         return y if self.bias is None else y + self.bias

@@ -159,7 +159,7 @@ def _first_argmax(x: torch.Tensor, kernels: SamplingKernels | None = None) -> to
     """[rows, vocab] -> [rows] index of each row's first maximum (the first NaN where a row has one).
     `max(dim).indices` has argmax's tie rule and is faster on CPU than argmax, whose reduction kernel is not
     vectorized the same way; the native kernel gives the same ids and reads the logits once at memory speed
-    (64 x 49,152 bfloat16: benchmarks/decode_attention_bw.py has both)."""
+    (64 x 49,152 bfloat16: benchmarks/kernels/decode_attention_bw.py has both)."""
     if kernels is not None and native_applies(x):
         return kernels.argmax_rows(x)
     return x.max(dim=-1).indices

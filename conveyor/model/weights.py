@@ -6,13 +6,14 @@ imports another's module for these (no import cycle)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from conveyor.errors import ModelLoadError
-from conveyor.model.gguf_quant import AnyWeight, cast_weight, cat_rows, dense
+from conveyor.model.gguf_quant import AnyWeight, QuantizedWeight, cast_weight, cat_rows, dense, plain_tensor
 from conveyor.model.model_spec import ModelSpec
 from conveyor.model.rope import partial_rotary_order
 
@@ -35,19 +36,23 @@ _IGNORED_TENSORS = (".rotary_emb.inv_freq",)
 """Tensors some old checkpoints carry that are recomputed from the config (never read)."""
 
 
+FileWeight = torch.Tensor | QuantizedWeight
+"""One tensor as a loader reads it from the file: its values, or (GGUF) its blocks kept compact."""
+
+
 def fuse_weights(
-    spec: ModelSpec, tensors: dict[str, AnyWeight], dtype: torch.dtype, source: str, norm_offset: float = 0.0
+    spec: ModelSpec, tensors: Mapping[str, FileWeight], dtype: torch.dtype, source: str, norm_offset: float = 0.0
 ) -> dict[str, AnyWeight]:
     """Hugging Face names -> our fused layout in `dtype`. A tensor left unread is refused by name: skipping it
     would silently compute a different model. norm_offset: added to every RMSNorm weight, in float32 before the
     cast (Gemma's checkpoints store weight - 1; llama.cpp's converter already adds the 1)."""
     read: set[str] = set()
 
-    def get(name: str) -> torch.Tensor | None:
+    def get(name: str) -> FileWeight | None:
         read.add(name)
         return tensors.get(name)
 
-    def need(name: str) -> torch.Tensor:
+    def need(name: str) -> FileWeight:
         tensor = get(name)
         if tensor is None:
             raise ModelLoadError(
@@ -55,21 +60,25 @@ def fuse_weights(
             )
         return tensor
 
-    def cast(t: Any) -> Any:  # a float tensor, or GGUF blocks kept compact (model/gguf_quant.py)
+    def need_tensor(name: str) -> torch.Tensor:  # a norm or a bias: never GGUF blocks (only matrices are kept so)
+        return plain_tensor(need(name), name)
+
+    def cast(t: AnyWeight) -> AnyWeight:  # a float tensor, or GGUF blocks kept compact (model/gguf_quant.py)
         return cast_weight(t, dtype)  # a weight matrix already in dtype stays a view of the file's memory map
 
-    def owned(t: torch.Tensor) -> torch.Tensor:
+    def owned(t: AnyWeight) -> AnyWeight:
         """cast(t), never sharing t's memory. The model keeps the embedding and biases as they are, and a view of a
         checkpoint's memory map would keep the whole mapped file resident; weight matrices (cast) stay views, as the
         projections repack them (or use them in place) and the map is released once they have."""
         kept = cast(t)
-        shared = isinstance(kept, torch.Tensor) and isinstance(t, torch.Tensor) and kept.data_ptr() == t.data_ptr()
-        return kept.clone() if shared else kept
+        if isinstance(kept, torch.Tensor) and isinstance(t, torch.Tensor) and kept.data_ptr() == t.data_ptr():
+            return kept.clone()
+        return kept
 
     def norm(name: str) -> torch.Tensor:
-        return cast(need(name).float() + norm_offset)  # a new tensor
+        return (need_tensor(name).float() + norm_offset).to(dtype).contiguous()  # a new tensor (cast_weight's cast)
 
-    out: dict[str, torch.Tensor] = {
+    out: dict[str, AnyWeight] = {
         "embed": owned(need("model.embed_tokens.weight")),
         "final_norm": norm("model.norm.weight"),
     }
@@ -101,7 +110,9 @@ def fuse_weights(
             out[p + "qkv"] = cast(cat_rows([q, k, v]))  # [q_size + 2 * kv_size, hidden]
         if spec.qkv_bias:
             out[p + "qkv_bias"] = cast(
-                torch.cat([need(a + "q_proj.bias"), need(a + "k_proj.bias"), need(a + "v_proj.bias")])
+                torch.cat(
+                    [need_tensor(a + "q_proj.bias"), need_tensor(a + "k_proj.bias"), need_tensor(a + "v_proj.bias")]
+                )
             )
         if spec.qk_norm:
             out[p + "q_norm"] = norm(a + "q_norm.weight")
@@ -120,7 +131,7 @@ def fuse_weights(
         else:
             out[p + "post_norm"] = norm(hf + "post_attention_layernorm.weight")
         m = hf + "mlp."
-        gate_up = get(m + "gate_up_proj.weight")  # Phi-3: gate and up stacked, as we do
+        gate_up: AnyWeight | None = get(m + "gate_up_proj.weight")  # Phi-3: gate and up stacked, as we do
         if gate_up is None:
             gate_up = cat_rows([need(m + "gate_proj.weight"), need(m + "up_proj.weight")])
         if gate_up.shape[0] != 2 * spec.intermediate_size:
@@ -135,17 +146,17 @@ def fuse_weights(
         raise ModelLoadError(
             f"{source}: {len(unread)} tensor(s) Conveyor does not know for {spec.architecture}: "
             f"{unread[:5]}{' ...' if len(unread) > 5 else ''}; skipping them would silently change "
-            f"the model, so it is refused (see the model table in README.md)"
+            f"the model, so it is refused (see the model table in docs/models.md)"
         )
     return out
 
 
-def _reorder_for_partial_rotary(out: dict[str, torch.Tensor], prefix: str, spec: ModelSpec) -> None:
+def _reorder_for_partial_rotary(out: dict[str, AnyWeight], prefix: str, spec: ModelSpec) -> None:
     """Reorder each Q and K head's dimensions (rows of qkv and its bias, q/k norm weights) so that a full-head
     rotate-half computes partial rotary (conveyor/model/rope.py); V's rows stay."""
     assert spec.rope.rotary_dim is not None
     order = partial_rotary_order(spec.head_dim, spec.rope.rotary_dim)  # [head_dim]
-    out[prefix + "qkv"] = dense(out[prefix + "qkv"])  # GGUF blocks: rows are reordered on the dense matrix
+    qkv = dense(out[prefix + "qkv"])  # GGUF blocks: rows are reordered on the dense matrix
     heads = spec.num_heads + spec.num_kv_heads
     rows = torch.cat(
         [
@@ -153,9 +164,7 @@ def _reorder_for_partial_rotary(out: dict[str, torch.Tensor], prefix: str, spec:
             torch.arange(spec.q_size + spec.kv_size, spec.q_size + 2 * spec.kv_size),
         ]
     )  # [qkv rows]
-    out[prefix + "qkv"] = out[prefix + "qkv"][rows].contiguous()  # [q_size + 2 * kv_size, hidden]
-    if prefix + "qkv_bias" in out:
-        out[prefix + "qkv_bias"] = out[prefix + "qkv_bias"][rows].contiguous()
-    for name in ("q_norm", "k_norm"):
+    out[prefix + "qkv"] = qkv[rows].contiguous()  # [q_size + 2 * kv_size, hidden]
+    for name, index in (("qkv_bias", rows), ("q_norm", order), ("k_norm", order)):
         if prefix + name in out:
-            out[prefix + name] = out[prefix + name][order].contiguous()
+            out[prefix + name] = plain_tensor(out[prefix + name], prefix + name)[index].contiguous()

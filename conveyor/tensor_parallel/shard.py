@@ -13,11 +13,12 @@ N / num_kv_heads ranks: rank r keeps KV head r // (N / num_kv_heads), the one it
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import torch
 
 from conveyor.errors import ConfigError
-from conveyor.model.gguf_quant import dense
+from conveyor.model.gguf_quant import AnyWeight, dense
 from conveyor.model.model_spec import ModelSpec
 
 
@@ -70,7 +71,7 @@ def vocab_range(spec: ModelSpec, rank: int, n: int) -> tuple[int, int]:
     return rank * per, (rank + 1) * per
 
 
-def shard_weights(spec: ModelSpec, weights: dict[str, torch.Tensor], rank: int, n: int) -> dict[str, torch.Tensor]:
+def shard_weights(spec: ModelSpec, weights: Mapping[str, AnyWeight], rank: int, n: int) -> dict[str, AnyWeight]:
     """Fused full weights (weights.fuse_weights names) -> the slices rank `rank` of `n` holds (contiguous copies).
     GGUF-quantized matrices are dequantized to their compute dtype first: a shard of a block-quantized matrix is
     not yet kept compact under tensor parallelism."""
@@ -83,7 +84,7 @@ def shard_weights(spec: ModelSpec, weights: dict[str, torch.Tensor], rank: int, 
     mlp = slice(rank * inter, (rank + 1) * inter)
     up = slice(spec.intermediate_size + rank * inter, spec.intermediate_size + (rank + 1) * inter)
     vocab = slice(*vocab_range(spec, rank, n))
-    out: dict[str, torch.Tensor] = {}
+    out: dict[str, AnyWeight] = {}  # every shard a plain tensor (typed as LoadedModel.weights holds them)
     for name, t in weights.items():
         key = name.rsplit(".", 1)[-1]
         t = dense(t)  # GGUF blocks kept compact (model/gguf_quant.py): shards are dense
