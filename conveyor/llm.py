@@ -197,8 +197,9 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[str | Sequence[i
     items = list(prompts)
     if not items:
         raise InvalidRequestError("no prompts given; pass a string, a list of strings or a list of token-id lists")
-    if all(isinstance(x, int) and not isinstance(x, bool) for x in items):
-        return [items]  # one token-id list
+    token_ids = [x for x in items if isinstance(x, int) and not isinstance(x, bool)]
+    if len(token_ids) == len(items):
+        return [token_ids]  # one token-id list
     batch: list[str | Sequence[int]] = []
     for i, x in enumerate(items):
         if isinstance(x, dict):
@@ -277,10 +278,10 @@ def _as_conversations(messages: Sequence[Message] | Sequence[Sequence[Message]])
             f"messages must be a list of {{'role': ..., 'content': ...}} dicts (or a list of "
             f"such lists), got a {type(messages).__name__}"
         )
-    items = list(messages)
+    items: list[Any] = list(messages)  # checked below, message by message
     if not items:
         raise InvalidRequestError("no messages given; pass a list of {'role': ..., 'content': ...} dicts")
-    conversations = [items] if all(isinstance(m, dict) for m in items) else [list(c) for c in items]
+    conversations: list[list[Any]] = [items] if all(isinstance(m, dict) for m in items) else [list(c) for c in items]
     for ci, conv in enumerate(conversations):
         if not conv:
             raise InvalidRequestError(f"conversation {ci} is empty; give at least one message")
@@ -289,4 +290,4 @@ def _as_conversations(messages: Sequence[Message] | Sequence[Sequence[Message]])
                 raise InvalidRequestError(
                     f"conversation {ci} message {mi} is {m!r}; each message must be a dict with 'role' and 'content'"
                 )
-    return conversations  # type: ignore[return-value]
+    return conversations

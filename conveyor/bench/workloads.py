@@ -16,7 +16,12 @@ class Workload:
 
     @property
     def num_output_tokens(self) -> int:
-        return sum(p.max_tokens for p in self.params)
+        total = 0
+        for p in self.params:
+            if p.max_tokens is None:  # the workloads above always set it (ignore_eos runs each to its length)
+                raise ValueError(f"workload {self.name!r}: a request without max_tokens has no output length")
+            total += p.max_tokens
+        return total
 
     @property
     def num_prompt_tokens(self) -> int:

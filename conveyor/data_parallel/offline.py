@@ -149,12 +149,13 @@ class DataParallelGenerator:
     async def _one(
         self, client: httpx.AsyncClient, limit: asyncio.Semaphore, prompt: str | Sequence[int], params: SamplingParams
     ) -> RequestOutput:
+        token_ids = None if isinstance(prompt, str) else [int(t) for t in prompt]
         body = {
-            "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt],
+            "prompt": prompt if token_ids is None else token_ids,
             "params": params.model_dump(mode="json"),
         }
         # text prompts are routed by load alone (the front has no tokenizer); token prompts by prefix too
-        ids = [] if isinstance(prompt, str) else list(body["prompt"])
+        ids = [] if token_ids is None else list(token_ids)
         async with limit:
             tried: set[int] = set()
             while True:

@@ -1,4 +1,4 @@
-"""TensorParallelExecutor: the executor contract over a tensor-parallel runner (conveyor/parallel).
+"""TensorParallelExecutor: the executor contract over a tensor-parallel runner (conveyor/tensor_parallel).
 
 The device work of a step is spread over N processes, but the engine sees one executor: this one wraps the
 executor the device would use anyway (sync, or the CPU host-thread overlap, so rank 0's host turn for step
@@ -14,6 +14,8 @@ from conveyor.tensor_parallel.launch import TensorParallelRunner
 
 
 class TensorParallelExecutor(Executor):
+    runner: TensorParallelRunner  # rank 0's runner, which also ends the workers (close)
+
     def __init__(self, inner: Executor, runner: TensorParallelRunner) -> None:
         self.inner = inner
         self.runner = runner

@@ -1,4 +1,4 @@
-"""The llguidance backend (chosen by measurement: see README, "Structured output").
+"""The llguidance backend (chosen by measurement: see docs/structured-output.md).
 
 Compiling a constraint builds its lexer and parser tables once; the result is kept (LRU, per
 canonical schema) and every sample gets a cheap deep copy. Compilation runs on a worker
@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import llguidance
 import llguidance.hf
@@ -24,11 +24,15 @@ import llguidance.torch
 import torch
 
 from conveyor.errors import InvalidRequestError
+from conveyor.structured.backend import GrammarMatcher
 from conveyor.structured.constraint import StructuredOutputs
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of its stubs only
 
 logger = logging.getLogger(__name__)
 
-JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_DEFAULTS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """JSON is emitted compactly (one space after ',' and ':', no free whitespace): a model cannot pad it
 with endless blanks. A schema's own "x-guidance" options override these."""
 
@@ -139,14 +143,21 @@ class GuidanceBackend:
         return GuidanceGrammar(template)
 
     def fill_bitmask(
-        self, matchers: Sequence[GuidanceMatcher | None], bitmask: torch.Tensor, num_threads: int = 1
+        self, matchers: Sequence[GrammarMatcher | None], bitmask: torch.Tensor, num_threads: int = 1
     ) -> None:
         # numpy's fill, not torch's: this runs on the engine's host thread, and a torch op large enough to go
         # parallel (98k words at 64 rows) would start a second OpenMP team there, whose threads then fight
         # the forward's for the cores on every later step (runtime/overlap.py: every decode step after the first
         # constrained one stays slower)
         bitmask.numpy().fill(-1)
-        live = [(m.matcher, i) for i, m in enumerate(matchers) if m is not None and not m.matcher.is_error()]
+        live = []
+        for i, m in enumerate(matchers):
+            if m is None:
+                continue
+            if not isinstance(m, GuidanceMatcher):  # each comes from this backend's grammars: else a caller's bug
+                raise TypeError(f"matcher {i} is a {type(m).__name__}, not one of the llguidance backend's")
+            if not m.matcher.is_error():
+                live.append((m.matcher, i))
         if live:
             executor = self._executors.get(num_threads)
             if executor is None:

@@ -39,7 +39,8 @@ class TensorParallelGroup:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of x over the ranks (row-parallel O and down projections), in place."""
         x = x.contiguous()
-        self.group.allreduce([x]).wait()
+        # torch's stubs declare the collectives on ProcessGroup only, not on ProcessGroupGloo (which has them)
+        self.group.allreduce([x]).wait()  # type: ignore[attr-defined]  # see above
         return x
 
     def embed(self, input_ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -53,7 +54,7 @@ class TensorParallelGroup:
         """logits: [rows, vocab / N] -> [rows, vocab], every rank's slice in rank order."""
         logits = logits.contiguous()
         parts = [torch.empty_like(logits) for _ in range(self.size)]
-        self.group.allgather([parts], [logits]).wait()
+        self.group.allgather([parts], [logits]).wait()  # type: ignore[attr-defined]  # not in the stubs: see all_reduce
         return torch.cat(parts, dim=-1)
 
     def close(self) -> None:

@@ -262,7 +262,7 @@ class Front:
             {"replica": r.index, "up": r.index in healthy, "restarts": r.restarts, "pid": r.pid}
             for r in self.replicas.replicas
         ]
-        up = sum(s["up"] for s in states)
+        up = sum(1 for s in states if s["up"])
         if self.draining:
             return error_response(503, "the server is shutting down", code="draining")
         if up == 0:
