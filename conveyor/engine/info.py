@@ -18,7 +18,7 @@ class EngineInfo:
     """Where the weights came from (a folder, a GGUF file, or the embedded default model)."""
     tokenizer: Any
     """The model's Hugging Face tokenizer, or None for a model without one (token-id prompts only).
-    Shared: use it from one thread at a time or copy it (see README, "Threads")."""
+    Shared: use it from one thread at a time or copy it (see docs/design/step-loop.md, "Threads")."""
     vocab_size: int
     max_model_len: int
     sampling_defaults: Mapping[str, Any]

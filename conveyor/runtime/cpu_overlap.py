@@ -11,7 +11,7 @@ Why this way round: torch's CPU kernels run on an OpenMP thread team owned by th
 calls them. The thread that loaded the model already owns one; a second thread running ops
 creates a second team, and on a small machine the two teams' spinning threads fight for the
 cores. So every large tensor op stays on one thread, and the host thread only runs Python and
-builds small tensors from lists (README, "Asynchronous batching, on every device", gives the measurement).
+builds small tensors from lists (docs/usage.md, "Asynchronous batching", gives the measurement).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 `model_name` label, so that dashboards made for vLLM (its Grafana examples) work unchanged.
 
 The values are the same samples, read from the server's registry at each scrape; nothing is counted twice.
-Conveyor series without a vLLM counterpart keep only their own name (see README, "Metrics").
+Conveyor series without a vLLM counterpart keep only their own name (see docs/server.md, "Metrics").
 """
 
 from __future__ import annotations

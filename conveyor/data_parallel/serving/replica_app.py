@@ -1,5 +1,5 @@
 """The app a data-parallel replica serves for `conveyor serve`: the same OpenAI routes as a single server,
-open only to the front's bearer key (conveyor/data_parallel/replica.py runs it; dp_front.py relays to it)."""
+open only to the front's bearer key (conveyor/data_parallel/replica.py runs it; front.py relays to it)."""
 
 from __future__ import annotations
 
