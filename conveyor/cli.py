@@ -1,4 +1,5 @@
-"""`conveyor generate | chat`: command-line entry points. Engine flags come from EngineConfig."""
+"""`conveyor generate | chat | serve | inspect | bench`: command-line entry points. Engine flags come from
+EngineConfig."""
 
 from __future__ import annotations
 
@@ -133,11 +134,13 @@ def sampling_params_from(args: argparse.Namespace) -> SamplingParams:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="conveyor", description="Continuous-batching LLM inference engine.")
+    parser = argparse.ArgumentParser(
+        prog="conveyor", description="Continuous-batching LLM inference engine.", allow_abbrev=False
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    gen = commands.add_parser("generate", help="answer one or more prompts and exit")
+    gen = commands.add_parser("generate", help="answer one or more prompts and exit", allow_abbrev=False)
     gen.add_argument("prompts", nargs="+", help="prompt text (several prompts run as one batch)")
     gen.add_argument(
         "--raw",
@@ -150,12 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen.add_argument("--trace", default=None, help="write a Chrome trace-event JSON of the run (Perfetto)")
 
-    chat = commands.add_parser("chat", help="interactive chat with history; Ctrl-D or /exit leaves")
+    chat = commands.add_parser("chat", help="interactive chat with history; Ctrl-D or /exit leaves", allow_abbrev=False)
     chat.add_argument("--system", default=None, help="system message placed first in the conversation")
     add_sampling_flags(chat, max_tokens=512)
     add_engine_flags(chat)
 
-    srv = commands.add_parser("serve", help="OpenAI-compatible HTTP server (the default model when none is given)")
+    srv = commands.add_parser(
+        "serve", help="OpenAI-compatible HTTP server (the default model when none is given)", allow_abbrev=False
+    )
     from conveyor.server.main import add_serve_flags
 
     add_serve_flags(srv)
@@ -164,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     insp = commands.add_parser(
         "inspect",
         help="what a GGUF file or HF folder is and whether Conveyor runs it (reads metadata only, loads no weights)",
+        allow_abbrev=False,
     )
     insp.add_argument("paths", nargs="+", help=".gguf files or Hugging Face checkpoint folders")
 

@@ -1,4 +1,4 @@
-"""`conveyor bench throughput | latency | serve | async-vs-sync`."""
+"""`conveyor bench throughput | latency | serve | tp | decode-step | structured | async-vs-sync`."""
 
 from __future__ import annotations
 
@@ -40,10 +40,12 @@ def _count(text: str) -> int:
 
 
 def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
-    bench = commands.add_parser("bench", help="benchmarks (results as JSON, baselines, plots)")
+    bench = commands.add_parser("bench", help="benchmarks (results as JSON, baselines, plots)", allow_abbrev=False)
     kinds = bench.add_subparsers(dest="bench_command", required=True)
 
-    tp = kinds.add_parser("throughput", help="offline throughput; --peer runs the same workload on a peer")
+    tp = kinds.add_parser(
+        "throughput", help="offline throughput; --peer runs the same workload on a peer", allow_abbrev=False
+    )
     tp.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
     tp.add_argument("--num-prompts", type=_count, default=64)
     tp.add_argument("--input-len", type=_range, default=(32, 256), help="prompt length or range LOW:HIGH")
@@ -64,7 +66,9 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     _add_result_flags(tp)
     add_engine_flags(tp)
 
-    lat = kinds.add_parser("latency", help="one request: time to first token and time per output token")
+    lat = kinds.add_parser(
+        "latency", help="one request: time to first token and time per output token", allow_abbrev=False
+    )
     lat.add_argument("--input-len", type=_count, default=128)
     lat.add_argument("--output-len", type=int, default=128)
     lat.add_argument("--runs", type=_count, default=3)
@@ -72,7 +76,9 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     _add_result_flags(lat)
     add_engine_flags(lat)
 
-    sv = kinds.add_parser("serve", help="load a running OpenAI-compatible server (ours or any other)")
+    sv = kinds.add_parser(
+        "serve", help="load a running OpenAI-compatible server (ours or any other)", allow_abbrev=False
+    )
     sv.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     sv.add_argument("--concurrency", type=_count, nargs="+", default=[1, 8, 32, 64], help="clients (a sweep)")
     sv.add_argument("--duration", type=float, default=None, help="seconds per concurrency level")
@@ -89,6 +95,7 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
         "tp",
         help="tensor parallelism: gloo all-reduce latency, decode step time per "
         "tensor-parallel size, and the across-machines model",
+        allow_abbrev=False,
     )
     tpp.add_argument("--sizes", type=_count, nargs="+", default=[1, 2], help="tensor-parallel sizes to time")
     tpp.add_argument("--num-seqs", type=_count, default=8)
@@ -103,6 +110,7 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
         "decode-step",
         help="one decode step: time, achieved FLOP/s and its share of the "
         "measured matmul peaks (float32's and the step dtype's)",
+        allow_abbrev=False,
     )
     ds.add_argument("--num-seqs", type=_count, default=64, help="running sequences, all decoding")
     ds.add_argument("--prompt-len", type=_count, default=128)
@@ -121,6 +129,7 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
         "structured",
         help="structured output's cost: a decode step with every row JSON-constrained "
         "against the unconstrained step (async and sync), and compile times",
+        allow_abbrev=False,
     )
     so.add_argument("--num-seqs", type=_count, default=64, help="running sequences, all decoding")
     so.add_argument("--prompt-len", type=_count, default=64)
@@ -130,7 +139,9 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     _add_result_flags(so)
     add_engine_flags(so)
 
-    cmp_ = kinds.add_parser("async-vs-sync", help="async against sync batching, alternating runs, medians")
+    cmp_ = kinds.add_parser(
+        "async-vs-sync", help="async against sync batching, alternating runs, medians", allow_abbrev=False
+    )
     cmp_.add_argument("--runs", type=_count, default=5, help="runs per mode per workload (alternating)")
     cmp_.add_argument("--trace", default=None, help="also trace one async run per workload to FILE-<w>-async.json")
     cmp_.add_argument("--out", default="benchmarks/async_vs_sync.json")
