@@ -34,7 +34,7 @@
 #include "amx_product.h"
 #include "vec_bf16.h"
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <atomic>
@@ -107,12 +107,12 @@ bool tile_data_granted() {
 // Activation rows [m0, m0 + count) of x [*, in] -> packed [ceil(count / 16)][in / 32][16 k pairs][16 rows][2]:
 // per tile of 16 rows and 32 columns, the rows' 16 pairs in 16 registers, transposed (rows past count are zeros).
 // A scalar scatter of the pairs before: ~15% of the kept-compact 64-row product's samples (perf, s24).
-void pack_activations(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, uint32_t* packed) {
+void pack_activations(const conveyor::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, uint32_t* packed) {
   const int64_t row_tiles = (count + kTile - 1) / kTile, k_tiles = in_features / kTileK;
   for (int64_t t = 0; t < row_tiles; ++t) {
     uint32_t* dst = packed + t * k_tiles * (kTileValues / 2);
     const int64_t rows = std::min(kTile, count - t * kTile);  // of this tile
-    const c10::BFloat16* first = x + (m0 + t * kTile) * in_features;
+    const conveyor::BFloat16* first = x + (m0 + t * kTile) * in_features;
     for (int64_t kt = 0; kt < k_tiles; ++kt) {
       __m512 pairs[16];  // row r's 16 pairs of columns 32 kt.. -> (transposed) pair p of the 16 rows
       for (int64_t r = 0; r < kTile; ++r)
@@ -126,13 +126,13 @@ void pack_activations(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t
 // Activation rows [m0, m0 + count) of x [*, in] -> tiles [ceil(count / 16)][in / 32][16 rows][32 k] (the A
 // operand against weights packed as B): rows of a tile 64 bytes apart, whatever `in` (a row stride of 4 KiB would
 // put a tile's 16 rows in one L1 set).
-void pack_rows(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, c10::BFloat16* packed) {
+void pack_rows(const conveyor::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, conveyor::BFloat16* packed) {
   const int64_t row_tiles = (count + kTile - 1) / kTile, k_tiles = in_features / kTileK;
   for (int64_t t = 0; t < row_tiles; ++t) {
-    c10::BFloat16* dst = packed + t * k_tiles * kTileValues;
+    conveyor::BFloat16* dst = packed + t * k_tiles * kTileValues;
     for (int64_t r = 0; r < kTile; ++r) {
       const int64_t m = t * kTile + r;
-      const c10::BFloat16* row = x + (m0 + m) * in_features;  // [in]
+      const conveyor::BFloat16* row = x + (m0 + m) * in_features;  // [in]
       for (int64_t kt = 0; kt < k_tiles; ++kt) {
         void* piece = dst + kt * kTileValues + r * kTileK;
         if (m < count) {
@@ -148,7 +148,7 @@ void pack_rows(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_fea
 // Two accumulator tiles C [16 activation rows][16 weight rows], weight rows 0..15 (c0) and 16..31 (c1) of a block,
 // -> y[j, i] for the valid i < n (up to 32), j < m: one 64-byte store per row, non-temporal where `stream` (then
 // y + j * out_features must start a line and n be 32).
-void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features,
+void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, conveyor::BFloat16* y, int64_t out_features,
                 bool stream) {
   const __mmask32 mask = n >= 2 * kTile ? ~__mmask32{0} : static_cast<__mmask32>((1u << n) - 1);
   for (int64_t j = 0; j < m; ++j) {
@@ -170,7 +170,7 @@ inline void load_transposed(const float* c, __m512 r[16]) {
 
 // Two accumulator tiles C [16 weight rows][16 activation rows], weight rows 0..15 (c0) and 16..31 (c1) of a block,
 // -> y[j, i] for the valid i < n (up to 32), j < m: both transposed in registers, then one 64-byte store per row.
-void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y,
+void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t m, conveyor::BFloat16* y,
                            int64_t out_features) {
   __m512 first[16], second[16];
   load_transposed(c0, first);
@@ -190,7 +190,7 @@ void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t 
 // rows (up_sums), -> y[j, 0..15] = silu(gate) * up for j < m: both transposed in registers, each sum rounded to
 // bfloat16 as a [gate | up] output would be, then silu and the product rounded as silu_and_mul does (store_silu_gate_rows
 // for the accumulators the other way round).
-void store_transposed_silu_pair(const float* gate_sums, const float* up_sums, int64_t m, c10::BFloat16* y,
+void store_transposed_silu_pair(const float* gate_sums, const float* up_sums, int64_t m, conveyor::BFloat16* y,
                                 int64_t y_width) {
   __m512 gate[16], up[16];
   load_transposed(gate_sums, gate);
@@ -203,8 +203,8 @@ void store_transposed_silu_pair(const float* gate_sums, const float* up_sums, in
 
 // One block of 32 weight rows over one panel of columns: two A operands, tile kt of each at + kt * kTileValues.
 struct BlockTiles {
-  const c10::BFloat16* first;   // rows 0..15 of the block
-  const c10::BFloat16* second;  // rows 16..31
+  const conveyor::BFloat16* first;   // rows 0..15 of the block
+  const conveyor::BFloat16* second;  // rows 16..31
 };
 
 // The tiles of `ahead` (a block read next, in place, or the current block's own tiles a few pieces on; first null
@@ -223,7 +223,7 @@ inline void prefetch_piece(const BlockTiles& ahead, int64_t kt) {
 // multiplies, spread over the loop so that both stay busy), `meanwhile` once the products are issued, before their
 // results are stored: the tile unit works through them while the core runs it (the previous pair's stores to y).
 template <bool kTwoA, bool kTwoB, typename Meanwhile, typename EachStep>
-void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloat16* b0, const c10::BFloat16* b1,
+void multiply(const conveyor::BFloat16* a0, const conveyor::BFloat16* a1, const conveyor::BFloat16* b0, const conveyor::BFloat16* b1,
               int64_t k_tiles, bool first, bool stream_a, bool stream_b, const BlockTiles& ahead, float* c,
               const Meanwhile& meanwhile, const EachStep& each_step) {
   if (first) {
@@ -298,7 +298,7 @@ struct DequantizedRows {
   static int64_t slices(int64_t kc) { return kBlockN * ((kc + kSliceValues - 1) / kSliceValues); }
 
   // Slices [from, to) of block nb over columns k0..k0 + kc - 1 -> scratch (row by row, kSliceValues at a time).
-  void dequantize(int64_t nb, int64_t k0, int64_t kc, c10::BFloat16* scratch, int64_t from, int64_t to) const {
+  void dequantize(int64_t nb, int64_t k0, int64_t kc, conveyor::BFloat16* scratch, int64_t from, int64_t to) const {
     const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0), panel_tiles = kc / kTileK;
     const int64_t per_row = (kc + kSliceValues - 1) / kSliceValues, total = slices(kc);
     const auto request = [&](int64_t slice) {
@@ -313,7 +313,7 @@ struct DequantizedRows {
     for (int64_t slice = from; slice < to; ++slice) {
       const int64_t i = slice / per_row, first = slice % per_row * kSliceValues;
       const int64_t count = std::min(kSliceValues, kc - first);
-      c10::BFloat16* dst = scratch + (i / kTile) * panel_tiles * kTileValues + (i % kTile) * kTileK +
+      conveyor::BFloat16* dst = scratch + (i / kTile) * panel_tiles * kTileValues + (i % kTile) * kTileK +
                            first / kTileK * kTileValues;
       if (i < n) {
         weight_row(n0 + i, k0 + first, count, dst);
@@ -323,11 +323,11 @@ struct DequantizedRows {
     }
   }
 
-  static BlockTiles tiles(const c10::BFloat16* scratch, int64_t kc) {
+  static BlockTiles tiles(const conveyor::BFloat16* scratch, int64_t kc) {
     return {scratch, scratch + kc / kTileK * kTileValues};
   }
 
-  BlockTiles block(int64_t nb, int64_t k0, int64_t kc, c10::BFloat16* scratch) const {
+  BlockTiles block(int64_t nb, int64_t k0, int64_t kc, conveyor::BFloat16* scratch) const {
     dequantize(nb, k0, kc, scratch, 0, slices(kc));
     return tiles(scratch, kc);
   }
@@ -341,7 +341,7 @@ struct DequantizedRows {
 struct NextBlockSlices {
   const DequantizedRows* source = nullptr;  // null: nothing to dequantize
   int64_t nb = 0, k0 = 0, kc = 0;
-  c10::BFloat16* scratch = nullptr;
+  conveyor::BFloat16* scratch = nullptr;
   int64_t done = 0, total = 0, steps = 1, step = 0;
 
   void operator()() {  // one k tile's share
@@ -358,8 +358,8 @@ struct NextBlockSlices {
 
 // Blocks of 32 weight rows laid out tile by tile over the whole input, [blocks][2][in / 32][16][32] (PackedTiles),
 // read in place and prefetched: block nb's tiles over the panel starting at column k0.
-inline BlockTiles tiles_in_place(const c10::BFloat16* tiles, int64_t k_tiles, int64_t nb, int64_t k0) {
-  const c10::BFloat16* first = tiles + (2 * nb * k_tiles + k0 / kTileK) * kTileValues;
+inline BlockTiles tiles_in_place(const conveyor::BFloat16* tiles, int64_t k_tiles, int64_t nb, int64_t k0) {
+  const conveyor::BFloat16* first = tiles + (2 * nb * k_tiles + k0 / kTileK) * kTileValues;
   return {first, first + k_tiles * kTileValues};
 }
 
@@ -368,10 +368,10 @@ inline BlockTiles tiles_in_place(const c10::BFloat16* tiles, int64_t k_tiles, in
 struct PackedTiles {
   static constexpr bool kWeightsAsB = true;
   static constexpr bool kReadsInPlace = true;
-  const c10::BFloat16* tiles;
+  const conveyor::BFloat16* tiles;
   int64_t k_tiles;
 
-  BlockTiles block(int64_t nb, int64_t k0, int64_t, c10::BFloat16*) const {
+  BlockTiles block(int64_t nb, int64_t k0, int64_t, conveyor::BFloat16*) const {
     return tiles_in_place(tiles, k_tiles, nb, k0);
   }
 };
@@ -381,8 +381,8 @@ struct PackedTiles {
 // would be, then as silu_and_mul rounds (the same function). Where `staged` is given the block's 16 columns pair
 // with the next block's into whole 64-byte lines, written with non-temporal stores: an even block's rows go to
 // `staged` ([16][16] per activation tile), the odd block after it stores both halves (its y is 16 columns on).
-inline void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, c10::BFloat16* y, int64_t y_width,
-                          bool odd_block, c10::BFloat16* staged) {
+inline void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, conveyor::BFloat16* y, int64_t y_width,
+                          bool odd_block, conveyor::BFloat16* staged) {
   for (int64_t j = 0; j < m; ++j) {
     const __m512 gate = conveyor_vec::round_bf16(_mm512_load_ps(c0 + j * kTile));
     const __m512 up = conveyor_vec::round_bf16(_mm512_load_ps(c1 + j * kTile));
@@ -466,7 +466,7 @@ void fold_argmax_rows(const float* c0, const float* c1, int64_t n, int64_t m, in
 // ~70 products in the reorder buffer: ~40% of the gated product's time at 2048 rows
 // (benchmarks/results/2026-12-06-s26/amx_epi.cpp: 14.0 ns per tile product after, 9.6-10.0 sliced, 6.9 without).
 inline void store_silu_pair_rows(const float* c, int64_t from, int64_t to, int64_t m_first, int64_t n0,
-                                 c10::BFloat16* y, int64_t y_width, c10::BFloat16* staged) {
+                                 conveyor::BFloat16* y, int64_t y_width, conveyor::BFloat16* staged) {
   for (int64_t j = from / kTile; j * kTile < to; ++j) {  // activation tile
     const int64_t lo = std::max(from, j * kTile) - j * kTile, hi = std::min(to, (j + 1) * kTile) - j * kTile;
     const float* gate = c + j * kTile * kTile + lo * kTile;
@@ -482,8 +482,8 @@ inline void store_silu_pair_rows(const float* c, int64_t from, int64_t to, int64
 // kSiluGate with `stream`: the pair's outputs staged at `staged` ([2][16][16]) for an even block, stored with the
 // next, odd block's.
 template <bool kWeightsAsB>
-void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, c10::BFloat16* y,
-                int64_t y_width, bool stream, Output output, c10::BFloat16* staged, const RowArgmax& best) {
+void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, conveyor::BFloat16* y,
+                int64_t y_width, bool stream, Output output, conveyor::BFloat16* staged, const RowArgmax& best) {
   if (kWeightsAsB && output == Output::kSiluGate) {
     store_silu_pair_rows(c, 0, std::min((two ? 2 : 1) * kTile, rows - m_first), m_first, n0, y, y_width,
                          stream ? staged : nullptr);
@@ -496,7 +496,7 @@ void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t
       continue;
     }
     if (kWeightsAsB) {
-      c10::BFloat16* to = y + m_tile * y_width + n0;
+      conveyor::BFloat16* to = y + m_tile * y_width + n0;
       const bool whole_lines = n == kBlockN && reinterpret_cast<uintptr_t>(to) % 64 == 0 && y_width % 32 == 0;
       store_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, to, y_width, stream && whole_lines);
       continue;
@@ -520,8 +520,8 @@ int64_t chunk_rows_for(int64_t in_features) {
 // `team`: run by every thread of a team already in one parallel region (UnitTeam); null: in a parallel region of
 // its own.
 template <typename Weights>
-void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-             const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct,
+void product(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+             const Weights& weight_source, conveyor::BFloat16* y, Output output = Output::kProduct,
              const ArgmaxLanes* argmax = nullptr, const UnitTeam* team = nullptr) {
   constexpr bool kWeightsAsB = Weights::kWeightsAsB, kReadsInPlace = Weights::kReadsInPlace;
   const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
@@ -531,7 +531,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   const int64_t pair_floats = 4 * kTile * kTile;  // the four accumulators of a pair of activation tiles
   // Several panels: as many blocks per unit as have their accumulators in kSumsBytes, but no more than a
   // quarter of each thread's share of the chunk's blocks, so that a few rows still spread over every thread.
-  const int64_t threads = team != nullptr ? team->threads : at::get_num_threads();
+  const int64_t threads = team != nullptr ? team->threads : conveyor_parallel::num_threads();
   const int64_t share = std::max<int64_t>(1, n_blocks / (4 * threads));
   const int64_t blocks_per_unit =
       panels > 1 ? std::clamp<int64_t>(kSumsBytes / (chunk_pairs * pair_floats * 4), 1, share) : kUnitBlocks;
@@ -559,22 +559,22 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   std::atomic<int64_t>& next_unit = team != nullptr ? *team->next_unit : own_next_unit;
   const auto run_units = [&] {
     thread_local TileBuffer<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
-    thread_local TileBuffer<c10::BFloat16> scratch;    // [2][panel k tiles][16][32] (dequantized weights)
+    thread_local TileBuffer<conveyor::BFloat16> scratch;    // [2][panel k tiles][16][32] (dequantized weights)
     thread_local TileBuffer<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
-    thread_local TileBuffer<c10::BFloat16> staged;     // kSiluGate, streamed: [chunk pairs][2][16][16]
+    thread_local TileBuffer<conveyor::BFloat16> staged;     // kSiluGate, streamed: [chunk pairs][2][16][16]
     packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
     const int64_t block_values = 2 * (panel_values / kTileK) * kTileValues;  // one block over one panel
     if (!kReadsInPlace) scratch.resize(2 * block_values);  // the block multiplied, and the next one
-    c10::BFloat16* const buffers[2] = {scratch.data(), scratch.data() + block_values};
+    conveyor::BFloat16* const buffers[2] = {scratch.data(), scratch.data() + block_values};
     int current = 0;             // the buffer holding the block multiplied now
     bool current_ready = false;  // whether it was dequantized while the previous block multiplied
     sums.resize((panels > 1 ? unit_blocks : 1) * chunk_pairs * pair_floats);
     staged.resize(output == Output::kSiluGate && stream ? chunk_pairs * 2 * kTile * kTile : 0);
-    const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
+    const conveyor::BFloat16* packed = reinterpret_cast<const conveyor::BFloat16*>(packed_storage.data());
     int64_t packed_m0 = -1;  // the chunk packed_storage holds
     RowArgmax best;  // Output::kArgmax: this thread's lanes
     if (argmax != nullptr) {
-      const int64_t offset = at::get_thread_num() * argmax->rows * kTile;
+      const int64_t offset = conveyor_parallel::thread_index() * argmax->rows * kTile;
       best = {argmax->values + offset, argmax->indices + offset};
     }
     configure_tiles();
@@ -585,7 +585,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
       const int64_t row_tiles = (count + kTile - 1) / kTile, pairs = (row_tiles + 1) / 2;
       if (m0 != packed_m0) {
         if (kWeightsAsB) {
-          pack_rows(x, m0, count, in_features, reinterpret_cast<c10::BFloat16*>(packed_storage.data()));
+          pack_rows(x, m0, count, in_features, reinterpret_cast<conveyor::BFloat16*>(packed_storage.data()));
         } else {
           pack_activations(x, m0, count, in_features, packed_storage.data());
         }
@@ -600,7 +600,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
         const float* sums = nullptr;  // null: none
         bool two = false;
         int64_t m_first = 0, n0 = 0, n = 0;
-        c10::BFloat16* staged = nullptr;
+        conveyor::BFloat16* staged = nullptr;
         int64_t stored = 0;  // how many of its rows are stored (sliced)
       } pending;
       const auto pending_rows = [&] { return std::min((pending.two ? 2 : 1) * kTile, rows - pending.m_first); };
@@ -662,8 +662,8 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
           };
           const bool first = p == 0, last = p == panels - 1;
           for (int64_t t = 0; t < row_tiles; t += 2) {
-            const c10::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
-            const c10::BFloat16* x1 = x0 + k_tiles * kTileValues;
+            const conveyor::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
+            const conveyor::BFloat16* x1 = x0 + k_tiles * kTileValues;
             const bool two = t + 1 < row_tiles;
             BlockTiles prefetch{nullptr, nullptr};
             if (t == 0 && row_tiles >= kPrefetchRowTiles) {
@@ -709,7 +709,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
     run_units();
     return;
   }
-  at::parallel_for(0, std::min<int64_t>(threads, units), 1, [&](int64_t, int64_t) { run_units(); });
+  conveyor_parallel::parallel_for(0, std::min<int64_t>(threads, units), 1, [&](int64_t, int64_t) { run_units(); });
 }
 
 }  // namespace
@@ -734,34 +734,34 @@ bool available() {
   return granted;
 }
 
-void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                  const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y) {
+void product_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                  const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, conveyor::BFloat16* y) {
   product(x, rows, in_features, out_features, DequantizedRows{weight_row, prefetch_row, out_features}, y);
 }
 
-void product_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
-                            const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y) {
+void product_silu_gate_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                            const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, conveyor::BFloat16* y) {
   product(x, rows, in_features, 2 * inner, DequantizedRows{weight_row, prefetch_row, 2 * inner}, y, Output::kSiluGate);
 }
 
-void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                         const c10::BFloat16* tiles, c10::BFloat16* y) {
+void product_packed_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                         const conveyor::BFloat16* tiles, conveyor::BFloat16* y) {
   product(x, rows, in_features, out_features, PackedTiles{tiles, in_features / kTileK}, y);
 }
 
-void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
-                                   const c10::BFloat16* tiles, c10::BFloat16* y) {
+void product_packed_silu_gate_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                   const conveyor::BFloat16* tiles, conveyor::BFloat16* y) {
   product(x, rows, in_features, 2 * inner, PackedTiles{tiles, in_features / kTileK}, y, Output::kSiluGate);
 }
 
-void product_packed_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                              const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team) {
+void product_packed_bf16_team(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                              const conveyor::BFloat16* tiles, conveyor::BFloat16* y, const UnitTeam& team) {
   product(x, rows, in_features, out_features, PackedTiles{tiles, in_features / kTileK}, y, Output::kProduct, nullptr,
           &team);
 }
 
-void product_packed_silu_gate_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
-                                        const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team) {
+void product_packed_silu_gate_bf16_team(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                        const conveyor::BFloat16* tiles, conveyor::BFloat16* y, const UnitTeam& team) {
   product(x, rows, in_features, 2 * inner, PackedTiles{tiles, in_features / kTileK}, y, Output::kSiluGate, nullptr,
           &team);
 }
@@ -782,9 +782,9 @@ inline bool comes_first(float value, int32_t index, float best, int32_t best_ind
 
 }  // namespace
 
-void product_packed_argmax_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                                const c10::BFloat16* tiles, int64_t* tokens) {
-  const int64_t threads = at::get_num_threads();
+void product_packed_argmax_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                                const conveyor::BFloat16* tiles, int64_t* tokens) {
+  const int64_t threads = conveyor_parallel::num_threads();
   TileBuffer<float> values(threads * rows * kTile, 0.f);
   TileBuffer<int32_t> indices(threads * rows * kTile, -1);
   const ArgmaxLanes lanes{values.data(), indices.data(), rows};
@@ -813,18 +813,18 @@ void product_packed_argmax_bf16(const c10::BFloat16* x, int64_t rows, int64_t in
 namespace conveyor_amx {
 bool available() { return false; }
 void configure_tiles() {}
-void product_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&, const WeightRowPrefetch&,
-                  c10::BFloat16*) {}
-void product_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&,
-                            const WeightRowPrefetch&, c10::BFloat16*) {}
-void product_packed_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*) {}
-void product_packed_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*,
-                                   c10::BFloat16*) {}
-void product_packed_argmax_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, int64_t*) {}
-void product_packed_bf16_team(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*,
+void product_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&, const WeightRowPrefetch&,
+                  conveyor::BFloat16*) {}
+void product_silu_gate_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&,
+                            const WeightRowPrefetch&, conveyor::BFloat16*) {}
+void product_packed_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*, conveyor::BFloat16*) {}
+void product_packed_silu_gate_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*,
+                                   conveyor::BFloat16*) {}
+void product_packed_argmax_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*, int64_t*) {}
+void product_packed_bf16_team(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*, conveyor::BFloat16*,
                               const UnitTeam&) {}
-void product_packed_silu_gate_bf16_team(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*,
-                                        c10::BFloat16*, const UnitTeam&) {}
+void product_packed_silu_gate_bf16_team(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*,
+                                        conveyor::BFloat16*, const UnitTeam&) {}
 }  // namespace conveyor_amx
 
 #endif

@@ -2,8 +2,8 @@
 // decode_attention_int8.cpp: int8 caches): the work item and the softmax's exponentials.
 #pragma once
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include "scalar_types.h"
+#include "scalar_types.h"
 
 #include <cmath>
 #include <cstdint>

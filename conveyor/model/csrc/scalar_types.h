@@ -3,9 +3,9 @@
 // pointers (a torch bfloat16 tensor's data is an array of conveyor::BFloat16, bit for bit).
 //
 //   BFloat16  16 bits: float32's sign, exponent and top 7 mantissa bits. float -> bfloat16 rounds to nearest
-//             even and turns every NaN into 0x7FC0, exactly as c10::BFloat16 does; bfloat16 -> float is exact.
+//             even and turns every NaN into 0x7FC0, exactly as conveyor::BFloat16 does; bfloat16 -> float is exact.
 //   Half      IEEE binary16. float -> half rounds to nearest even (F16C's vcvtps2ph where the build has it, the
-//             same bits in software otherwise), as c10::Half does; half -> float is exact.
+//             same bits in software otherwise), as conveyor::Half does; half -> float is exact.
 //   DType     the element type of a kernel's operands, chosen by the caller (bindings.cpp) from the tensor's.
 //
 // Arithmetic on two BFloat16 (or two Half) computes in float32 and rounds back, as c10's operators do; mixed with
@@ -44,7 +44,7 @@ struct BFloat16 {
 
   BFloat16() = default;
   constexpr BFloat16(uint16_t bits, from_bits_t) : x(bits) {}
-  BFloat16(float value) : x(round_to_nearest_even(value)) {}  // NOLINT: implicit, as c10::BFloat16
+  BFloat16(float value) : x(round_to_nearest_even(value)) {}  // NOLINT: implicit, as conveyor::BFloat16
   operator float() const { return bits_float(static_cast<uint32_t>(x) << 16); }  // NOLINT
 
   static uint16_t round_to_nearest_even(float value) {
@@ -63,13 +63,13 @@ struct Half {
 
   Half() = default;
   constexpr Half(uint16_t bits, from_bits_t) : x(bits) {}
-  Half(float value) : x(from_float(value)) {}  // NOLINT: implicit, as c10::Half
+  Half(float value) : x(from_float(value)) {}  // NOLINT: implicit, as conveyor::Half
   operator float() const { return to_float(x); }  // NOLINT
 
   static uint16_t from_float(float f) {
 #if defined(__F16C__)
     return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT));
-#else  // FP16's fp16_ieee_from_fp32_value (c10::Half's software path)
+#else  // FP16's fp16_ieee_from_fp32_value (conveyor::Half's software path)
     const float scale_to_inf = bits_float(UINT32_C(239) << 23), scale_to_zero = bits_float(UINT32_C(17) << 23);
     float base = ((f < 0 ? -f : f) * scale_to_inf) * scale_to_zero;
     const uint32_t w = float_bits(f), shl1_w = w + w, sign = w & UINT32_C(0x80000000);

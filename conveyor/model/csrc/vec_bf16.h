@@ -7,7 +7,7 @@
 // Rounding to bfloat16 is round-to-nearest-even (vcvtneps2bf16), as torch rounds.
 #pragma once
 
-#include <c10/util/BFloat16.h>
+#include "scalar_types.h"
 
 #include <cstdint>
 #include <cstring>
@@ -15,7 +15,7 @@
 namespace conveyor_vec {
 
 inline float to_float(float v) { return v; }
-inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float to_float(conveyor::BFloat16 v) { return static_cast<float>(v); }
 
 // Whether v is a NaN, from its bits: the kernels compile with -ffast-math, under which `v != v` is not to be
 // relied on.
@@ -74,7 +74,7 @@ inline __mmask16 tail_mask(int64_t left) {
 }
 
 // Up to 16 bfloat16 (masked) -> float32: the bits shifted into the high half.
-inline __m512 load_bf16(const c10::BFloat16* p, __mmask16 mask = 0xFFFF) {
+inline __m512 load_bf16(const conveyor::BFloat16* p, __mmask16 mask = 0xFFFF) {
   const __m256i raw = _mm256_maskz_loadu_epi16(mask, reinterpret_cast<const void*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
@@ -82,7 +82,7 @@ inline __m512 load_bf16(const c10::BFloat16* p, __mmask16 mask = 0xFFFF) {
 // 16 values from p (lanes outside `lanes` are not read, and are zero) as float32, for kernels templated on
 // the logits' or activations' type.
 inline __m512 load16(const float* p, __mmask16 lanes = 0xFFFF) { return _mm512_maskz_loadu_ps(lanes, p); }
-inline __m512 load16(const c10::BFloat16* p, __mmask16 lanes = 0xFFFF) { return load_bf16(p, lanes); }
+inline __m512 load16(const conveyor::BFloat16* p, __mmask16 lanes = 0xFFFF) { return load_bf16(p, lanes); }
 
 // request_bytes for a span whose length is known when compiling (a row of a fixed head_dim): _mm_prefetch calls,
 // which GCC unrolls and keeps, and schedules with the code around them (in the float32 product's FMA loop the asm
@@ -113,7 +113,7 @@ inline __m512 round_bf16(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(v)), 16));
 }
 
-inline void store_bf16(c10::BFloat16* p, __m512 v, __mmask16 mask) {
+inline void store_bf16(conveyor::BFloat16* p, __m512 v, __mmask16 mask) {
   _mm256_mask_storeu_epi16(reinterpret_cast<void*>(p), mask, to_bf16(v));
 }
 
