@@ -1,33 +1,55 @@
-// The many-rows product on AMX tiles (Intel Sapphire Rapids and later): bfloat16 checkpoints' linears
-// (bf16_linear.cpp, weights packed once at load) and prefill chunks / busy decode steps of kept-compact GGUF
-// weights (gguf_linear_amx in gguf_linear.cpp, weights dequantized on the fly by gguf_amx.cpp).
+// amx_product.cpp: the many-rows product y = x W^T on AMX tiles (TDPBF16PS), for bfloat16 weights packed at load
+// (bindings.cpp's bf16_linear_amx / bf16_silu_gate_amx / bf16_linear_argmax_amx, decode_layers.cpp) and for GGUF
+// weights dequantized on the fly (gguf_linear.cpp's gguf_stack_product_amx; gguf_amx.cpp dequantizes).
 //
-//   C [16 weight rows, 16 activation rows] float32 += A [16 weight rows, 32 k] bf16 . B [32 k, 16 activation rows]
+// Operand roles. One tile product is C [16 x 16] float32 += A [16 x 32 k] bf16 . B [32 k x 16] bf16. Either the
+// weight rows are A and the activation rows B (dequantized weights: kWeightsAsB false), or the roles are swapped
+// (packed weights read in place: kWeightsAsB true, which stores y row-contiguous without a transpose). Two weight
+// tiles x two activation tiles give the four accumulators (tmm0-3) of one "pair"; tmm4-7 hold the operands.
 //
-// The weight rows are the A operand, 32 of them (kBlockN, two tiles) at a time, laid out tile by tile
-// ([2][in / 32][16 rows][32 k], 1 KiB per tile: rows 64 bytes apart, so a tile load never strides a row of `in`
-// values through one L1 set). GGUF weights are dequantized to this layout: into a thread's scratch block by block,
-// the next block while the current one multiplies (NextBlockSlices; from a few chunks of rows on, the GGUF
-// projection dequantizes the whole matrix once per call into the packed layout instead: gguf_projection.py);
-// packed bfloat16 weights are already in it ([out / 16][in / 32][16][32]) and are read in place, prefetched as
-// the row count makes worth it (kPrefetchRowTiles). The activations are the B operand in the pair-interleaved
-// layout TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in
-// L2 (kPackedBytes); rows past the last are zeros; their tiles are loaded with the read-once hint where a block of
-// weights fits L1 beside them (kStreamActivationsBlockBytes), so that the block stays there for the next pair. Two
-// weight tiles x two activation tiles make the four accumulators; the results are stored, transposed, to y as bfloat16,
-// a pair's while the tile unit multiplies the next pair (a block's last pair's while the next block's first
-// multiplies), as whole 64-byte lines (non-temporal for many rows or wide outputs: kStreamRows, kStreamBytes). Or, for
-// a SiLU MLP's interleaved gate/up weights (Output::kSiluGate), silu(gate) * up is stored instead. Inputs wider than
-// kPanelValues are taken a panel of columns at a time (the accumulators kept in a float32 buffer between panels), so
-// that a chunk holds as many rows however wide the input. Every buffer tiles are loaded from or stored to starts on a
-// cache line (TileBuffer).
+//   weights, packed at load (layers.pack_bf16_tiles), 32 rows (kBlockN) per block:
+//     tiles[out / 16][in / 32][16 k pairs][16 rows][2]       one 1 KiB tile = 16 rows x 32 k, pair-interleaved
+//       row tile t, k tile kt:  W[16t + r][32kt + 2p + h] at (t, kt, p, r, h)
+//   weights, dequantized (GGUF): per block [2][in / 32][16 rows][32 k]   (A layout: rows 64 bytes apart)
+//   activations, packed per chunk of rows (pack_activations):
+//     packed[row tiles][in / 32][16 k pairs][16 rows][2]     (B layout; rows past the last are zeros)
 //
-// Work is split in units (one chunk of rows x a few weight blocks), taken in turn by whichever thread is free,
-// in one parallel region per call; each thread packs the chunk it works on into its own buffer. No barrier
-// inside a call: on a shared 2-core machine each parallel region cost a wait for the second thread's core
-// (a 2-thread call took ~4x a 1-thread one with a packing region and a product region per chunk). Every output
-// value is summed by one thread in one order (k ascending, panel by panel), however the work is split: the
-// same bits on one thread or many.
+//        k ->  kt=0        kt=1              y (bfloat16, rows x out)
+//   W   +----------+----------+ ...          +----+----+
+//   blk | A0 (16r) | A0'      |              | C0 | C1 |  <- 16 weight rows x 32 activation rows
+//       | A1 (16r) | A1'      |              | C2 | C3 |     per pair, summed over every kt
+//       +----------+----------+ ...          +----+----+
+//   x chunk: B0 (16 rows), B1 (16 rows) per kt, from the packed panel in L2
+//
+// Inputs wider than kPanelValues are taken a panel of columns at a time (accumulators kept in float32 between
+// panels). Results are stored as bfloat16 (non-temporal for large outputs), or for gated weights
+// (interleave_gate_up: each 32-row block = 16 gate + their 16 up rows) silu(gate) * up, or only each row's argmax.
+//
+// Work: units of (one chunk of rows x kUnitBlocks weight blocks), taken in turn from an atomic counter by whichever
+// thread is free, in one parallel region per call (or a caller's team: UnitTeam); no barrier inside a call.
+//
+// Tuning constants (all tuned with `conveyor bench throughput` for prompt-sized row counts and
+// `conveyor bench decode-step` for decode-sized ones, on an AMX machine):
+//   kBlockN                       weight rows per block (two A tiles): fixed by the four-accumulator pair.
+//   kPanelValues                  input columns per panel: wider keeps more in registers' reach, narrower keeps
+//                                 a chunk's packed panel in L2 for wide inputs.
+//   kPackedBytes                  packed activations per chunk: more rows per chunk reuse each weight block more,
+//                                 fewer keep the panel in L2 beside the weights.
+//   kUnitBlocks                   weight blocks per unit: larger units cost fewer counter updates, smaller ones
+//                                 balance the threads better.
+//   kSumsBytes                    float32 accumulators kept between panels per thread (bounds blocks per unit).
+//   kPrefetchRowTiles             chunk size (row tiles) from which the next weight block is requested while the
+//                                 current one multiplies: hides loads for many rows, only adds loads for few.
+//   kStreamAheadPieces            for 2-7 row tiles: how far ahead the block's own streams are requested.
+//   kStreamRows, kStreamBytes     from these, y is written with non-temporal full-line stores (y larger than L2).
+//   kStreamActivationsBlockBytes  where a weight block fits L1 in this, activation tiles load with the read-once
+//                                 hint, so the block's tiles stay in L1 for the next pair.
+//   DequantizedRows::kSliceValues, kPrefetchSlices   GGUF: dequantization slice size and how many slices ahead
+//                                 the compact bytes are requested.
+//
+// Exactness invariant: every output value is summed by one thread in one order (k ascending, panel by panel) and
+// rounded to bfloat16 once, however the work is split: the same bits on one thread or many, and from the team
+// entry points as from the plain ones.
 //
 // Linux hands out the tile registers' state only on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
 // XFEATURE_XTILEDATA)), asked once per process; available() is false where the CPU (cpuid) or the kernel says no.
@@ -63,27 +85,21 @@ constexpr int64_t kUnitBlocks = 4;         // weight blocks a thread takes at a 
 constexpr int64_t kSumsBytes = 256 << 10;  // more panels: a thread takes as many blocks as have their
                                            // accumulators in this, kept between panels
 // Chunks of at least this many row tiles request the next weight block while multiplying the current one: with
-// many pairs of row tiles per block that hides its loads (2048 rows: 5% faster), with a decode step's few it only
-// adds loads (64 rows: the default model's linears 2% slower, its 49152-row head 15%). Chunks of 2 to 7 row tiles
-// request the pieces kStreamAheadPieces ahead in the block's own two streams instead (the next block follows in
-// memory), during the first pair of row tiles: the 30 layers' linears at 32-96 rows from DRAM 5-8% faster. One
-// row tile requests nothing (either way slower).
+// many pairs of row tiles per block that hides its loads, with a decode step's few it only adds loads. Chunks of 2
+// to 7 row tiles request the pieces kStreamAheadPieces ahead in the block's own two streams instead (the next block
+// follows in memory), during the first pair of row tiles. One row tile requests nothing.
 constexpr int64_t kPrefetchRowTiles = 8;
 constexpr int64_t kStreamAheadPieces = 8;
 // Products of at least this many rows, or with an output of at least kStreamBytes, store y with non-temporal
-// stores, full 64-byte lines that skip the caches: y is then larger than L2 (2048 rows x 3072: 12 MB; a decode
-// step's logits, 64 x 49152: 6 MB) and reading each line before writing it took a quarter of the product's time
-// (the default model's head at 64 rows: 2.9 -> 2.5 ms); a decode step's other outputs (64 rows x 576-3072) are
-// read back at once from the cache by the next op.
+// stores, full 64-byte lines that skip the caches: y is then larger than L2 (a prompt chunk's wide outputs, a decode
+// step's logits), and reading each line before writing it would cost a memory read per line; a decode step's other
+// outputs are small and read back at once from the cache by the next op.
 constexpr int64_t kStreamRows = 256;
 constexpr int64_t kStreamBytes = int64_t{1} << 20;
 // The activation tiles are loaded with the read-once hint (TILELOADDT1) where a block of weights over one panel
 // fits in this much of L1 beside them: each pair of row tiles then reads its activations once per block, while the
-// block's weight tiles are read again by every pair, and with plain loads the activations pushed them out of L1.
-// The default model's prompt-step products (30 layers at 2048 rows; its qkv, o and gate/up have inputs of 576:
-// blocks of 36 KiB) 205-223 -> 181-189 ms per step (benchmarks/RESULTS.md, s25); wider blocks (its down
-// projection's 96 KiB, the 1B's 128 KiB) are read from L2 either way, and there the hint was level or slower (the
-// 1B's qkv at 2048 rows 10.3-10.6 -> 10.9-11.2 ms).
+// block's weight tiles are read again by every pair, and with plain loads the activations push them out of L1.
+// Wider blocks are read from L2 either way, and there the hint does not help.
 constexpr int64_t kStreamActivationsBlockBytes = 40 << 10;
 
 constexpr int kArchReqXcompPerm = 0x1023;
@@ -105,8 +121,8 @@ bool tile_data_granted() {
 }
 
 // Activation rows [m0, m0 + count) of x [*, in] -> packed [ceil(count / 16)][in / 32][16 k pairs][16 rows][2]:
-// per tile of 16 rows and 32 columns, the rows' 16 pairs in 16 registers, transposed (rows past count are zeros).
-// A scalar scatter of the pairs before: ~15% of the kept-compact 64-row product's samples (perf, s24).
+// per tile of 16 rows and 32 columns, the rows' 16 pairs in 16 registers, transposed (rows past count are zeros):
+// register transposes rather than a scalar scatter of the pairs.
 void pack_activations(const conveyor::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, uint32_t* packed) {
   const int64_t row_tiles = (count + kTile - 1) / kTile, k_tiles = in_features / kTileK;
   for (int64_t t = 0; t < row_tiles; ++t) {
@@ -282,14 +298,13 @@ void multiply(const conveyor::BFloat16* a0, const conveyor::BFloat16* a1, const 
 struct DequantizedRows {
   static constexpr bool kWeightsAsB = false;
   static constexpr bool kReadsInPlace = false;
-  // One row of the panel per slice: slices of 256 values called weight_row 8x as often, and 16 rows took longer
-  // than dequantizing each block all at once (gate 8192 x 2048 Q4_K: 1.39 -> 1.65 ms; whole rows: 1.31 ms).
+  // One row of the panel per slice: smaller slices call weight_row more often, larger ones (16 rows) leave too few
+  // slices to spread over the current block's products.
   static constexpr int64_t kSliceValues = kPanelValues;
   // The compact bytes of the slice this many slices on are requested (prefetch_row) as each slice is dequantized:
   // a slice is one row's 2048 values, a few hundred nanoseconds of work, about a memory load's latency. Inputs
   // wider than a panel read a panel's share of each row (1152 of 4608 bytes for Q4_K at 8192), runs too short
-  // for the hardware's prefetcher: the 1B Q4_K_M file's 16 down projections (2048 x 8192, Q4_K / Q6_K) at 64 rows,
-  // one after another as in a decode step, 45.2-48.4 -> 36.0-37.4 ms; gate/up 52.5-54.2 -> 50.3-53.1 (s21).
+  // for the hardware's prefetcher to find on its own.
   static constexpr int64_t kPrefetchSlices = 2;
   const WeightRow& weight_row;
   const WeightRowPrefetch& prefetch_row;
@@ -335,9 +350,7 @@ struct DequantizedRows {
 
 // The next block of a thread's work dequantized into the other scratch buffer, a share of its slices after each k
 // tile's products are issued, while the tile unit multiplies the current block: the vector work and the tile
-// products overlap instead of taking turns. gguf_linear_amx on the 1B Q4_K_M file's gate (8192 x 2048) at 64 rows:
-// 2.13 -> 1.88 ms, 128 rows 3.14 -> 2.85; a 64-row decode step's fused gate/up in the engine 4.7-4.9 -> 4.3-4.6 ms
-// per call (benchmarks/RESULTS.md, s18).
+// products overlap instead of taking turns.
 struct NextBlockSlices {
   const DequantizedRows* source = nullptr;  // null: nothing to dequantize
   int64_t nb = 0, k0 = 0, kc = 0;
@@ -421,7 +434,7 @@ struct ArgmaxLanes {
   int64_t rows;
 };
 
-// Lanes whose value is a NaN, from the bits (the sources compile with -ffast-math).
+// Lanes whose value is a NaN, from the bits (one test, whatever the compiler assumes about comparisons).
 inline __mmask16 nan_lanes(__m512 v) {
   return _mm512_cmpgt_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)),
                                  _mm512_set1_epi32(0x7F800000));
@@ -462,9 +475,8 @@ void fold_argmax_rows(const float* c0, const float* c1, int64_t n, int64_t m, in
 // Rows [from, to) of a gated pair's results (row r: activation tile r / 16, its row r % 16; rows m_first.. of y;
 // weights as B, Output::kSiluGate; staged as store_silu_gate_rows takes it, or null). store_pair stores all of a
 // pair's rows; product() where `sliced` a slice of them after each k tile of the next pair's products, so that the
-// core's SiLU epilogue runs between the tile unit's products. Stored after them all, it waited behind the pair's
-// ~70 products in the reorder buffer: ~40% of the gated product's time at 2048 rows
-// (benchmarks/results/2026-12-06-s26/amx_epi.cpp: 14.0 ns per tile product after, 9.6-10.0 sliced, 6.9 without).
+// core's SiLU epilogue runs between the tile unit's products. Stored after them all, it would wait behind the pair's
+// products in the reorder buffer.
 inline void store_silu_pair_rows(const float* c, int64_t from, int64_t to, int64_t m_first, int64_t n0,
                                  conveyor::BFloat16* y, int64_t y_width, conveyor::BFloat16* staged) {
   for (int64_t j = from / kTile; j * kTile < to; ++j) {  // activation tile
@@ -551,9 +563,8 @@ void product(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int
                       (output == Output::kProduct ||
                        (kWeightsAsB && y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
   // The gated product (weights as B) over chunks of many row tiles: the pending pair's stores sliced over the next
-  // pair's k tiles (store_silu_pair_rows). At 2048 rows the default model's 30 gate/up products 115-116 -> 95-98 ms;
-  // at 64 rows (two pairs per block, the weights read from memory) slicing was slower (6.2-7.4 -> 6.8-8.0 ms), and
-  // for plain outputs, whose stores are a conversion per row, level (benchmarks/RESULTS.md, s26).
+  // pair's k tiles (store_silu_pair_rows). With few row tiles (two pairs per block, the weights read from memory)
+  // slicing does not pay, nor for plain outputs, whose stores are a conversion per row.
   const bool sliced = kWeightsAsB && output == Output::kSiluGate && chunk_tiles >= kPrefetchRowTiles;
   std::atomic<int64_t> own_next_unit{0};
   std::atomic<int64_t>& next_unit = team != nullptr ? *team->next_unit : own_next_unit;
@@ -594,8 +605,7 @@ void product(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int
       const int64_t g0 = unit % units_per_chunk * unit_blocks, g_end = std::min(n_blocks, g0 + unit_blocks);
       // The last panel's results of a pair go to y while the tile unit multiplies the next pair, a block's last
       // pair's while the next block's first multiplies (at the unit's end, at once). Stored right after its own
-      // block instead, a block's last pair overlapped nothing (64 rows, the default model's 30 layers' linears:
-      // 14.0 -> 13.1 ms; gated product 7.8 -> 7.1 ms).
+      // block instead, a block's last pair would overlap nothing.
       struct Pending {
         const float* sums = nullptr;  // null: none
         bool two = false;

@@ -679,9 +679,8 @@ void gguf_pack_tiles(const std::vector<at::Tensor>& blocks, const std::vector<in
 // cos_table, sin_table: the model's rotary tables [max_positions, head_dim] float32; token t is at positions[t]
 // and attends over block_tables[t] (context_lens[t] tokens) after its K/V are written to slot_mapping[t].
 // The step's rows of a rotary table, in the model's dtype: table[positions].to(dtype), as RotaryEmbedding.tables
-// makes them for the Python loop (the same rounding: c10's, to nearest even), gathered here because those four
-// torch ops cost ~0.3 ms of a 64-row decode step on the engine's thread, their code and the table cold after the
-// step before streamed its weights and K/V through the caches (benchmarks/RESULTS.md, s27).
+// makes them for the Python loop (the same rounding: c10's, to nearest even), gathered here rather than by four
+// torch ops on the engine's thread, whose code and the table are cold after a step streamed weights and K/V.
 at::Tensor rotary_rows(const at::Tensor& table, const at::Tensor& positions, c10::ScalarType dtype) {
   TORCH_CHECK(table.dim() == 2 && table.is_contiguous() && table.scalar_type() == at::kFloat,
               "decode_layers needs the rotary tables as contiguous [max_positions, head_dim] float32 tensors");

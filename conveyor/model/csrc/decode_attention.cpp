@@ -196,7 +196,7 @@ void attend_item_avx512(const Item& it, const T* q, const T* k_cache, const T* v
 #if defined(CONVEYOR_VEC_BF16)
 // bfloat16, head_dim 64, a group of up to 4 query heads: the W1 shapes (the default model's 9 / 3 heads, the 1B's
 // 32 / 8). Leaner than the path above, for a kernel whose compute and memory stalls add up rather than overlap
-// (measured: a bare read of the same rows takes ~60% of the two-pass kernel's time):
+// (a bare read of the same rows takes a large share of the two-pass kernel's time):
 //  - a row's 32-bit words hold pairs of values: the even values are the words shifted left by 16, the odd ones
 //    the words with their low half cleared, one instruction per 16 values (widening 16 at a time takes two);
 //    the query rows and the accumulators are kept in that order (even dims of 0..31, odd of 0..31, even of
@@ -418,8 +418,8 @@ void check_contexts(const int64_t* context_lens, const int64_t* block_tables, in
 }
 
 // One contiguous range of items per thread, of about equal cost (the tokens each reads, plus a few for its
-// setup): a step's sequences differ in length, and equal counts of items (OpenMP's static split) left one
-// thread waiting for the other ~5% of the call on W1's contexts. Each item is computed the same wherever it runs.
+// setup): a step's sequences differ in length, and equal counts of items (OpenMP's static split) leave one thread
+// waiting for the other. Each item is computed the same wherever it runs.
 std::vector<int64_t> decode_attention_bounds(const int64_t* context_lens, int64_t num_seqs, int64_t kv_heads,
                                              int64_t threads) {
   const int64_t items = num_seqs * kv_heads;

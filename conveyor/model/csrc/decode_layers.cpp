@@ -1,17 +1,23 @@
 // The decoder layers of a pure-decode step in one call (conveyor.model.decode_stack): the same kernels, in the
-// same order, on the same tensors as LlamaModel.forward's Python loop, so the same bits; only the ~180 us per
-// layer of Python and torch view ops between them is gone (the default model's 64-row decode step: ~5 ms of
-// ~48). For the plain Llama layer only: RMSNorm, fused QKV without bias, rotary, paged decode attention (no
+// same order, on the same tensors as LlamaModel.forward's Python loop, so the same bits; only the Python and torch
+// view ops between them are gone. For the plain Llama layer only: RMSNorm, fused QKV without bias, rotary, paged decode attention (no
 // window, no soft cap), o_proj, RMSNorm, SiLU gate/up fused in one AMX product, down; all weights bfloat16 packed
 // in AMX tiles. The caller checks that the model and the step are of that kind.
 //
 // With plain bfloat16 caches the whole stack runs in one parallel region: the threads go through the layers
 // together and meet at a barrier after each op (team.h), each taking its share of the op (stack_parts.h; the
 // products' units in turn, as they do in their own region: UnitTeam). Every output is still computed by one thread
-// in one order, so the bits do not change. One region per op cost a fork, a join and the calling thread's work
-// between ops (their checks and output tensors) while the other thread waited: in a W1 decode step the second
-// thread waited ~15% of its time (benchmarks/RESULTS.md, s29). An int8 cache runs the ops one by one, each in its
-// region.
+// in one order, so the bits do not change (the exactness invariant: one thread, one summation order per output).
+// One region per op would cost a fork, a join and the calling thread's work between ops while the others wait.
+// An int8 cache runs the ops one by one, each in its region (bindings.cpp). This file holds the region only; the
+// checks, scratch tensors and the int8 path are bindings.cpp's decode_layers.
+//
+//   per layer:  h += delta ; x = norm(h)      rows split by row_share        | barrier
+//               qkv = x Wqkv^T                 AMX units from a counter       | barrier
+//               qk, caches <- rotary(qkv)      rows split                     | barrier
+//               attn = attention(q, caches)    items split by context length  | barrier
+//               attn_out = attn Wo^T ; h += attn_out ; x = norm(h) ; act = silu-gate(x) ; delta = act Wdown^T
+//               (each op followed by a barrier)
 #include <omp.h>
 
 #include <algorithm>

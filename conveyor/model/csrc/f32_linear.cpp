@@ -1,10 +1,8 @@
 // float32 matrix products for the row counts of decode steps and small prefill chunks (CPU).
 //
-// Why: with 8-64 rows, torch's float32 GEMM ran at a third to a half of the machine's FMA rate
-// when the weights come from DRAM, which they do every decode step (the default model's float32
-// weights are 536 MB). Measured on the 2-core AVX-512 machine, all decoder linears of the default
-// model, alternating with torch in one process: 8 rows 27 vs 46 ms, 64 rows 65 vs 79 ms; past ~384
-// rows torch's GEMM is faster (see benchmarks/RESULTS.md).
+// Why: with few rows and weights streamed from DRAM (every decode step), a generic GEMM runs well below the
+// machine's FMA rate; this one overlaps the weight stream with the arithmetic. Past a few hundred rows torch's
+// GEMM is the faster one (conveyor.model.layers chooses; tune with `conveyor bench decode-step --dtype float32`).
 //
 // Layout (conveyor.model.layers.pack_f32_panels): W [out, in] is cut into panels of 32 output
 // columns, each stored [in][32], so a panel is one contiguous stream and a row of it is two
@@ -16,10 +14,17 @@
 // first copied k-major per block ([K][12]), so that the broadcasts read from one pointer. The first
 // row block streams the panel from memory into L2, the others re-read it from there. While a panel
 // is multiplied, the next one is prefetched into L2, spread evenly over its (depth chunk, row block)
-// units, so the memory stream overlaps the arithmetic (without it, 64 rows took 85 instead of 57 ms).
+// units, so the memory stream overlaps the arithmetic.
 // Sums run in k order with fused multiply-adds over 128 input columns at a time, which are then added
 // up in y (summing all columns in one register chain doubled the error against float64). Not torch's
-// order: results differ from torch's in the last bits (tests bound both against float64).
+// order: results differ from torch's in the last bits (tests bound both against float64). Exactness invariant:
+// each output is summed by one thread in one order whatever the thread count, so the bits do not depend on it.
+//
+// Tuning constants (`conveyor bench decode-step --dtype float32`, and `conveyor bench throughput` for chunks):
+//   kMaxBlockRows            activation rows per register block (24 accumulators of the 32 registers).
+//   kDepth                   input columns summed in registers before y is updated (error vs passes over y).
+//   kChunkBytes              activation rows per chunk (they and a panel stay in L2).
+//   kMinPanelBytesPerThread  less weight per thread is not worth waking a thread for.
 //
 // More rows than fit L2 beside a panel are done in chunks, each streaming the weights again.
 // Needs AVX-512F; built without it the op raises and Python keeps torch's GEMM.

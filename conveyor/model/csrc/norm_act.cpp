@@ -18,13 +18,10 @@
 
 namespace {
 
-// Elements below which an op runs on the calling thread alone: a few rows' RMSNorm (a single request's decode step)
-// is a few microseconds of arithmetic, about what an OpenMP fork/join costs. A 64-row decode step of the default
-// model (64 x 576) splits over the threads: its 60 RMSNorms and 30 rotary ops on one thread held the other idle,
-// and split the W1 decode_layers call took 31.5-33.0 ms against 32.2-34.8 (six alternating rounds, s28,
-// benchmarks/RESULTS.md), beside a busy 2-thread process 64 against 92-98 ms. (It was 1 << 16 after a profile at
-// 64 rows beside other work in which each small op split over two threads took 300-370 us; the s28 check above
-// beside a busy process found the split faster.)
+// Elements below which an op runs on the calling thread alone (tuned with `conveyor bench decode-step`): a few
+// rows' RMSNorm (a single request's decode step) costs about what an OpenMP fork/join does, while a full decode
+// batch's rows (64 x 576 of the default model) are worth splitting, also beside other busy processes. Splitting
+// never changes the bits: each row is computed by one thread in one order.
 constexpr int64_t kInlineElements = int64_t{1} << 13;
 
 #if defined(CONVEYOR_VEC_BF16)
@@ -112,8 +109,8 @@ void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inner) 
 #pragma omp simd
       for (int64_t i = 0; i < inner; ++i) {
         const float g = static_cast<float>(gate[i]);
-        // exp's argument is capped so that it stays finite: -ffast-math divides by a reciprocal
-        // estimate, which turns an infinite denominator into NaN (silu(-100) is -0 either way).
+        // exp's argument is capped so that it stays finite, as the vector path's (silu(-100) is -0
+        // either way).
         const T act = static_cast<T>(g / (1.f + std::exp(std::min(-g, 80.f))));
         o[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(up[i]));
       }

@@ -45,14 +45,13 @@ namespace {
 constexpr int64_t kTile = 16;       // rows of a tile; queries per query tile; keys per K^T tile
 constexpr int64_t kKeyBlock = 32;   // keys of one bfloat16 P tile row (K/V are packed in blocks of 32 keys)
 constexpr int64_t kStepBlocks = 4;  // key blocks per softmax step: one max / sum update and one rescale of the
-                                    // output per 128 keys (a 2048-token prompt on one thread, 32-key steps
-                                    // 19.6-20.0 ms, 128-key steps 17.1-17.9, before the other s23 changes)
+                                    // output per 128 keys (fewer updates against more scores held per step;
+                                    // tuned with `conveyor bench throughput` on long prompts)
 constexpr int64_t kStepKeys = kKeyBlock * kStepBlocks;
 constexpr int64_t kUnitTiles = 8;   // query tiles per work unit (128 queries)
 constexpr float kExpFloor = -87.f;  // exp(-87) = 1.6e-38, still a normal float
 constexpr float kMaskedScore = -1e30f;  // a masked score, and the running max before the first key: finite,
-                                         // since the kernels are built with -ffast-math (no infinities assumed);
-                                         // exp() of it is 0
+                                         // so that max - max is 0, never inf - inf; exp() of it is 0
 
 struct Chunk {
   int64_t q_row, n, ctx;
@@ -169,8 +168,8 @@ inline int64_t first_key(int64_t first_pos, int64_t window) {
 // scores [16][kStepKeys] = Q . K^T for a softmax step's key tiles (16 keys each; k_tiles: key tile j, d tile dt at
 // + (j * d_tiles32 + dt) * 256), issued a key tile at a time so that they can be spread over the previous step's
 // softmax: the tile unit multiplies while the core runs the vector work. (Issued after the softmax instead, the
-// first tile instruction after it, a load of P or of K^T alike, held ~14% of a 2048-token prompt's call in a
-// profile; one product issued every four rows removed that stall, which points at the tile unit being slow to
+// first tile instruction after it, a load of P or of K^T alike, stalled noticeably in a profile of a long prompt;
+// one product issued every four rows removed that stall, which points at the tile unit being slow to
 // start after the softmax's vector work rather than at the loads.) Key tile j sums in tile 4 + j % 4, stored once
 // it is needed again or at the end; Q and K^T go through tiles 0 / 1 (even d tiles) and 2 / 3 (odd).
 class ScoreIssuer {

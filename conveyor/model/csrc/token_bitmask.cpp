@@ -23,7 +23,7 @@ namespace {
 template <typename T>
 void mask_rows(T* logits, int64_t row_stride, int64_t vocab, const int64_t* rows, int64_t k, const uint32_t* bits,
                int64_t words) {
-  // -inf from its bit pattern: the sources compile with -ffast-math, under which infinity() is not to be relied on.
+  // -inf from its bit pattern (the same value as -std::numeric_limits<float>::infinity()).
   const uint32_t minus_inf_bits = 0xFF800000u;
   float minus_inf_float;
   std::memcpy(&minus_inf_float, &minus_inf_bits, sizeof(float));
