@@ -328,6 +328,17 @@ def _start_background_build(library: Path) -> None:
                        "using torch's ops for this run, later runs use the native ones", log)
 
 
+def start_build() -> bool:
+    """For scripts/setup.sh: True where this machine's build is ready; else start it in the background (logged as
+    the engine's first start logs it) and return False at once. Raises NativeUnavailable where it cannot be built."""
+    _require_linux()
+    library = kernels_library()
+    if library.exists():
+        return True
+    _start_background_build(library)
+    return False
+
+
 def _require_linux() -> None:
     import platform
 
