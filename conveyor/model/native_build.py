@@ -81,30 +81,58 @@ def library_path(prefix: str, sources: Sequence[Path], headers: Sequence[Path], 
     return cache_root() / name / f"{name}.so"
 
 
+_LOCK_FD_ENV = "CONVEYOR_BUILD_LOCK_FD"
+"""Set for a background build: the descriptor of the build's lock, taken by the process that started it and held
+from its check until the build ends (no gap in which a second start could find the lock free)."""
+
+
 def start_background_build(library: Path, command: Sequence[str], env: dict[str, str] | None = None) -> Path | None:
     """Run `command` (a process that builds `library` through cached_extension) detached from this process, its
     output in <root>/<name>.log, unless a build of it is under way (its lock held: then None, nothing started).
-    Returns the log's path. The started process takes the lock itself, so that two starts racing here still
-    build once (the second waits, then loads the first's library)."""
+    Returns the log's path. The lock is taken here and handed to the started process, which holds it until its
+    build ends, so that starts racing here start one build."""
     name = library.stem
     root = library.parent.parent
     root.mkdir(parents=True, exist_ok=True)
+    log = root / f"{name}.log"
     with open(root / f"{name}.lock", "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return None
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    log = root / f"{name}.log"
-    with open(log, "w") as out:
-        subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                         start_new_session=True, close_fds=True, env=env)
+        child_env = dict(os.environ if env is None else env)
+        child_env[_LOCK_FD_ENV] = str(handle.fileno())
+        with open(log, "w") as out:
+            subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                             start_new_session=True, pass_fds=(handle.fileno(),), env=child_env)
+    # closing this process's descriptor leaves the lock to the child's (one open file description)
     return log
+
+
+def _inherited_lock(lock_path: Path) -> int | None:
+    """The descriptor of lock_path's lock when this process was started holding it (start_background_build)."""
+    value = os.environ.pop(_LOCK_FD_ENV, None)
+    if value is None:
+        return None
+    try:
+        fd = int(value)
+        held, target = os.fstat(fd), os.stat(lock_path)
+    except (ValueError, OSError):
+        return None
+    return fd if (held.st_dev, held.st_ino) == (target.st_dev, target.st_ino) else None
 
 
 @contextlib.contextmanager
 def _exclusive(lock_path: Path, what: str) -> Iterator[None]:
-    """An flock on lock_path; says so when another process holds it (it is building the same library)."""
+    """An flock on lock_path; says so when another process holds it (it is building the same library). A build
+    started in the background holds it already (inherited): released when done."""
+    inherited = _inherited_lock(lock_path)
+    if inherited is not None:
+        try:
+            yield
+        finally:
+            os.close(inherited)
+        return
     with open(lock_path, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

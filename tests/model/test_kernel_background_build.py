@@ -14,17 +14,16 @@ import torch
 from conveyor.model import native, native_build
 
 # Stands in for the real build (a compile of minutes; the real one is what the native_kernels fixture and
-# test_native_build.py check): it takes the build's lock, as cached_extension does, notes that it ran, and holds the
-# lock a while, as a build would.
+# test_native_build.py check): it holds the build's lock as cached_extension does (native_build._exclusive, which
+# takes over the lock its starter handed it), notes that it ran, and keeps the lock a while, as a build would.
 FAKE_BUILD = """
-import fcntl, os, time
-from conveyor.model import native
+import time
+from conveyor.model import native, native_build
 library = native.kernels_library()
-lock = open(library.parent.parent / (library.stem + ".lock"), "a+")
-fcntl.flock(lock, fcntl.LOCK_EX)
-with open(library.parent.parent / "builds.txt", "a") as out:
-    out.write("built\\n")
-time.sleep(4)
+with native_build._exclusive(library.parent.parent / (library.stem + ".lock"), "fake build"):
+    with open(library.parent.parent / "builds.txt", "a") as out:
+        out.write("built\\n")
+    time.sleep(4)
 """
 
 
@@ -55,11 +54,11 @@ def test_auto_with_an_empty_cache_uses_torch_and_starts_one_background_build(
     log = tmp_path / f"{library.stem}.log"
     assert str(log) in lines[0]
 
-    _wait_for(tmp_path / "builds.txt")  # the background process holds the lock now
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="conveyor.model.native"):
-        assert native.load_kernels(wait=False) is None  # asked again meanwhile: no second build
+        assert native.load_kernels(wait=False) is None  # asked again at once: the lock is the build's already
     assert "another process is building them" in caplog.text
+    _wait_for(tmp_path / "builds.txt")
 
     deadline = time.monotonic() + 60
     while True:  # the fake build ends (its lock released); it ran once

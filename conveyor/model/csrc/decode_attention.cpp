@@ -11,6 +11,15 @@
 // runs the portable loops. An int8 cache (kv_cache_dtype='int8', kv_int8.h) takes its own kernels, in
 // decode_attention_int8.cpp, reading its pages of codes and scales in place. Built at run time for the CPU it runs
 // on (see conveyor/model/native.py).
+//
+//   cache (plain):  [num_blocks][block_size][kv_heads][head_dim]    token t of a sequence: block_tables[s][t / bs],
+//                                                                   row t % bs
+//   item (s, g):    q rows of heads g * group .. (g + 1) * group - 1 -> out rows of the same heads
+//
+// Tuning constants (`conveyor bench decode-step`): PREFETCH_AHEAD, the K/V rows requested ahead of the one read;
+// kItemSetupTokens, an item's fixed cost in tokens for decode_attention_bounds' split.
+// Exactness invariant: each item is computed by one thread in one order (tokens ascending), so the bits do not
+// depend on the thread count or the split.
 #include "kernels.h"
 #include "parallel.h"
 

@@ -21,6 +21,13 @@
 //
 // Block layouts and their dequantization are ggml's (gguf_dequant.h), for the types named by their GGML
 // type ids; conveyor.model.gguf_quant holds the same table.
+//
+//   blocks [out rows][row bytes]   row n = in / block blocks of its type (a row stack: parts, each its own type)
+//   x [rows, in] float32 / bfloat16 -> y [rows, out] in x's dtype
+//
+// Tuning constant (`conveyor bench decode-step` with a GGUF model): kMinBytesPerThread, weight bytes below which a
+// thread is not worth waking. Exactness invariant: each output is summed by one thread in one order (k ascending),
+// whatever the thread count; the rows split follows weight bytes, never changing an output's arithmetic.
 #include "kernels.h"
 #include "parallel.h"
 

@@ -22,6 +22,13 @@
 // Work units (chunk, KV head, a range of query tiles) are taken from an atomic counter, heaviest first, in one
 // parallel region per call (no barrier: see amx_product.cpp on shared machines). bfloat16 only, head_dim a
 // multiple of 32, where AMX is available (conveyor_amx::available()); callers take torch's kernel otherwise.
+//
+// Tuning constants (`conveyor bench throughput` with long prompts, on an AMX machine):
+//   kStepBlocks   key blocks (32 keys) per softmax step: fewer max/sum updates and rescales against more scores
+//                 held per step.
+//   kUnitTiles    query tiles (16 queries) per work unit: balance between threads against K/V packed per unit.
+// Exactness invariant: each output row is computed by one thread in one order (keys ascending), so the bits do not
+// depend on the thread count or on the other chunks in the call.
 #include "kernels.h"
 #include "parallel.h"
 

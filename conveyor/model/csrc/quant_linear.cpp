@@ -1,3 +1,7 @@
+// Tuning constants (`conveyor bench decode-step` with an int4 / int8 model): kMinBytesPerThread, weight bytes below
+// which a thread is not worth waking; kPrefetchBytes, the software prefetch distance within a block.
+// Exactness invariant: each output is summed by one thread in one order, whatever the thread count.
+//
 // Weight-only quantized matrix products for decode steps of a few rows (CPU), where every step
 // streams every weight from memory once and the speed is the speed of that stream:
 //   int4_linear: 4-bit codes in groups of 32 input columns with a bfloat16 scale and zero per group

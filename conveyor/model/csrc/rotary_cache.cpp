@@ -6,6 +6,13 @@
 // rotate_half(q)*sin are each rounded to the dtype, then their sum is rounded (cos and sin
 // arrive already in the dtype, as conveyor.model.layers.RotaryEmbedding.tables gives them). Into an int8 cache
 // each K and V row is quantized as conveyor/model/kv_int8.py quantize_rows does, to the same bytes.
+//
+//   qkv [tokens][heads + 2 kv_heads][head_dim] -> qk [tokens][heads + kv_heads][head_dim] (Q, then rotated K)
+//   K, V rows -> cache slot slots[t]: [slot / block_size][slot % block_size][kv_heads][head_dim] (or int8 pages)
+//
+// Tuning constants (`conveyor bench decode-step`): kInlineElements, below which one thread does it all;
+// kWriteAhead, tokens whose cache rows are requested for writing ahead. Each token is done by one thread: the bits
+// do not depend on the thread count.
 #include "kernels.h"
 #include "parallel.h"
 

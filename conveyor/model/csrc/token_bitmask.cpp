@@ -8,7 +8,8 @@
 //
 // Both skip work by whole words: apply_token_bitmask_ leaves an all-ones word's 32 logits untouched and
 // writes an all-zeros word's as one run; argmax_allowed reads no logit of an all-zeros word, so a row
-// with a few allowed tokens (a number, a keyword) costs a read of its mask and little more.
+// with a few allowed tokens (a number, a keyword) costs a read of its mask and little more. Each row is done by one
+// thread in one order (tokens ascending): the result does not depend on the thread count.
 #include "kernels.h"
 
 #include <algorithm>
