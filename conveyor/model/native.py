@@ -1,44 +1,43 @@
 """Native CPU kernels, compiled once per machine at first use (torch.utils.cpp_extension).
 
-Why: on the 2-core AVX-512 machine, decode attention over a paged cache (a gather of every
-sequence's blocks into a padded copy, then SDPA) was ~45% of a 64-sequence bfloat16 decode
-step, and the tiny per-layer ops of a single-sequence step (RMSNorm, residual adds, SiLU)
-cost more in dispatch than in arithmetic. csrc/ holds:
-  - decode_attention.cpp: reads K/V in place through the block table (2.8x faster than
-    gather + SDPA at 64 sequences, 8x at one; no less exact, checked against float64);
+Why: decode attention over a paged cache done by torch gathers every sequence's blocks into a padded copy before
+SDPA, and the tiny per-layer ops of a small decode step (RMSNorm, residual adds, SiLU) cost more in dispatch than
+in arithmetic. csrc/ holds, one op (or family) per source:
+  - decode_attention.cpp: reads K/V in place through the block table (checked against float64);
     decode_attention_int8.cpp the same over an int8 cache's pages (kv_int8.h: their layout);
-  - prefill_attention.cpp: the causal attention of every prompt chunk of a step in one call, reading K/V
-    through the block tables, on AMX tiles (2-4x faster than one torch SDPA call per chunk; see the file);
+  - prefill_attention.cpp: the causal attention of every prompt chunk of a step in one call, reading K/V through
+    the block tables, on AMX tiles;
   - norm_act.cpp: residual add fused with RMSNorm, and SiLU-and-mul (transformers' rounding order);
-  - rotary_cache.cpp: rotary embedding of Q and K fused with the KV-cache write (the same); into an int8
-    cache (kv_cache_dtype='int8') it writes the codes and scales conveyor/model/kv_int8.py defines, which
-    both attention kernels also read in place;
-  - quant_linear.cpp: int4 / int8 weight-only products for decode steps of a few rows (int4 one
-    row at a time ~15% faster than torch's kernel, the int8 LM head ~1.7x);
-  - f32_linear.cpp: float32 products over weights packed in 32-column panels, prefetched a panel
-    ahead (all decoder linears of the default model at 8 rows 1.5-2.3x, at 64 rows 1.2-1.5x faster
-    than torch's GEMM);
-  - amx_product.cpp: the product on AMX tiles (Sapphire Rapids and later), for bfloat16 weights packed once
-    at load (bf16_linear.cpp: every row count; 1.2-1.9x oneDNN's packed product over all linears of the
-    default model at 1-64 rows, slower on big prefill chunks: benchmarks/RESULTS.md; and a greedy step's LM
-    head with its argmax, the logits never written) and for GGUF weights dequantized on the fly;
+  - rotary_cache.cpp: rotary embedding of Q and K fused with the KV-cache write (the same); into an int8 cache
+    (kv_cache_dtype='int8') it writes the codes and scales conveyor/model/kv_int8.py defines, which both attention
+    kernels also read in place;
+  - quant_linear.cpp: int4 / int8 weight-only products for decode steps of a few rows;
+  - f32_linear.cpp: float32 products over weights packed in 32-column panels, prefetched a panel ahead;
+  - amx_product.cpp: the product on AMX tiles, for bfloat16 weights packed once at load (bindings.cpp's bf16_linear_amx: every
+    row count, and a greedy step's LM head with its argmax, the logits never written) and for GGUF weights
+    dequantized on the fly; decode_layers.cpp: a pure-decode step's layers in one call over those products;
   - gguf_linear.cpp / gguf_vnni.cpp / gguf_amx.cpp / gguf_bf16.cpp / gguf_dequant.cpp: products with
     GGUF-quantized weights kept in their blocks (few rows: int8 dot products; many rows: AMX tiles where the CPU
     has them, else bfloat16 rows into torch's GEMM; ggml's scalar dequantizers as the reference and the float
     path);
-  - token_bitmask.cpp: structured output's grammar masks applied to the logits in place (one read of
-    the masks, one write per forbidden token; torch's ops expand every bit into a float first), and
-    a greedy row's argmax over its allowed tokens without the write;
-  - argmax_rows.cpp: greedy sampling's argmax over bfloat16 or float32 logits (torch's max reduction
-    reads them at ~5 GB/s idle, slower beside other work).
+  - token_bitmask.cpp: structured output's grammar masks applied to the logits in place, and a greedy row's
+    argmax over its allowed tokens without the write;
+  - argmax_rows.cpp: greedy sampling's argmax over bfloat16 or float32 logits.
 
-It is built for the CPU at hand (-march=native), so the build's name carries a hash of the
-sources, the CPU's feature flags and torch's and Python's versions (never the checkout's path): another
-CPU or a changed source builds anew (40-200 s on 2 cores, logged at WARNING), an unchanged one loads
-from the extension cache (~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR) whichever checkout or
-venv asks; concurrent first starts build once (native_build.py). `-ffast-math` applies to the compile
-step only (it lets expf vectorize); it is not passed to the link step, so the process's
-floating-point mode (denormals) is untouched.
+Build layout. The kernel sources are plain C++ over pointers and sizes (scalar_types.h: the element types;
+parallel.h: ATen's split of work, on OpenMP); only bindings.cpp includes torch: it checks the tensors (dtype,
+shape, contiguity, device) and calls the kernels with raw pointers. ninja compiles the units in parallel
+($MAX_JOBS, else every core). A source is compiled only where the CPU has the instructions it needs
+(_SOURCE_NEEDS); each compiled one defines CONVEYOR_WITH_<NAME> for every unit, and where one is absent the
+binding unit's functions for it say so (the *_available() / *_vectorized() functions answer False, the ops raise)
+and fallbacks.cpp holds the stubs other kernels link against, so the engine takes torch's path there.
+
+It is built for the CPU at hand (-march=native), so the build's name carries a hash of the sources, the flags,
+the CPU's feature flags and torch's and Python's versions (never the checkout's path): another CPU or a changed
+source builds anew, an unchanged one loads from the extension cache (~/.cache/torch_extensions, or
+$TORCH_EXTENSIONS_DIR) whichever checkout or venv asks; concurrent first starts build once (native_build.py).
+The engine (kernels='auto') never waits for a compiler: with no build in the cache it starts one in a background
+process and runs on torch's ops meanwhile (load_kernels(wait=False)).
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ import functools
 import logging
 import os
 import shutil
+import sys
 import sysconfig
 from pathlib import Path
 from typing import Callable, Protocol
@@ -54,7 +54,7 @@ from typing import Callable, Protocol
 import torch
 
 from conveyor.errors import ConfigError
-from conveyor.model.native_build import cached_extension
+from conveyor.model import native_build
 
 logger = logging.getLogger(__name__)
 
@@ -212,24 +212,60 @@ class NativeKernels(Protocol):
         ...
 
 
-_HEADERS = [Path(__file__).parent / "csrc" / name for name in ("vec_bf16.h", "gguf_vnni.h",
-                                                                              "gguf_amx.h", "gguf_dequant.h",
-                                                                              "amx_product.h", "kernels.h",
-                                                                              "kv_int8.h", "decode_attention.h",
-                                                                              "stack_parts.h", "team.h")]
-_SOURCES = [Path(__file__).parent / "csrc" / name for name in ("bindings.cpp", "decode_attention.cpp",
-                                                            "decode_attention_int8.cpp",
-                                                            "prefill_attention.cpp", "norm_act.cpp",
-                                                            "rotary_cache.cpp", "quant_linear.cpp", "argmax_rows.cpp",
-                                                            "f32_linear.cpp", "token_bitmask.cpp",
-                                                            "gguf_linear.cpp", "gguf_vnni.cpp", "gguf_amx.cpp",
-                                                            "gguf_bf16.cpp", "gguf_dequant.cpp", "amx_product.cpp",
-                                                            "bf16_linear.cpp",
-                                                            "decode_layers.cpp")]
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-ffp-contract=off", "-fno-strict-aliasing"]
-"""-ffp-contract=off: no fused multiply-adds the source does not write, so that float32 results round
-like torch's separate kernels (the attention kernel's explicit FMA intrinsics are unaffected)."""
-_LDFLAGS = ["-fopenmp", "-lmvec"]
+_CSRC = Path(__file__).parent / "csrc"
+
+_HEADERS = [_CSRC / name for name in ("scalar_types.h", "parallel.h", "vec_bf16.h", "gguf_vnni.h", "gguf_amx.h",
+                                      "gguf_bf16.h", "gguf_dequant.h", "amx_product.h", "kernels.h", "kv_int8.h",
+                                      "decode_attention.h", "stack_parts.h", "team.h")]
+
+_AVX512_BF16 = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+_AMX = ("amx_tile", "amx_bf16", *_AVX512_BF16)
+_SOURCE_NEEDS: dict[str, tuple[str, ...]] = {
+    # source: the /proc/cpuinfo flags it needs (all of them); compiled only where the CPU has every one
+    "bindings.cpp": (),
+    "fallbacks.cpp": (),
+    "decode_attention.cpp": (),
+    "decode_attention_int8.cpp": (),
+    "norm_act.cpp": (),
+    "rotary_cache.cpp": (),
+    "argmax_rows.cpp": (),
+    "token_bitmask.cpp": (),
+    "gguf_linear.cpp": (),
+    "gguf_dequant.cpp": (),
+    "f32_linear.cpp": ("avx512f",),
+    "quant_linear.cpp": _AVX512_BF16,
+    "gguf_vnni.cpp": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"),
+    "gguf_bf16.cpp": ("avx512f", "avx512bw", "avx512_bf16"),
+    "amx_product.cpp": _AMX,
+    "gguf_amx.cpp": _AMX,
+    "prefill_attention.cpp": _AMX,
+    "decode_layers.cpp": _AMX,
+}
+"""bindings.cpp's bf16_linear_amx, bf16_silu_gate_amx and bf16_linear_argmax_amx are amx_product.cpp's packed products
+behind their checks; decode_layers.cpp runs them with the small ops in one parallel region."""
+
+
+def selected_sources(cpu_flags: set[str] | None = None) -> list[Path]:
+    """The sources this CPU can use (all of _SOURCE_NEEDS' where cpu_flags has what each needs)."""
+    flags = set(native_build.cpu_flags().split()) if cpu_flags is None else cpu_flags
+    return [_CSRC / name for name, needs in _SOURCE_NEEDS.items() if set(needs) <= flags]
+
+
+def _defines(sources: list[Path]) -> list[str]:
+    """-DCONVEYOR_WITH_<STEM> for each compiled kernel source: the binding unit and fallbacks.cpp read them."""
+    return [f"-DCONVEYOR_WITH_{source.stem.upper()}" for source in sources
+            if source.name not in ("bindings.cpp", "fallbacks.cpp")]
+
+
+_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
+           "-fno-strict-aliasing"]
+"""No -ffast-math: it lets the compiler assume there are no infinities or NaNs, while the kernels mask with -inf
+and test for NaN. -fno-math-errno and -fno-trapping-math are safe (no errno from sqrt, no FP traps: every value
+is still IEEE), and let sqrt and the comparisons inline. The exponentials that need to be fast are explicit
+(vec_bf16.h's exp_ps / exp2_ps); the scalar fallbacks call libm's expf. -ffp-contract=off: no fused multiply-adds
+the source does not write, so that float32 results round like torch's separate kernels (explicit FMA intrinsics
+are unaffected)."""
+_LDFLAGS = ["-fopenmp"]
 
 
 class NativeUnavailable(RuntimeError):
@@ -260,16 +296,75 @@ def _require_toolchain() -> None:
                           f"(install a C++ compiler such as g++, and `pip install ninja`)")
 
 
-@functools.cache
-def load_kernels() -> NativeKernels:
-    """The compiled kernels; raises NativeUnavailable (with the reason and the fix) where they cannot be had."""
+def _build_inputs() -> tuple[list[Path], list[str]]:
+    """This CPU's sources and the flags they compile with (the defines name the sources compiled)."""
+    sources = selected_sources()
+    return sources, [*_CFLAGS, *_defines(sources)]
+
+
+def kernels_library() -> Path:
+    """Where this machine's build of the kernels lies in the extension cache (present once built)."""
+    sources, cflags = _build_inputs()
+    return native_build.library_path("conveyor_kernels", sources, _HEADERS, cflags, _LDFLAGS)
+
+
+_BACKGROUND_BUILD = ("import logging; logging.basicConfig(level=logging.WARNING, format='%(asctime)s %(message)s')\n"
+                     "from conveyor.model.native import load_kernels\n"
+                     "load_kernels(); print('native kernels: built')\n")
+
+
+def _start_background_build(library: Path) -> None:
+    """A detached process that builds the kernels (this checkout's package, this interpreter); logs where to look."""
+    _require_toolchain()
+    package_parent = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
+    log = native_build.start_background_build(library, [sys.executable, "-c", _BACKGROUND_BUILD], env=env)
+    if log is None:
+        logger.warning("native kernels: not built yet for this CPU; another process is building them (lock %s); "
+                       "using torch's ops for this run, later runs use the native ones",
+                       library.parent.parent / f"{library.stem}.lock")
+    else:
+        logger.warning("native kernels: not built yet for this CPU; building them in the background (log: %s); "
+                       "using torch's ops for this run, later runs use the native ones", log)
+
+
+def start_build() -> bool:
+    """For scripts/setup.sh: True where this machine's build is ready; else start it in the background (logged as
+    the engine's first start logs it) and return False at once. Raises NativeUnavailable where it cannot be built."""
+    _require_linux()
+    library = kernels_library()
+    if library.exists():
+        return True
+    _start_background_build(library)
+    return False
+
+
+def _require_linux() -> None:
     import platform
 
     if platform.system() != "Linux":
         raise NoToolchain(f"native kernels are built on Linux only (this is {platform.system()})")
+
+
+def load_kernels(wait: bool = True) -> NativeKernels | None:
+    """The compiled kernels; raises NativeUnavailable (with the reason and the fix) where they cannot be had.
+    wait=False (the engine's kernels='auto'): where this machine has no build yet, start one in a background
+    process and return None at once (the caller runs torch's ops); wait=True builds in the foreground."""
+    _require_linux()
+    if not wait:
+        library = kernels_library()
+        if not library.exists():
+            _start_background_build(library)
+            return None
+    return _load_kernels()
+
+
+@functools.cache
+def _load_kernels() -> NativeKernels:
+    sources, cflags = _build_inputs()
     try:
-        module = cached_extension("conveyor_kernels", _SOURCES, _HEADERS, _CFLAGS, _LDFLAGS, "native kernels",
-                                  before_build=_require_toolchain)
+        module = native_build.cached_extension("conveyor_kernels", sources, _HEADERS, cflags, _LDFLAGS,
+                                               "native kernels", before_build=_require_toolchain)
     except NoToolchain:
         raise
     except Exception as exc:  # compiler errors arrive as RuntimeError / CalledProcessError / OSError
@@ -287,6 +382,12 @@ def resolve_kernels(backend: str, device: torch.device) -> NativeKernels | None:
         raise ConfigError(f"kernels='native' are CPU kernels and cannot run on {device}; "
                           f"use kernels='auto' or 'torch'")
     try:
+        if backend == "auto":
+            library = kernels_library()
+            if not library.exists():  # never wait for a compiler: torch's ops while it builds in the background
+                _require_linux()
+                _start_background_build(library)
+                return None
         return load_kernels()
     except NativeUnavailable as exc:
         if backend == "native":

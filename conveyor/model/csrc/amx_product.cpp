@@ -1,40 +1,62 @@
-// The many-rows product on AMX tiles (Intel Sapphire Rapids and later): bfloat16 checkpoints' linears
-// (bf16_linear.cpp, weights packed once at load) and prefill chunks / busy decode steps of kept-compact GGUF
-// weights (gguf_linear_amx in gguf_linear.cpp, weights dequantized on the fly by gguf_amx.cpp).
+// amx_product.cpp: the many-rows product y = x W^T on AMX tiles (TDPBF16PS), for bfloat16 weights packed at load
+// (bindings.cpp's bf16_linear_amx / bf16_silu_gate_amx / bf16_linear_argmax_amx, decode_layers.cpp) and for GGUF
+// weights dequantized on the fly (gguf_linear.cpp's gguf_stack_product_amx; gguf_amx.cpp dequantizes).
 //
-//   C [16 weight rows, 16 activation rows] float32 += A [16 weight rows, 32 k] bf16 . B [32 k, 16 activation rows]
+// Operand roles. One tile product is C [16 x 16] float32 += A [16 x 32 k] bf16 . B [32 k x 16] bf16. Either the
+// weight rows are A and the activation rows B (dequantized weights: kWeightsAsB false), or the roles are swapped
+// (packed weights read in place: kWeightsAsB true, which stores y row-contiguous without a transpose). Two weight
+// tiles x two activation tiles give the four accumulators (tmm0-3) of one "pair"; tmm4-7 hold the operands.
 //
-// The weight rows are the A operand, 32 of them (kBlockN, two tiles) at a time, laid out tile by tile
-// ([2][in / 32][16 rows][32 k], 1 KiB per tile: rows 64 bytes apart, so a tile load never strides a row of `in`
-// values through one L1 set). GGUF weights are dequantized to this layout: into a thread's scratch block by block,
-// the next block while the current one multiplies (NextBlockSlices; from a few chunks of rows on, the GGUF
-// projection dequantizes the whole matrix once per call into the packed layout instead: gguf_projection.py);
-// packed bfloat16 weights are already in it ([out / 16][in / 32][16][32]) and are read in place, prefetched as
-// the row count makes worth it (kPrefetchRowTiles). The activations are the B operand in the pair-interleaved
-// layout TDPBF16PS reads ([row tiles][in / 32][16 k pairs][16 rows][2]), in chunks of rows whose panel stays in
-// L2 (kPackedBytes); rows past the last are zeros; their tiles are loaded with the read-once hint where a block of
-// weights fits L1 beside them (kStreamActivationsBlockBytes), so that the block stays there for the next pair. Two
-// weight tiles x two activation tiles make the four accumulators; the results are stored, transposed, to y as bfloat16,
-// a pair's while the tile unit multiplies the next pair (a block's last pair's while the next block's first
-// multiplies), as whole 64-byte lines (non-temporal for many rows or wide outputs: kStreamRows, kStreamBytes). Or, for
-// a SiLU MLP's interleaved gate/up weights (Output::kSiluGate), silu(gate) * up is stored instead. Inputs wider than
-// kPanelValues are taken a panel of columns at a time (the accumulators kept in a float32 buffer between panels), so
-// that a chunk holds as many rows however wide the input. Every buffer tiles are loaded from or stored to starts on a
-// cache line (TileBuffer).
+//   weights, packed at load (layers.pack_bf16_tiles), 32 rows (kBlockN) per block:
+//     tiles[out / 16][in / 32][16 k pairs][16 rows][2]       one 1 KiB tile = 16 rows x 32 k, pair-interleaved
+//       row tile t, k tile kt:  W[16t + r][32kt + 2p + h] at (t, kt, p, r, h)
+//   weights, dequantized (GGUF): per block [2][in / 32][16 rows][32 k]   (A layout: rows 64 bytes apart)
+//   activations, packed per chunk of rows (pack_activations):
+//     packed[row tiles][in / 32][16 k pairs][16 rows][2]     (B layout; rows past the last are zeros)
 //
-// Work is split in units (one chunk of rows x a few weight blocks), taken in turn by whichever thread is free,
-// in one parallel region per call; each thread packs the chunk it works on into its own buffer. No barrier
-// inside a call: on a shared 2-core machine each parallel region cost a wait for the second thread's core
-// (a 2-thread call took ~4x a 1-thread one with a packing region and a product region per chunk). Every output
-// value is summed by one thread in one order (k ascending, panel by panel), however the work is split: the
-// same bits on one thread or many.
+//        k ->  kt=0        kt=1              y (bfloat16, rows x out)
+//   W   +----------+----------+ ...          +----+----+
+//   blk | A0 (16r) | A0'      |              | C0 | C1 |  <- 16 weight rows x 32 activation rows
+//       | A1 (16r) | A1'      |              | C2 | C3 |     per pair, summed over every kt
+//       +----------+----------+ ...          +----+----+
+//   x chunk: B0 (16 rows), B1 (16 rows) per kt, from the packed panel in L2
+//
+// Inputs wider than kPanelValues are taken a panel of columns at a time (accumulators kept in float32 between
+// panels). Results are stored as bfloat16 (non-temporal for large outputs), or for gated weights
+// (interleave_gate_up: each 32-row block = 16 gate + their 16 up rows) silu(gate) * up, or only each row's argmax.
+//
+// Work: units of (one chunk of rows x kUnitBlocks weight blocks), taken in turn from an atomic counter by whichever
+// thread is free, in one parallel region per call (or a caller's team: UnitTeam); no barrier inside a call.
+//
+// Tuning constants (all tuned with `conveyor bench throughput` for prompt-sized row counts and
+// `conveyor bench decode-step` for decode-sized ones, on an AMX machine):
+//   kBlockN                       weight rows per block (two A tiles): fixed by the four-accumulator pair.
+//   kPanelValues                  input columns per panel: wider keeps more in registers' reach, narrower keeps
+//                                 a chunk's packed panel in L2 for wide inputs.
+//   kPackedBytes                  packed activations per chunk: more rows per chunk reuse each weight block more,
+//                                 fewer keep the panel in L2 beside the weights.
+//   kUnitBlocks                   weight blocks per unit: larger units cost fewer counter updates, smaller ones
+//                                 balance the threads better.
+//   kSumsBytes                    float32 accumulators kept between panels per thread (bounds blocks per unit).
+//   kPrefetchRowTiles             chunk size (row tiles) from which the next weight block is requested while the
+//                                 current one multiplies: hides loads for many rows, only adds loads for few.
+//   kStreamAheadPieces            for 2-7 row tiles: how far ahead the block's own streams are requested.
+//   kStreamRows, kStreamBytes     from these, y is written with non-temporal full-line stores (y larger than L2).
+//   kStreamActivationsBlockBytes  where a weight block fits L1 in this, activation tiles load with the read-once
+//                                 hint, so the block's tiles stay in L1 for the next pair.
+//   DequantizedRows::kSliceValues, kPrefetchSlices   GGUF: dequantization slice size and how many slices ahead
+//                                 the compact bytes are requested.
+//
+// Exactness invariant: every output value is summed by one thread in one order (k ascending, panel by panel) and
+// rounded to bfloat16 once, however the work is split: the same bits on one thread or many, and from the team
+// entry points as from the plain ones.
 //
 // Linux hands out the tile registers' state only on request (arch_prctl(ARCH_REQ_XCOMP_PERM,
 // XFEATURE_XTILEDATA)), asked once per process; available() is false where the CPU (cpuid) or the kernel says no.
 #include "amx_product.h"
 #include "vec_bf16.h"
 
-#include <ATen/Parallel.h>
+#include "parallel.h"
 
 #include <algorithm>
 #include <atomic>
@@ -63,27 +85,21 @@ constexpr int64_t kUnitBlocks = 4;         // weight blocks a thread takes at a 
 constexpr int64_t kSumsBytes = 256 << 10;  // more panels: a thread takes as many blocks as have their
                                            // accumulators in this, kept between panels
 // Chunks of at least this many row tiles request the next weight block while multiplying the current one: with
-// many pairs of row tiles per block that hides its loads (2048 rows: 5% faster), with a decode step's few it only
-// adds loads (64 rows: the default model's linears 2% slower, its 49152-row head 15%). Chunks of 2 to 7 row tiles
-// request the pieces kStreamAheadPieces ahead in the block's own two streams instead (the next block follows in
-// memory), during the first pair of row tiles: the 30 layers' linears at 32-96 rows from DRAM 5-8% faster. One
-// row tile requests nothing (either way slower).
+// many pairs of row tiles per block that hides its loads, with a decode step's few it only adds loads. Chunks of 2
+// to 7 row tiles request the pieces kStreamAheadPieces ahead in the block's own two streams instead (the next block
+// follows in memory), during the first pair of row tiles. One row tile requests nothing.
 constexpr int64_t kPrefetchRowTiles = 8;
 constexpr int64_t kStreamAheadPieces = 8;
 // Products of at least this many rows, or with an output of at least kStreamBytes, store y with non-temporal
-// stores, full 64-byte lines that skip the caches: y is then larger than L2 (2048 rows x 3072: 12 MB; a decode
-// step's logits, 64 x 49152: 6 MB) and reading each line before writing it took a quarter of the product's time
-// (the default model's head at 64 rows: 2.9 -> 2.5 ms); a decode step's other outputs (64 rows x 576-3072) are
-// read back at once from the cache by the next op.
+// stores, full 64-byte lines that skip the caches: y is then larger than L2 (a prompt chunk's wide outputs, a decode
+// step's logits), and reading each line before writing it would cost a memory read per line; a decode step's other
+// outputs are small and read back at once from the cache by the next op.
 constexpr int64_t kStreamRows = 256;
 constexpr int64_t kStreamBytes = int64_t{1} << 20;
 // The activation tiles are loaded with the read-once hint (TILELOADDT1) where a block of weights over one panel
 // fits in this much of L1 beside them: each pair of row tiles then reads its activations once per block, while the
-// block's weight tiles are read again by every pair, and with plain loads the activations pushed them out of L1.
-// The default model's prompt-step products (30 layers at 2048 rows; its qkv, o and gate/up have inputs of 576:
-// blocks of 36 KiB) 205-223 -> 181-189 ms per step (benchmarks/RESULTS.md, s25); wider blocks (its down
-// projection's 96 KiB, the 1B's 128 KiB) are read from L2 either way, and there the hint was level or slower (the
-// 1B's qkv at 2048 rows 10.3-10.6 -> 10.9-11.2 ms).
+// block's weight tiles are read again by every pair, and with plain loads the activations push them out of L1.
+// Wider blocks are read from L2 either way, and there the hint does not help.
 constexpr int64_t kStreamActivationsBlockBytes = 40 << 10;
 
 constexpr int kArchReqXcompPerm = 0x1023;
@@ -105,14 +121,14 @@ bool tile_data_granted() {
 }
 
 // Activation rows [m0, m0 + count) of x [*, in] -> packed [ceil(count / 16)][in / 32][16 k pairs][16 rows][2]:
-// per tile of 16 rows and 32 columns, the rows' 16 pairs in 16 registers, transposed (rows past count are zeros).
-// A scalar scatter of the pairs before: ~15% of the kept-compact 64-row product's samples (perf, s24).
-void pack_activations(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, uint32_t* packed) {
+// per tile of 16 rows and 32 columns, the rows' 16 pairs in 16 registers, transposed (rows past count are zeros):
+// register transposes rather than a scalar scatter of the pairs.
+void pack_activations(const conveyor::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, uint32_t* packed) {
   const int64_t row_tiles = (count + kTile - 1) / kTile, k_tiles = in_features / kTileK;
   for (int64_t t = 0; t < row_tiles; ++t) {
     uint32_t* dst = packed + t * k_tiles * (kTileValues / 2);
     const int64_t rows = std::min(kTile, count - t * kTile);  // of this tile
-    const c10::BFloat16* first = x + (m0 + t * kTile) * in_features;
+    const conveyor::BFloat16* first = x + (m0 + t * kTile) * in_features;
     for (int64_t kt = 0; kt < k_tiles; ++kt) {
       __m512 pairs[16];  // row r's 16 pairs of columns 32 kt.. -> (transposed) pair p of the 16 rows
       for (int64_t r = 0; r < kTile; ++r)
@@ -126,13 +142,13 @@ void pack_activations(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t
 // Activation rows [m0, m0 + count) of x [*, in] -> tiles [ceil(count / 16)][in / 32][16 rows][32 k] (the A
 // operand against weights packed as B): rows of a tile 64 bytes apart, whatever `in` (a row stride of 4 KiB would
 // put a tile's 16 rows in one L1 set).
-void pack_rows(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, c10::BFloat16* packed) {
+void pack_rows(const conveyor::BFloat16* x, int64_t m0, int64_t count, int64_t in_features, conveyor::BFloat16* packed) {
   const int64_t row_tiles = (count + kTile - 1) / kTile, k_tiles = in_features / kTileK;
   for (int64_t t = 0; t < row_tiles; ++t) {
-    c10::BFloat16* dst = packed + t * k_tiles * kTileValues;
+    conveyor::BFloat16* dst = packed + t * k_tiles * kTileValues;
     for (int64_t r = 0; r < kTile; ++r) {
       const int64_t m = t * kTile + r;
-      const c10::BFloat16* row = x + (m0 + m) * in_features;  // [in]
+      const conveyor::BFloat16* row = x + (m0 + m) * in_features;  // [in]
       for (int64_t kt = 0; kt < k_tiles; ++kt) {
         void* piece = dst + kt * kTileValues + r * kTileK;
         if (m < count) {
@@ -148,7 +164,7 @@ void pack_rows(const c10::BFloat16* x, int64_t m0, int64_t count, int64_t in_fea
 // Two accumulator tiles C [16 activation rows][16 weight rows], weight rows 0..15 (c0) and 16..31 (c1) of a block,
 // -> y[j, i] for the valid i < n (up to 32), j < m: one 64-byte store per row, non-temporal where `stream` (then
 // y + j * out_features must start a line and n be 32).
-void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y, int64_t out_features,
+void store_rows(const float* c0, const float* c1, int64_t n, int64_t m, conveyor::BFloat16* y, int64_t out_features,
                 bool stream) {
   const __mmask32 mask = n >= 2 * kTile ? ~__mmask32{0} : static_cast<__mmask32>((1u << n) - 1);
   for (int64_t j = 0; j < m; ++j) {
@@ -170,7 +186,7 @@ inline void load_transposed(const float* c, __m512 r[16]) {
 
 // Two accumulator tiles C [16 weight rows][16 activation rows], weight rows 0..15 (c0) and 16..31 (c1) of a block,
 // -> y[j, i] for the valid i < n (up to 32), j < m: both transposed in registers, then one 64-byte store per row.
-void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t m, c10::BFloat16* y,
+void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t m, conveyor::BFloat16* y,
                            int64_t out_features) {
   __m512 first[16], second[16];
   load_transposed(c0, first);
@@ -190,7 +206,7 @@ void store_transposed_pair(const float* c0, const float* c1, int64_t n, int64_t 
 // rows (up_sums), -> y[j, 0..15] = silu(gate) * up for j < m: both transposed in registers, each sum rounded to
 // bfloat16 as a [gate | up] output would be, then silu and the product rounded as silu_and_mul does (store_silu_gate_rows
 // for the accumulators the other way round).
-void store_transposed_silu_pair(const float* gate_sums, const float* up_sums, int64_t m, c10::BFloat16* y,
+void store_transposed_silu_pair(const float* gate_sums, const float* up_sums, int64_t m, conveyor::BFloat16* y,
                                 int64_t y_width) {
   __m512 gate[16], up[16];
   load_transposed(gate_sums, gate);
@@ -203,8 +219,8 @@ void store_transposed_silu_pair(const float* gate_sums, const float* up_sums, in
 
 // One block of 32 weight rows over one panel of columns: two A operands, tile kt of each at + kt * kTileValues.
 struct BlockTiles {
-  const c10::BFloat16* first;   // rows 0..15 of the block
-  const c10::BFloat16* second;  // rows 16..31
+  const conveyor::BFloat16* first;   // rows 0..15 of the block
+  const conveyor::BFloat16* second;  // rows 16..31
 };
 
 // The tiles of `ahead` (a block read next, in place, or the current block's own tiles a few pieces on; first null
@@ -223,7 +239,7 @@ inline void prefetch_piece(const BlockTiles& ahead, int64_t kt) {
 // multiplies, spread over the loop so that both stay busy), `meanwhile` once the products are issued, before their
 // results are stored: the tile unit works through them while the core runs it (the previous pair's stores to y).
 template <bool kTwoA, bool kTwoB, typename Meanwhile, typename EachStep>
-void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloat16* b0, const c10::BFloat16* b1,
+void multiply(const conveyor::BFloat16* a0, const conveyor::BFloat16* a1, const conveyor::BFloat16* b0, const conveyor::BFloat16* b1,
               int64_t k_tiles, bool first, bool stream_a, bool stream_b, const BlockTiles& ahead, float* c,
               const Meanwhile& meanwhile, const EachStep& each_step) {
   if (first) {
@@ -282,14 +298,13 @@ void multiply(const c10::BFloat16* a0, const c10::BFloat16* a1, const c10::BFloa
 struct DequantizedRows {
   static constexpr bool kWeightsAsB = false;
   static constexpr bool kReadsInPlace = false;
-  // One row of the panel per slice: slices of 256 values called weight_row 8x as often, and 16 rows took longer
-  // than dequantizing each block all at once (gate 8192 x 2048 Q4_K: 1.39 -> 1.65 ms; whole rows: 1.31 ms).
+  // One row of the panel per slice: smaller slices call weight_row more often, larger ones (16 rows) leave too few
+  // slices to spread over the current block's products.
   static constexpr int64_t kSliceValues = kPanelValues;
   // The compact bytes of the slice this many slices on are requested (prefetch_row) as each slice is dequantized:
   // a slice is one row's 2048 values, a few hundred nanoseconds of work, about a memory load's latency. Inputs
   // wider than a panel read a panel's share of each row (1152 of 4608 bytes for Q4_K at 8192), runs too short
-  // for the hardware's prefetcher: the 1B Q4_K_M file's 16 down projections (2048 x 8192, Q4_K / Q6_K) at 64 rows,
-  // one after another as in a decode step, 45.2-48.4 -> 36.0-37.4 ms; gate/up 52.5-54.2 -> 50.3-53.1 (s21).
+  // for the hardware's prefetcher to find on its own.
   static constexpr int64_t kPrefetchSlices = 2;
   const WeightRow& weight_row;
   const WeightRowPrefetch& prefetch_row;
@@ -298,7 +313,7 @@ struct DequantizedRows {
   static int64_t slices(int64_t kc) { return kBlockN * ((kc + kSliceValues - 1) / kSliceValues); }
 
   // Slices [from, to) of block nb over columns k0..k0 + kc - 1 -> scratch (row by row, kSliceValues at a time).
-  void dequantize(int64_t nb, int64_t k0, int64_t kc, c10::BFloat16* scratch, int64_t from, int64_t to) const {
+  void dequantize(int64_t nb, int64_t k0, int64_t kc, conveyor::BFloat16* scratch, int64_t from, int64_t to) const {
     const int64_t n0 = nb * kBlockN, n = std::min(kBlockN, out_features - n0), panel_tiles = kc / kTileK;
     const int64_t per_row = (kc + kSliceValues - 1) / kSliceValues, total = slices(kc);
     const auto request = [&](int64_t slice) {
@@ -313,7 +328,7 @@ struct DequantizedRows {
     for (int64_t slice = from; slice < to; ++slice) {
       const int64_t i = slice / per_row, first = slice % per_row * kSliceValues;
       const int64_t count = std::min(kSliceValues, kc - first);
-      c10::BFloat16* dst = scratch + (i / kTile) * panel_tiles * kTileValues + (i % kTile) * kTileK +
+      conveyor::BFloat16* dst = scratch + (i / kTile) * panel_tiles * kTileValues + (i % kTile) * kTileK +
                            first / kTileK * kTileValues;
       if (i < n) {
         weight_row(n0 + i, k0 + first, count, dst);
@@ -323,11 +338,11 @@ struct DequantizedRows {
     }
   }
 
-  static BlockTiles tiles(const c10::BFloat16* scratch, int64_t kc) {
+  static BlockTiles tiles(const conveyor::BFloat16* scratch, int64_t kc) {
     return {scratch, scratch + kc / kTileK * kTileValues};
   }
 
-  BlockTiles block(int64_t nb, int64_t k0, int64_t kc, c10::BFloat16* scratch) const {
+  BlockTiles block(int64_t nb, int64_t k0, int64_t kc, conveyor::BFloat16* scratch) const {
     dequantize(nb, k0, kc, scratch, 0, slices(kc));
     return tiles(scratch, kc);
   }
@@ -335,13 +350,11 @@ struct DequantizedRows {
 
 // The next block of a thread's work dequantized into the other scratch buffer, a share of its slices after each k
 // tile's products are issued, while the tile unit multiplies the current block: the vector work and the tile
-// products overlap instead of taking turns. gguf_linear_amx on the 1B Q4_K_M file's gate (8192 x 2048) at 64 rows:
-// 2.13 -> 1.88 ms, 128 rows 3.14 -> 2.85; a 64-row decode step's fused gate/up in the engine 4.7-4.9 -> 4.3-4.6 ms
-// per call (benchmarks/RESULTS.md, s18).
+// products overlap instead of taking turns.
 struct NextBlockSlices {
   const DequantizedRows* source = nullptr;  // null: nothing to dequantize
   int64_t nb = 0, k0 = 0, kc = 0;
-  c10::BFloat16* scratch = nullptr;
+  conveyor::BFloat16* scratch = nullptr;
   int64_t done = 0, total = 0, steps = 1, step = 0;
 
   void operator()() {  // one k tile's share
@@ -358,8 +371,8 @@ struct NextBlockSlices {
 
 // Blocks of 32 weight rows laid out tile by tile over the whole input, [blocks][2][in / 32][16][32] (PackedTiles),
 // read in place and prefetched: block nb's tiles over the panel starting at column k0.
-inline BlockTiles tiles_in_place(const c10::BFloat16* tiles, int64_t k_tiles, int64_t nb, int64_t k0) {
-  const c10::BFloat16* first = tiles + (2 * nb * k_tiles + k0 / kTileK) * kTileValues;
+inline BlockTiles tiles_in_place(const conveyor::BFloat16* tiles, int64_t k_tiles, int64_t nb, int64_t k0) {
+  const conveyor::BFloat16* first = tiles + (2 * nb * k_tiles + k0 / kTileK) * kTileValues;
   return {first, first + k_tiles * kTileValues};
 }
 
@@ -368,10 +381,10 @@ inline BlockTiles tiles_in_place(const c10::BFloat16* tiles, int64_t k_tiles, in
 struct PackedTiles {
   static constexpr bool kWeightsAsB = true;
   static constexpr bool kReadsInPlace = true;
-  const c10::BFloat16* tiles;
+  const conveyor::BFloat16* tiles;
   int64_t k_tiles;
 
-  BlockTiles block(int64_t nb, int64_t k0, int64_t, c10::BFloat16*) const {
+  BlockTiles block(int64_t nb, int64_t k0, int64_t, conveyor::BFloat16*) const {
     return tiles_in_place(tiles, k_tiles, nb, k0);
   }
 };
@@ -381,8 +394,8 @@ struct PackedTiles {
 // would be, then as silu_and_mul rounds (the same function). Where `staged` is given the block's 16 columns pair
 // with the next block's into whole 64-byte lines, written with non-temporal stores: an even block's rows go to
 // `staged` ([16][16] per activation tile), the odd block after it stores both halves (its y is 16 columns on).
-inline void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, c10::BFloat16* y, int64_t y_width,
-                          bool odd_block, c10::BFloat16* staged) {
+inline void store_silu_gate_rows(const float* c0, const float* c1, int64_t m, conveyor::BFloat16* y, int64_t y_width,
+                          bool odd_block, conveyor::BFloat16* staged) {
   for (int64_t j = 0; j < m; ++j) {
     const __m512 gate = conveyor_vec::round_bf16(_mm512_load_ps(c0 + j * kTile));
     const __m512 up = conveyor_vec::round_bf16(_mm512_load_ps(c1 + j * kTile));
@@ -421,7 +434,7 @@ struct ArgmaxLanes {
   int64_t rows;
 };
 
-// Lanes whose value is a NaN, from the bits (the sources compile with -ffast-math).
+// Lanes whose value is a NaN, from the bits (one test, whatever the compiler assumes about comparisons).
 inline __mmask16 nan_lanes(__m512 v) {
   return _mm512_cmpgt_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF)),
                                  _mm512_set1_epi32(0x7F800000));
@@ -462,11 +475,10 @@ void fold_argmax_rows(const float* c0, const float* c1, int64_t n, int64_t m, in
 // Rows [from, to) of a gated pair's results (row r: activation tile r / 16, its row r % 16; rows m_first.. of y;
 // weights as B, Output::kSiluGate; staged as store_silu_gate_rows takes it, or null). store_pair stores all of a
 // pair's rows; product() where `sliced` a slice of them after each k tile of the next pair's products, so that the
-// core's SiLU epilogue runs between the tile unit's products. Stored after them all, it waited behind the pair's
-// ~70 products in the reorder buffer: ~40% of the gated product's time at 2048 rows
-// (benchmarks/results/2026-12-06-s26/amx_epi.cpp: 14.0 ns per tile product after, 9.6-10.0 sliced, 6.9 without).
+// core's SiLU epilogue runs between the tile unit's products. Stored after them all, it would wait behind the pair's
+// products in the reorder buffer.
 inline void store_silu_pair_rows(const float* c, int64_t from, int64_t to, int64_t m_first, int64_t n0,
-                                 c10::BFloat16* y, int64_t y_width, c10::BFloat16* staged) {
+                                 conveyor::BFloat16* y, int64_t y_width, conveyor::BFloat16* staged) {
   for (int64_t j = from / kTile; j * kTile < to; ++j) {  // activation tile
     const int64_t lo = std::max(from, j * kTile) - j * kTile, hi = std::min(to, (j + 1) * kTile) - j * kTile;
     const float* gate = c + j * kTile * kTile + lo * kTile;
@@ -482,8 +494,8 @@ inline void store_silu_pair_rows(const float* c, int64_t from, int64_t to, int64
 // kSiluGate with `stream`: the pair's outputs staged at `staged` ([2][16][16]) for an even block, stored with the
 // next, odd block's.
 template <bool kWeightsAsB>
-void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, c10::BFloat16* y,
-                int64_t y_width, bool stream, Output output, c10::BFloat16* staged, const RowArgmax& best) {
+void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t n0, int64_t n, conveyor::BFloat16* y,
+                int64_t y_width, bool stream, Output output, conveyor::BFloat16* staged, const RowArgmax& best) {
   if (kWeightsAsB && output == Output::kSiluGate) {
     store_silu_pair_rows(c, 0, std::min((two ? 2 : 1) * kTile, rows - m_first), m_first, n0, y, y_width,
                          stream ? staged : nullptr);
@@ -496,7 +508,7 @@ void store_pair(const float* c, bool two, int64_t m_first, int64_t rows, int64_t
       continue;
     }
     if (kWeightsAsB) {
-      c10::BFloat16* to = y + m_tile * y_width + n0;
+      conveyor::BFloat16* to = y + m_tile * y_width + n0;
       const bool whole_lines = n == kBlockN && reinterpret_cast<uintptr_t>(to) % 64 == 0 && y_width % 32 == 0;
       store_rows(c + j * kTile * kTile, c + (2 + j) * kTile * kTile, n, m, to, y_width, stream && whole_lines);
       continue;
@@ -520,8 +532,8 @@ int64_t chunk_rows_for(int64_t in_features) {
 // `team`: run by every thread of a team already in one parallel region (UnitTeam); null: in a parallel region of
 // its own.
 template <typename Weights>
-void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-             const Weights& weight_source, c10::BFloat16* y, Output output = Output::kProduct,
+void product(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+             const Weights& weight_source, conveyor::BFloat16* y, Output output = Output::kProduct,
              const ArgmaxLanes* argmax = nullptr, const UnitTeam* team = nullptr) {
   constexpr bool kWeightsAsB = Weights::kWeightsAsB, kReadsInPlace = Weights::kReadsInPlace;
   const int64_t k_tiles = in_features / kTileK, panels = (in_features + kPanelValues - 1) / kPanelValues;
@@ -531,7 +543,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
   const int64_t pair_floats = 4 * kTile * kTile;  // the four accumulators of a pair of activation tiles
   // Several panels: as many blocks per unit as have their accumulators in kSumsBytes, but no more than a
   // quarter of each thread's share of the chunk's blocks, so that a few rows still spread over every thread.
-  const int64_t threads = team != nullptr ? team->threads : at::get_num_threads();
+  const int64_t threads = team != nullptr ? team->threads : conveyor_parallel::num_threads();
   const int64_t share = std::max<int64_t>(1, n_blocks / (4 * threads));
   const int64_t blocks_per_unit =
       panels > 1 ? std::clamp<int64_t>(kSumsBytes / (chunk_pairs * pair_floats * 4), 1, share) : kUnitBlocks;
@@ -551,30 +563,29 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
                       (output == Output::kProduct ||
                        (kWeightsAsB && y_width % (2 * kTile) == 0 && reinterpret_cast<uintptr_t>(y) % 64 == 0));
   // The gated product (weights as B) over chunks of many row tiles: the pending pair's stores sliced over the next
-  // pair's k tiles (store_silu_pair_rows). At 2048 rows the default model's 30 gate/up products 115-116 -> 95-98 ms;
-  // at 64 rows (two pairs per block, the weights read from memory) slicing was slower (6.2-7.4 -> 6.8-8.0 ms), and
-  // for plain outputs, whose stores are a conversion per row, level (benchmarks/RESULTS.md, s26).
+  // pair's k tiles (store_silu_pair_rows). With few row tiles (two pairs per block, the weights read from memory)
+  // slicing does not pay, nor for plain outputs, whose stores are a conversion per row.
   const bool sliced = kWeightsAsB && output == Output::kSiluGate && chunk_tiles >= kPrefetchRowTiles;
   std::atomic<int64_t> own_next_unit{0};
   std::atomic<int64_t>& next_unit = team != nullptr ? *team->next_unit : own_next_unit;
   const auto run_units = [&] {
     thread_local TileBuffer<uint32_t> packed_storage;  // [chunk row tiles][k tiles][16][32] bf16 (as pairs)
-    thread_local TileBuffer<c10::BFloat16> scratch;    // [2][panel k tiles][16][32] (dequantized weights)
+    thread_local TileBuffer<conveyor::BFloat16> scratch;    // [2][panel k tiles][16][32] (dequantized weights)
     thread_local TileBuffer<float> sums;               // [unit blocks (1 for one panel)][chunk pairs][4][16][16]
-    thread_local TileBuffer<c10::BFloat16> staged;     // kSiluGate, streamed: [chunk pairs][2][16][16]
+    thread_local TileBuffer<conveyor::BFloat16> staged;     // kSiluGate, streamed: [chunk pairs][2][16][16]
     packed_storage.resize(chunk_tiles * k_tiles * kTileValues / 2);
     const int64_t block_values = 2 * (panel_values / kTileK) * kTileValues;  // one block over one panel
     if (!kReadsInPlace) scratch.resize(2 * block_values);  // the block multiplied, and the next one
-    c10::BFloat16* const buffers[2] = {scratch.data(), scratch.data() + block_values};
+    conveyor::BFloat16* const buffers[2] = {scratch.data(), scratch.data() + block_values};
     int current = 0;             // the buffer holding the block multiplied now
     bool current_ready = false;  // whether it was dequantized while the previous block multiplied
     sums.resize((panels > 1 ? unit_blocks : 1) * chunk_pairs * pair_floats);
     staged.resize(output == Output::kSiluGate && stream ? chunk_pairs * 2 * kTile * kTile : 0);
-    const c10::BFloat16* packed = reinterpret_cast<const c10::BFloat16*>(packed_storage.data());
+    const conveyor::BFloat16* packed = reinterpret_cast<const conveyor::BFloat16*>(packed_storage.data());
     int64_t packed_m0 = -1;  // the chunk packed_storage holds
     RowArgmax best;  // Output::kArgmax: this thread's lanes
     if (argmax != nullptr) {
-      const int64_t offset = at::get_thread_num() * argmax->rows * kTile;
+      const int64_t offset = conveyor_parallel::thread_index() * argmax->rows * kTile;
       best = {argmax->values + offset, argmax->indices + offset};
     }
     configure_tiles();
@@ -585,7 +596,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
       const int64_t row_tiles = (count + kTile - 1) / kTile, pairs = (row_tiles + 1) / 2;
       if (m0 != packed_m0) {
         if (kWeightsAsB) {
-          pack_rows(x, m0, count, in_features, reinterpret_cast<c10::BFloat16*>(packed_storage.data()));
+          pack_rows(x, m0, count, in_features, reinterpret_cast<conveyor::BFloat16*>(packed_storage.data()));
         } else {
           pack_activations(x, m0, count, in_features, packed_storage.data());
         }
@@ -594,13 +605,12 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
       const int64_t g0 = unit % units_per_chunk * unit_blocks, g_end = std::min(n_blocks, g0 + unit_blocks);
       // The last panel's results of a pair go to y while the tile unit multiplies the next pair, a block's last
       // pair's while the next block's first multiplies (at the unit's end, at once). Stored right after its own
-      // block instead, a block's last pair overlapped nothing (64 rows, the default model's 30 layers' linears:
-      // 14.0 -> 13.1 ms; gated product 7.8 -> 7.1 ms).
+      // block instead, a block's last pair would overlap nothing.
       struct Pending {
         const float* sums = nullptr;  // null: none
         bool two = false;
         int64_t m_first = 0, n0 = 0, n = 0;
-        c10::BFloat16* staged = nullptr;
+        conveyor::BFloat16* staged = nullptr;
         int64_t stored = 0;  // how many of its rows are stored (sliced)
       } pending;
       const auto pending_rows = [&] { return std::min((pending.two ? 2 : 1) * kTile, rows - pending.m_first); };
@@ -662,8 +672,8 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
           };
           const bool first = p == 0, last = p == panels - 1;
           for (int64_t t = 0; t < row_tiles; t += 2) {
-            const c10::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
-            const c10::BFloat16* x1 = x0 + k_tiles * kTileValues;
+            const conveyor::BFloat16* x0 = packed + (t * k_tiles + kt0) * kTileValues;
+            const conveyor::BFloat16* x1 = x0 + k_tiles * kTileValues;
             const bool two = t + 1 < row_tiles;
             BlockTiles prefetch{nullptr, nullptr};
             if (t == 0 && row_tiles >= kPrefetchRowTiles) {
@@ -709,7 +719,7 @@ void product(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t 
     run_units();
     return;
   }
-  at::parallel_for(0, std::min<int64_t>(threads, units), 1, [&](int64_t, int64_t) { run_units(); });
+  conveyor_parallel::parallel_for(0, std::min<int64_t>(threads, units), 1, [&](int64_t, int64_t) { run_units(); });
 }
 
 }  // namespace
@@ -734,34 +744,34 @@ bool available() {
   return granted;
 }
 
-void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                  const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y) {
+void product_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                  const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, conveyor::BFloat16* y) {
   product(x, rows, in_features, out_features, DequantizedRows{weight_row, prefetch_row, out_features}, y);
 }
 
-void product_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
-                            const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y) {
+void product_silu_gate_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                            const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, conveyor::BFloat16* y) {
   product(x, rows, in_features, 2 * inner, DequantizedRows{weight_row, prefetch_row, 2 * inner}, y, Output::kSiluGate);
 }
 
-void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                         const c10::BFloat16* tiles, c10::BFloat16* y) {
+void product_packed_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                         const conveyor::BFloat16* tiles, conveyor::BFloat16* y) {
   product(x, rows, in_features, out_features, PackedTiles{tiles, in_features / kTileK}, y);
 }
 
-void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
-                                   const c10::BFloat16* tiles, c10::BFloat16* y) {
+void product_packed_silu_gate_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                   const conveyor::BFloat16* tiles, conveyor::BFloat16* y) {
   product(x, rows, in_features, 2 * inner, PackedTiles{tiles, in_features / kTileK}, y, Output::kSiluGate);
 }
 
-void product_packed_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                              const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team) {
+void product_packed_bf16_team(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                              const conveyor::BFloat16* tiles, conveyor::BFloat16* y, const UnitTeam& team) {
   product(x, rows, in_features, out_features, PackedTiles{tiles, in_features / kTileK}, y, Output::kProduct, nullptr,
           &team);
 }
 
-void product_packed_silu_gate_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
-                                        const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team) {
+void product_packed_silu_gate_bf16_team(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                        const conveyor::BFloat16* tiles, conveyor::BFloat16* y, const UnitTeam& team) {
   product(x, rows, in_features, 2 * inner, PackedTiles{tiles, in_features / kTileK}, y, Output::kSiluGate, nullptr,
           &team);
 }
@@ -782,9 +792,9 @@ inline bool comes_first(float value, int32_t index, float best, int32_t best_ind
 
 }  // namespace
 
-void product_packed_argmax_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                                const c10::BFloat16* tiles, int64_t* tokens) {
-  const int64_t threads = at::get_num_threads();
+void product_packed_argmax_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                                const conveyor::BFloat16* tiles, int64_t* tokens) {
+  const int64_t threads = conveyor_parallel::num_threads();
   TileBuffer<float> values(threads * rows * kTile, 0.f);
   TileBuffer<int32_t> indices(threads * rows * kTile, -1);
   const ArgmaxLanes lanes{values.data(), indices.data(), rows};
@@ -813,18 +823,18 @@ void product_packed_argmax_bf16(const c10::BFloat16* x, int64_t rows, int64_t in
 namespace conveyor_amx {
 bool available() { return false; }
 void configure_tiles() {}
-void product_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&, const WeightRowPrefetch&,
-                  c10::BFloat16*) {}
-void product_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&,
-                            const WeightRowPrefetch&, c10::BFloat16*) {}
-void product_packed_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*) {}
-void product_packed_silu_gate_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*,
-                                   c10::BFloat16*) {}
-void product_packed_argmax_bf16(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, int64_t*) {}
-void product_packed_bf16_team(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*, c10::BFloat16*,
+void product_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&, const WeightRowPrefetch&,
+                  conveyor::BFloat16*) {}
+void product_silu_gate_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const WeightRow&,
+                            const WeightRowPrefetch&, conveyor::BFloat16*) {}
+void product_packed_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*, conveyor::BFloat16*) {}
+void product_packed_silu_gate_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*,
+                                   conveyor::BFloat16*) {}
+void product_packed_argmax_bf16(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*, int64_t*) {}
+void product_packed_bf16_team(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*, conveyor::BFloat16*,
                               const UnitTeam&) {}
-void product_packed_silu_gate_bf16_team(const c10::BFloat16*, int64_t, int64_t, int64_t, const c10::BFloat16*,
-                                        c10::BFloat16*, const UnitTeam&) {}
+void product_packed_silu_gate_bf16_team(const conveyor::BFloat16*, int64_t, int64_t, int64_t, const conveyor::BFloat16*,
+                                        conveyor::BFloat16*, const UnitTeam&) {}
 }  // namespace conveyor_amx
 
 #endif

@@ -3,7 +3,7 @@
 // tile layout (bfloat16 checkpoints, bf16_linear.cpp).
 #pragma once
 
-#include <c10/util/BFloat16.h>
+#include "scalar_types.h"
 
 #include <atomic>
 #include <cstddef>
@@ -15,8 +15,8 @@
 namespace conveyor_amx {
 
 // An allocator whose storage starts on a 64-byte cache line. Tile loads and stores read 16 rows of 64 bytes: a
-// buffer that starts 16 bytes into a line (what malloc gives) makes every row straddle two lines, and a tile load
-// then took 14.8 ns instead of 2.2 ns from L1 (1 KiB tiles, measured here).
+// buffer that starts 16 bytes into a line (what malloc gives) makes every row straddle two lines, which makes a tile
+// load from L1 several times slower.
 template <typename T>
 struct LineAligned {
   using value_type = T;
@@ -49,7 +49,7 @@ constexpr int64_t kTilePieceStride = 512;
 
 // Values first..first + count - 1 of weight row `row` (0..out_features - 1; first a multiple of 2048, count of the
 // row's block size) dequantized to bfloat16 into pieces at `out`.
-using WeightRow = std::function<void(int64_t row, int64_t first, int64_t count, c10::BFloat16* out)>;
+using WeightRow = std::function<void(int64_t row, int64_t first, int64_t count, conveyor::BFloat16* out)>;
 
 // The same values' compact bytes requested from memory ahead of WeightRow's call (may be empty: none).
 using WeightRowPrefetch = std::function<void(int64_t row, int64_t first, int64_t count)>;
@@ -57,15 +57,15 @@ using WeightRowPrefetch = std::function<void(int64_t row, int64_t first, int64_t
 // y [rows, out] = x [rows, in] W^T for bfloat16 x and W given by `weight_row` (in a multiple of 32):
 // bfloat16 products summed in float32 (AMX TDPBF16PS), rounded once to bfloat16. Runs on torch's intra-op
 // threads; only where available().
-void product_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                  const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y);
+void product_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                  const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, conveyor::BFloat16* y);
 
 // y [rows, inner] = silu(x Wg^T) * (x Wu^T) for the 2 inner rows of [Wg; Wu] given by `weight_row` in
 // interleave_gate_up's order (block b's rows 0..15 are gate rows 16 b.., rows 16..31 the matching up rows; the caller
 // maps them; inner a multiple of 16): each sum rounds to bfloat16 as product_bf16's would, then silu and the product
 // round as silu_and_mul does (the same function), so the same bits as product_bf16 followed by silu_and_mul.
-void product_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
-                            const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, c10::BFloat16* y);
+void product_silu_gate_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                            const WeightRow& weight_row, const WeightRowPrefetch& prefetch_row, conveyor::BFloat16* y);
 
 // W packed in tiles for the B operand: tiles [ceil(out / 32) * 2][in / 32][16 k pairs][16 rows][2], tile t's
 // piece kt holding rows 16 t..16 t + 15 x columns 32 kt..32 kt + 31, pair-interleaved (rows past out_features
@@ -73,15 +73,15 @@ void product_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_fea
 constexpr int64_t kPackedRowMultiple = 32;
 
 // The same product for W packed by tiles (kPackedRowMultiple): read in place, the next weights prefetched.
-void product_packed_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                         const c10::BFloat16* tiles, c10::BFloat16* y);
+void product_packed_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                         const conveyor::BFloat16* tiles, conveyor::BFloat16* y);
 
 // y [rows, inner] = silu(x Wg^T) * (x Wu^T) for W = [Wg; Wu] [2 inner, in] packed by tiles with its rows
 // interleaved 16 and 16 (conveyor.model.layers.interleave_gate_up; inner a multiple of 16): each block of 32 rows
 // holds 16 gate rows and their 16 up rows, so its accumulators give 16 finished outputs. The sums round to
 // bfloat16 as product_packed_bf16's would, then silu and the product round as the separate op does.
-void product_packed_silu_gate_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
-                                   const c10::BFloat16* tiles, c10::BFloat16* y);
+void product_packed_silu_gate_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                   const conveyor::BFloat16* tiles, conveyor::BFloat16* y);
 
 // A team of threads already in one parallel region that runs a product together (decode_layers.cpp): every one of
 // them calls a *_team function below with the same arguments and the same counter (0 before the first call), and
@@ -93,15 +93,15 @@ struct UnitTeam {
   std::atomic<int64_t>* next_unit;   // the next unit to take: one counter per product call
 };
 
-void product_packed_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                              const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team);
-void product_packed_silu_gate_bf16_team(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
-                                        const c10::BFloat16* tiles, c10::BFloat16* y, const UnitTeam& team);
+void product_packed_bf16_team(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                              const conveyor::BFloat16* tiles, conveyor::BFloat16* y, const UnitTeam& team);
+void product_packed_silu_gate_bf16_team(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t inner,
+                                        const conveyor::BFloat16* tiles, conveyor::BFloat16* y, const UnitTeam& team);
 
 // Each row's first largest value of x W^T for bfloat16 weights packed as for product_packed_bf16: tokens [rows]
 // = argmax over the bfloat16 product (the first NaN, else the first largest; torch's max(dim).indices), without
 // writing the product: a greedy decode step's LM head and argmax in one pass over the weights.
-void product_packed_argmax_bf16(const c10::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
-                                const c10::BFloat16* tiles, int64_t* tokens);
+void product_packed_argmax_bf16(const conveyor::BFloat16* x, int64_t rows, int64_t in_features, int64_t out_features,
+                                const conveyor::BFloat16* tiles, int64_t* tokens);
 
 }  // namespace conveyor_amx

@@ -1,12 +1,12 @@
 // Greedy sampling's argmax: each row's first largest logit, as torch's `max(dim=-1).indices` gives it (the first
 // NaN where a row holds one, since torch's max propagates NaN), without a float32 copy and without torch's
-// generic reduction, which reads 64 x 49,152 bfloat16 logits at ~5 GB/s on an idle machine.
+// generic reduction.
 //
 //   logits [rows, vocab] float32 or bfloat16, rows contiguous -> [rows] int64
 //
 // Two passes per row: the largest value (four independent accumulators), then the first lane equal to it (the
 // row, 96 KiB in bfloat16, is still in L2). Rows are split over the OpenMP threads.
-#include <torch/extension.h>
+#include "kernels.h"
 
 #include <cstdint>
 #include <cstring>
@@ -19,7 +19,7 @@ using conveyor_vec::to_float;
 
 using conveyor_vec::is_nan;
 
-// -inf from its bit pattern: the sources compile with -ffast-math, under which infinity() is not to be relied on.
+// -inf from its bit pattern (the same value as -std::numeric_limits<float>::infinity()).
 inline float minus_infinity() {
   const uint32_t bits = 0xFF800000u;
   float v;
@@ -82,22 +82,17 @@ int64_t first_argmax(const T* row, int64_t vocab) { return first_argmax_scalar(r
 
 }  // namespace
 
-torch::Tensor argmax_rows(const torch::Tensor& logits) {
-  TORCH_CHECK(logits.device().is_cpu(), "argmax_rows is a CPU kernel; got logits on ", logits.device());
-  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0 && logits.stride(1) == 1,
-              "argmax_rows: logits must be [rows, vocab > 0] with contiguous rows, got ", logits.sizes(), " strides ",
-              logits.strides());
-  TORCH_CHECK(logits.scalar_type() == torch::kFloat32 || logits.scalar_type() == torch::kBFloat16,
-              "argmax_rows: logits must be float32 or bfloat16, got ", logits.scalar_type());
-  const int64_t rows = logits.size(0), vocab = logits.size(1), stride = logits.stride(0);
-  torch::Tensor out = torch::empty({rows}, torch::kInt64);  // [rows]
-  int64_t* tokens = out.data_ptr<int64_t>();
-  const bool is_float = logits.scalar_type() == torch::kFloat32;
-  const float* f32 = is_float ? logits.data_ptr<float>() : nullptr;
-  const at::BFloat16* bf16 = is_float ? nullptr : logits.data_ptr<at::BFloat16>();
+namespace conveyor_ops {
+
+void argmax_rows(conveyor::DType dtype, const void* logits, int64_t rows, int64_t vocab, int64_t stride,
+                 int64_t* tokens) {
+  const bool is_float = dtype == conveyor::DType::kFloat;
+  const float* f32 = is_float ? static_cast<const float*>(logits) : nullptr;
+  const conveyor::BFloat16* bf16 = is_float ? nullptr : static_cast<const conveyor::BFloat16*>(logits);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < rows; ++i) {
     tokens[i] = is_float ? first_argmax(f32 + i * stride, vocab) : first_argmax(bf16 + i * stride, vocab);
   }
-  return out;
 }
+
+}  // namespace conveyor_ops

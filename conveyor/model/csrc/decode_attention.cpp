@@ -10,10 +10,18 @@
 // with a group of up to 4 (with AVX512_BF16) takes a leaner one (attend_item_bf16_64); any other shape or CPU
 // runs the portable loops. An int8 cache (kv_cache_dtype='int8', kv_int8.h) takes its own kernels, in
 // decode_attention_int8.cpp, reading its pages of codes and scales in place. Built at run time for the CPU it runs
-// on (see conveyor/model/native.py), with -ffast-math only for the compile step (vectorized expf where the inline
-// exp is not built).
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+// on (see conveyor/model/native.py).
+//
+//   cache (plain):  [num_blocks][block_size][kv_heads][head_dim]    token t of a sequence: block_tables[s][t / bs],
+//                                                                   row t % bs
+//   item (s, g):    q rows of heads g * group .. (g + 1) * group - 1 -> out rows of the same heads
+//
+// Tuning constants (`conveyor bench decode-step`): PREFETCH_AHEAD, the K/V rows requested ahead of the one read;
+// kItemSetupTokens, an item's fixed cost in tokens for decode_attention_bounds' split.
+// Exactness invariant: each item is computed by one thread in one order (tokens ascending), so the bits do not
+// depend on the thread count or the split.
+#include "kernels.h"
+#include "parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -37,7 +45,7 @@ inline void row_to_float(const T* src, float* dst, int64_t n) {
 }
 
 // bfloat16 -> float32 is a 16-bit shift of the bits; written on integers so that it vectorizes.
-inline void row_to_float(const c10::BFloat16* src, float* dst, int64_t n) {
+inline void row_to_float(const conveyor::BFloat16* src, float* dst, int64_t n) {
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
   uint32_t* wide = reinterpret_cast<uint32_t*>(dst);
 #pragma omp simd
@@ -197,7 +205,7 @@ void attend_item_avx512(const Item& it, const T* q, const T* k_cache, const T* v
 #if defined(CONVEYOR_VEC_BF16)
 // bfloat16, head_dim 64, a group of up to 4 query heads: the W1 shapes (the default model's 9 / 3 heads, the 1B's
 // 32 / 8). Leaner than the path above, for a kernel whose compute and memory stalls add up rather than overlap
-// (measured: a bare read of the same rows takes ~60% of the two-pass kernel's time):
+// (a bare read of the same rows takes a large share of the two-pass kernel's time):
 //  - a row's 32-bit words hold pairs of values: the even values are the words shifted left by 16, the odd ones
 //    the words with their low half cleared, one instruction per 16 values (widening 16 at a time takes two);
 //    the query rows and the accumulators are kept in that order (even dims of 0..31, odd of 0..31, even of
@@ -206,7 +214,7 @@ void attend_item_avx512(const Item& it, const T* q, const T* k_cache, const T* v
 //  - the softmax's 1 / sum scales the accumulators once, not every weight;
 //  - while pass 2 multiplies weights by V rows that pass 1 already brought to L2, it requests the next item's K
 //    rows, so that memory works while the core computes.
-inline void split_row(const c10::BFloat16* row, __m512 (&parts)[4]) {
+inline void split_row(const conveyor::BFloat16* row, __m512 (&parts)[4]) {
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   const __m512i low_words = _mm512_loadu_si512(row), high_words = _mm512_loadu_si512(row + 32);
   parts[0] = _mm512_castsi512_ps(_mm512_slli_epi32(low_words, 16));
@@ -234,9 +242,9 @@ inline __m512 dot_parts(const __m512 (&qv)[G][4], const __m512 (&kv)[4], int g) 
 }
 
 template <int G>
-void attend_item_bf16_64(const Item& it, const Item* next, const c10::BFloat16* q, const c10::BFloat16* k_cache,
-                         const c10::BFloat16* v_cache, float* scores, c10::BFloat16* out) {
-  using T = c10::BFloat16;
+void attend_item_bf16_64(const Item& it, const Item* next, const conveyor::BFloat16* q, const conveyor::BFloat16* k_cache,
+                         const conveyor::BFloat16* v_cache, float* scores, conveyor::BFloat16* out) {
+  using T = conveyor::BFloat16;
   constexpr int D = 64;
   const int64_t ctx = it.ctx, stride = it.kv_heads * D;
   const T* k_base = k_cache + it.kv_head * D;
@@ -299,7 +307,7 @@ void attend_item_bf16_64(const Item& it, const Item* next, const c10::BFloat16* 
 
 template <typename T>
 bool attend_bf16_64(const Item& it, const Item* next, const T* q, const T* k, const T* v, float* scores, T* out) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<T, conveyor::BFloat16>) {
     if (it.head_dim != 64) return false;
     switch (it.group) {
       case 1: attend_item_bf16_64<1>(it, next, q, k, v, scores, out); return true;
@@ -330,7 +338,7 @@ bool attend_avx512_group(const Item& it, const T* q, const T* k, const T* v, flo
 
 template <typename T>
 bool attend_avx512(const Item& it, const T* q, const T* k, const T* v, float* scores, T* out) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, conveyor::BFloat16>) {
     if (it.head_dim == 64) return attend_avx512_group<T, 4>(it, q, k, v, scores, out);
     if (it.head_dim == 128) return attend_avx512_group<T, 8>(it, q, k, v, scores, out);
   }
@@ -391,20 +399,10 @@ void attend_items(const Items<T>& items, int64_t begin, int64_t end, std::vector
 }
 
 template <typename T>
-void decode_attention_kernel(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                             const torch::Tensor& block_tables, const torch::Tensor& context_lens,
-                             torch::Tensor& out, double scale, int64_t block_size, int64_t kv_heads) {
-  const int64_t num_seqs = q.size(0);
-  const bool int8_cache = k_cache.scalar_type() == at::kChar;
-  const Items<T> items{q.data_ptr<T>(), q.stride(0), q.stride(1),
-                       int8_cache ? nullptr : k_cache.data_ptr<T>(), int8_cache ? nullptr : v_cache.data_ptr<T>(),
-                       int8_cache ? k_cache.data_ptr<int8_t>() : nullptr,
-                       int8_cache ? v_cache.data_ptr<int8_t>() : nullptr, block_tables.data_ptr<int64_t>(),
-                       block_tables.size(1), context_lens.data_ptr<int64_t>(), block_size, q.size(1), kv_heads,
-                       q.size(2), static_cast<float>(scale), out.data_ptr<T>()};
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), num_seqs * kv_heads));
+void decode_attention_kernel(const Items<T>& items, int64_t num_seqs, int64_t kv_heads) {
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(conveyor_parallel::num_threads(), num_seqs * kv_heads));
   const std::vector<int64_t> bounds = decode_attention_bounds(items.context_lens, num_seqs, kv_heads, threads);
-  at::parallel_for(0, threads, 1, [&](int64_t first_range, int64_t end_range) {
+  conveyor_parallel::parallel_for(0, threads, 1, [&](int64_t first_range, int64_t end_range) {
     std::vector<float> scores;
     attend_items(items, bounds[first_range], bounds[end_range], scores);
   });
@@ -418,19 +416,19 @@ void check_contexts(const int64_t* context_lens, const int64_t* block_tables, in
   const int64_t capacity = max_blocks * block_size;
   for (int64_t seq = 0; seq < num_seqs; ++seq) {
     const int64_t ctx = context_lens[seq];
-    TORCH_CHECK(ctx >= 1 && ctx <= capacity, "context_lens[", seq, "] is ", ctx, "; each must be in 1..", capacity,
+    CONVEYOR_CHECK(ctx >= 1 && ctx <= capacity, "context_lens[", seq, "] is ", ctx, "; each must be in 1..", capacity,
                 " (block_tables' width ", max_blocks, " x block_size ", block_size, ")");
     for (int64_t b = 0; b < (ctx + block_size - 1) / block_size; ++b) {
       const int64_t id = block_tables[seq * max_blocks + b];
-      TORCH_CHECK(id >= 0 && id < num_blocks, "block_tables[", seq, "][", b, "] is ", id,
+      CONVEYOR_CHECK(id >= 0 && id < num_blocks, "block_tables[", seq, "][", b, "] is ", id,
                   "; the blocks a context uses must be in 0..", num_blocks - 1, " (the cache's blocks)");
     }
   }
 }
 
 // One contiguous range of items per thread, of about equal cost (the tokens each reads, plus a few for its
-// setup): a step's sequences differ in length, and equal counts of items (OpenMP's static split) left one
-// thread waiting for the other ~5% of the call on W1's contexts. Each item is computed the same wherever it runs.
+// setup): a step's sequences differ in length, and equal counts of items (OpenMP's static split) leave one thread
+// waiting for the other. Each item is computed the same wherever it runs.
 std::vector<int64_t> decode_attention_bounds(const int64_t* context_lens, int64_t num_seqs, int64_t kv_heads,
                                              int64_t threads) {
   const int64_t items = num_seqs * kv_heads;
@@ -448,56 +446,30 @@ std::vector<int64_t> decode_attention_bounds(const int64_t* context_lens, int64_
   return bounds;
 }
 
-void decode_attention_items(const c10::BFloat16* q, int64_t q_seq_stride, int64_t q_head_stride,
-                            const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* block_tables,
+void decode_attention_items(const conveyor::BFloat16* q, int64_t q_seq_stride, int64_t q_head_stride,
+                            const conveyor::BFloat16* k_cache, const conveyor::BFloat16* v_cache, const int64_t* block_tables,
                             int64_t max_blocks, const int64_t* context_lens, int64_t block_size, int64_t heads,
-                            int64_t kv_heads, int64_t head_dim, double scale, c10::BFloat16* out, int64_t begin,
+                            int64_t kv_heads, int64_t head_dim, double scale, conveyor::BFloat16* out, int64_t begin,
                             int64_t end, std::vector<float>& scores) {
-  const Items<c10::BFloat16> items{q, q_seq_stride, q_head_stride, k_cache, v_cache, nullptr, nullptr, block_tables,
+  const Items<conveyor::BFloat16> items{q, q_seq_stride, q_head_stride, k_cache, v_cache, nullptr, nullptr, block_tables,
                                    max_blocks, context_lens, block_size, heads, kv_heads, head_dim,
                                    static_cast<float>(scale), out};
   attend_items(items, begin, end, scores);
 }
 
-// q [num_seqs, heads, head_dim] (last dim contiguous); k_cache, v_cache [num_blocks, block_size, kv_heads,
-// head_dim] contiguous in q's dtype, or int8 caches [num_blocks, kv_heads, block_size * (head_dim + 4)]
-// (conveyor/model/kv_int8.py); block_tables [num_seqs, max_blocks] int64; context_lens [num_seqs] int64, each in
-// 1..max_blocks * block_size (checked, with the block ids each context uses: a bad one raises instead of reading
-// outside the cache). Returns [num_seqs, heads, head_dim] in q's dtype.
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                               const torch::Tensor& block_tables, const torch::Tensor& context_lens, double scale) {
-  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
-              "decode_attention runs on CPU tensors");
-  TORCH_CHECK(q.dim() == 3 && q.stride(2) == 1, "q must be [num_seqs, heads, head_dim] with a contiguous last dim");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
-                  k_cache.scalar_type() == v_cache.scalar_type(),
-              "the K and V caches must be contiguous, of one shape and dtype");
-  const int64_t head_dim = q.size(2);
-  int64_t block_size = 0, kv_heads = 0;
-  if (k_cache.scalar_type() == at::kChar) {
-    const auto layout = conveyor_kv_int8::page_layout(k_cache, head_dim, INT64_MAX, "decode_attention");
-    kv_heads = layout.kv_heads;
-    block_size = layout.block_size;
-  } else {
-    TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(3) == head_dim,
-                "caches must be [num_blocks, block_size, kv_heads, head_dim] with q's head_dim");
-    TORCH_CHECK(q.scalar_type() == k_cache.scalar_type(), "q and the caches must share a dtype (or the caches be int8)");
-    kv_heads = k_cache.size(2);
-    block_size = k_cache.size(1);
-  }
-  TORCH_CHECK(kv_heads > 0 && block_size > 0 && q.size(1) % kv_heads == 0, "heads (", q.size(1),
-              ") must be a multiple of kv_heads (", kv_heads, ", the cache's)");
-  TORCH_CHECK(block_tables.dim() == 2 && block_tables.size(0) == q.size(0) &&
-                  block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous() &&
-                  context_lens.dim() == 1 && context_lens.size(0) == q.size(0) &&
-                  context_lens.scalar_type() == torch::kInt64 && context_lens.is_contiguous(),
-              "block_tables [num_seqs, max_blocks] and context_lens [num_seqs] must be contiguous int64");
-  check_contexts(context_lens.data_ptr<int64_t>(), block_tables.data_ptr<int64_t>(), q.size(0), block_tables.size(1),
-                 block_size, k_cache.size(0));
-  auto out = torch::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
-    decode_attention_kernel<scalar_t>(q, k_cache, v_cache, block_tables, context_lens, out, scale, block_size,
-                                      kv_heads);
+namespace conveyor_ops {
+
+void decode_attention(conveyor::DType dtype, const void* q, int64_t q_seq_stride, int64_t q_head_stride,
+                      const void* k_cache, const void* v_cache, const int8_t* k_codes, const int8_t* v_codes,
+                      const int64_t* block_tables, int64_t max_blocks, const int64_t* context_lens, int64_t num_seqs,
+                      int64_t block_size, int64_t heads, int64_t kv_heads, int64_t head_dim, double scale, void* out) {
+  conveyor::dispatch_floating(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const Items<T> items{static_cast<const T*>(q), q_seq_stride, q_head_stride, static_cast<const T*>(k_cache),
+                         static_cast<const T*>(v_cache), k_codes, v_codes, block_tables, max_blocks, context_lens,
+                         block_size, heads, kv_heads, head_dim, static_cast<float>(scale), static_cast<T*>(out)};
+    decode_attention_kernel<T>(items, num_seqs, kv_heads);
   });
-  return out;
 }
+
+}  // namespace conveyor_ops

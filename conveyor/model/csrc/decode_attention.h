@@ -2,8 +2,8 @@
 // decode_attention_int8.cpp: int8 caches): the work item and the softmax's exponentials.
 #pragma once
 
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
+#include "scalar_types.h"
+#include "scalar_types.h"
 
 #include <cmath>
 #include <cstdint>
@@ -14,7 +14,8 @@ namespace conveyor_decode {
 
 // s [ctx] -> exp(s - max s) in place; returns their sum. With AVX512_BF16 the exponentials are the inline vector
 // exp (conveyor_vec::exp_ps, ~2 ulp): libmvec's expf is a call per 16 values and takes a scalar path per lane for
-// arguments that underflow, which a peaked softmax has many of (a 64-sequence step of W1's shapes: 3-5% faster).
+// arguments that underflow, which a peaked softmax has many of. Without AVX512_BF16, libm's expf per value (the
+// kernels are not built with -ffast-math, so it is not vectorized: exact, and only the fallback path).
 inline float softmax_numerators(float* s, int64_t ctx) {
   float peak = s[0];
 #pragma omp simd reduction(max : peak)

@@ -95,13 +95,13 @@ inline void prefetch_page(const int8_t* p, int64_t bytes, int hint) {
 
 // 16 float32 -> 16 values of the output's type (bfloat16: round to nearest even, as static_cast does)
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(c10::BFloat16* p, __m512 v) {
+inline void store16(conveyor::BFloat16* p, __m512 v) {
 #if defined(CONVEYOR_VEC_BF16)
   conveyor_vec::store_bf16(p, v, 0xFFFF);
 #else
   alignas(64) float row[16];
   _mm512_store_ps(row, v);
-  for (int i = 0; i < 16; ++i) p[i] = static_cast<c10::BFloat16>(row[i]);
+  for (int i = 0; i < 16; ++i) p[i] = static_cast<conveyor::BFloat16>(row[i]);
 #endif
 }
 
@@ -116,7 +116,7 @@ inline __m512 load_codes(const int8_t* p, __mmask16 lanes = 0xFFFF) {
 // query head (no sums across lanes). Pass 2 keeps the output rows in registers. While pass 2 runs, the next
 // item's K pages are requested (to L2), one per page of V used. The small loops over heads and vectors carry
 // `#pragma GCC unroll`: unrolled only late, GCC kept the accumulator arrays in memory and stored all of them on
-// every token (12 stores per token at G = 3; the kernel ran ~10% slower with its data in L2).
+// every token (12 stores per token at G = 3).
 template <typename T, int G, int V>
 void attend_item_int8_avx512(const Item& it, const Item* next, const T* q, const int8_t* k_cache,
                              const int8_t* v_cache, float* scores, T* out) {
@@ -225,7 +225,7 @@ bool attend_int8_group(const Item& it, const Item* next, const T* q, const int8_
 template <typename T>
 bool attend_int8_avx512(const Item& it, const Item* next, const T* q, const int8_t* k, const int8_t* v,
                         float* scores, T* out) {
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, conveyor::BFloat16>) {
     if (it.head_dim == 64) return attend_int8_group<T, 4>(it, next, q, k, v, scores, out);
     if (it.head_dim == 128) return attend_int8_group<T, 8>(it, next, q, k, v, scores, out);
   }
@@ -250,9 +250,9 @@ void attend_int8(const Item& it, const Item* next, const T* q, const int8_t* k_c
 template void attend_int8<double>(const Item&, const Item*, const double*, const int8_t*, const int8_t*, float*,
                                   double*);
 template void attend_int8<float>(const Item&, const Item*, const float*, const int8_t*, const int8_t*, float*, float*);
-template void attend_int8<c10::BFloat16>(const Item&, const Item*, const c10::BFloat16*, const int8_t*,
-                                         const int8_t*, float*, c10::BFloat16*);
-template void attend_int8<c10::Half>(const Item&, const Item*, const c10::Half*, const int8_t*, const int8_t*, float*,
-                                     c10::Half*);
+template void attend_int8<conveyor::BFloat16>(const Item&, const Item*, const conveyor::BFloat16*, const int8_t*,
+                                         const int8_t*, float*, conveyor::BFloat16*);
+template void attend_int8<conveyor::Half>(const Item&, const Item*, const conveyor::Half*, const int8_t*, const int8_t*, float*,
+                                     conveyor::Half*);
 
 }  // namespace conveyor_decode

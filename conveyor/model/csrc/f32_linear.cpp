@@ -1,10 +1,8 @@
 // float32 matrix products for the row counts of decode steps and small prefill chunks (CPU).
 //
-// Why: with 8-64 rows, torch's float32 GEMM ran at a third to a half of the machine's FMA rate
-// when the weights come from DRAM, which they do every decode step (the default model's float32
-// weights are 536 MB). Measured on the 2-core AVX-512 machine, all decoder linears of the default
-// model, alternating with torch in one process: 8 rows 27 vs 46 ms, 64 rows 65 vs 79 ms; past ~384
-// rows torch's GEMM is faster (see benchmarks/RESULTS.md).
+// Why: with few rows and weights streamed from DRAM (every decode step), a generic GEMM runs well below the
+// machine's FMA rate; this one overlaps the weight stream with the arithmetic. Past a few hundred rows torch's
+// GEMM is the faster one (conveyor.model.layers chooses; tune with `conveyor bench decode-step --dtype float32`).
 //
 // Layout (conveyor.model.layers.pack_f32_panels): W [out, in] is cut into panels of 32 output
 // columns, each stored [in][32], so a panel is one contiguous stream and a row of it is two
@@ -16,15 +14,22 @@
 // first copied k-major per block ([K][12]), so that the broadcasts read from one pointer. The first
 // row block streams the panel from memory into L2, the others re-read it from there. While a panel
 // is multiplied, the next one is prefetched into L2, spread evenly over its (depth chunk, row block)
-// units, so the memory stream overlaps the arithmetic (without it, 64 rows took 85 instead of 57 ms).
+// units, so the memory stream overlaps the arithmetic.
 // Sums run in k order with fused multiply-adds over 128 input columns at a time, which are then added
 // up in y (summing all columns in one register chain doubled the error against float64). Not torch's
-// order: results differ from torch's in the last bits (tests bound both against float64).
+// order: results differ from torch's in the last bits (tests bound both against float64). Exactness invariant:
+// each output is summed by one thread in one order whatever the thread count, so the bits do not depend on it.
+//
+// Tuning constants (`conveyor bench decode-step --dtype float32`, and `conveyor bench throughput` for chunks):
+//   kMaxBlockRows            activation rows per register block (24 accumulators of the 32 registers).
+//   kDepth                   input columns summed in registers before y is updated (error vs passes over y).
+//   kChunkBytes              activation rows per chunk (they and a panel stay in L2).
+//   kMinPanelBytesPerThread  less weight per thread is not worth waking a thread for.
 //
 // More rows than fit L2 beside a panel are done in chunks, each streaming the weights again.
 // Needs AVX-512F; built without it the op raises and Python keeps torch's GEMM.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
+#include "parallel.h"
 
 #include <algorithm>
 #include <array>
@@ -118,7 +123,7 @@ int64_t block_start(int64_t rows, int64_t b) {
 // x rows [m0, m0 + rows) -> packed [rows * K]: block by block, each k-major [K][block rows].
 void pack_rows(const float* x, int64_t K, int64_t m0, int64_t rows, float* packed) {
   const int64_t blocks = num_blocks(rows);
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  conveyor_parallel::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       const int64_t r0 = block_start(rows, b), R = block_size(rows, b);
       float* out = packed + r0 * K;
@@ -161,31 +166,12 @@ void panels_range(const float* packed, const float* panels, int64_t K, int64_t o
 
 }  // namespace
 
-// x [rows, in] float32; panels [ceil(out / 32), in, 32] float32 (layout above); bias [out] -> [rows, out].
-torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& panels, int64_t out_features,
-                         const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(panels.device().is_cpu() && panels.dim() == 3 && panels.size(2) == kPanelCols &&
-                  panels.is_contiguous() && panels.scalar_type() == at::kFloat,
-              "panels must be contiguous [ceil(out / 32), in, 32] float32 (conveyor.model.layers.pack_f32_panels)");
-  const int64_t num_panels = panels.size(0), K = panels.size(1);
-  TORCH_CHECK(K > 0, "panels have no input columns");
-  TORCH_CHECK(out_features >= 0 && out_features > (num_panels - 1) * kPanelCols &&
-                  out_features <= num_panels * kPanelCols,
-              "out_features=", out_features, " does not match ", num_panels, " panels of 32 columns");
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat,
-              "x must be a contiguous [rows, in] float32 CPU tensor");
-  TORCH_CHECK(x.size(1) == K, "x has ", x.size(1), " columns, the weights take ", K);
-  if (bias.has_value())
-    TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == out_features &&
-                    bias->is_contiguous() && bias->scalar_type() == at::kFloat,
-                "bias must be a contiguous [out] float32 CPU tensor");
-  const int64_t rows = x.size(0);
-  auto y = torch::empty({rows, out_features}, x.options());
-  if (rows == 0 || out_features == 0) return y;
-  const float* xp = x.data_ptr<float>();
-  const float* wp = panels.data_ptr<float>();
-  const float* bp = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
+namespace conveyor_ops {
+
+// x [rows, K] float32; panels [num_panels, K, 32] float32 (layout above); bias [out] or null -> y [rows, out].
+void f32_linear(const float* xp, int64_t rows, int64_t K, const float* wp, int64_t num_panels, int64_t out_features,
+                const float* bp, float* yp) {
+  if (rows == 0 || out_features == 0) return;
   const int64_t chunk_limit = std::max<int64_t>(kMaxBlockRows, kChunkBytes / (4 * K));
   const int64_t chunks = (rows + chunk_limit - 1) / chunk_limit;
   const int64_t chunk_rows = (rows + chunks - 1) / chunks;
@@ -194,23 +180,21 @@ torch::Tensor f32_linear(const torch::Tensor& x, const torch::Tensor& panels, in
   for (int64_t m0 = 0; m0 < rows; m0 += chunk_rows) {
     const int64_t n = std::min(chunk_rows, rows - m0);
     pack_rows(xp, K, m0, n, packed.get());
-    at::parallel_for(0, num_panels, grain, [&](int64_t begin, int64_t end) {
+    conveyor_parallel::parallel_for(0, num_panels, grain, [&](int64_t begin, int64_t end) {
       panels_range(packed.get(), wp, K, out_features, bp, yp, m0, n, begin, end);
     });
   }
-  return y;
 }
 
 bool f32_linear_vectorized() { return true; }
 
-#else  // no AVX-512: the op exists and says why it cannot run
+}  // namespace conveyor_ops
 
+#else  // no AVX-512 in this build (the compiler's -march=native lacks it): bindings.cpp raises before calling
+
+namespace conveyor_ops {
 bool f32_linear_vectorized() { return false; }
-
-torch::Tensor f32_linear(const torch::Tensor&, const torch::Tensor&, int64_t, const c10::optional<torch::Tensor>&) {
-  TORCH_CHECK(false, "f32_linear needs a CPU with AVX-512 (this build has none); "
-              "conveyor.model.layers uses torch's float32 GEMM here");
-  std::abort();  // not reached: TORCH_CHECK(false, ...) throws
-}
+void f32_linear(const float*, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*) {}
+}  // namespace conveyor_ops
 
 #endif

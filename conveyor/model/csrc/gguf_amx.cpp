@@ -10,7 +10,7 @@
 
 namespace conveyor_amx {
 
-void pieces_to_pairs(const c10::BFloat16* rows, c10::BFloat16* pairs) {
+void pieces_to_pairs(const conveyor::BFloat16* rows, conveyor::BFloat16* pairs) {
   // a[r]: row r's 16 pairs. After the two unpack rounds, u[4 g + c] holds, in 128-bit lane j, rows 4 g..4 g + 3 of
   // pair 4 j + c; the two lane shuffles then gather each pair's four lanes of rows.
   __m512i a[16], t[16], u[16];
@@ -38,7 +38,7 @@ void pieces_to_pairs(const c10::BFloat16* rows, c10::BFloat16* pairs) {
   }
 }
 
-void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10::BFloat16* out) {
+void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, conveyor::BFloat16* out) {
   conveyor_gguf::dequantize_pieces(kind, blocks, count, out, kTilePieceStride);
 }
 
@@ -47,8 +47,8 @@ void dequantize_tile_row(int64_t kind, const uint8_t* blocks, int64_t count, c10
 #else
 
 namespace conveyor_amx {
-void dequantize_tile_row(int64_t, const uint8_t*, int64_t, c10::BFloat16*) {}
-void pieces_to_pairs(const c10::BFloat16*, c10::BFloat16*) {}
+void dequantize_tile_row(int64_t, const uint8_t*, int64_t, conveyor::BFloat16*) {}
+void pieces_to_pairs(const conveyor::BFloat16*, conveyor::BFloat16*) {}
 }  // namespace conveyor_amx
 
 #endif

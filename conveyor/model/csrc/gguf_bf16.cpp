@@ -6,7 +6,7 @@
 #include "gguf_bf16.h"
 #include "gguf_dequant.h"
 
-#include <c10/util/Exception.h>
+#include "scalar_types.h"
 
 #include <cstring>
 
@@ -19,18 +19,18 @@ namespace {
 
 inline __m256i bf16_bits(__m512 v) { return reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)); }
 
-inline void store_piece(c10::BFloat16* out, __m512 first, __m512 second) {  // 32 floats -> one piece
+inline void store_piece(conveyor::BFloat16* out, __m512 first, __m512 second) {  // 32 floats -> one piece
   _mm512_storeu_si512(out, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(second, first)));
 }
 
 // 32 codes (0..15, one per 16-bit lane) looked up in a table of 16 bfloat16 values -> one piece.
-inline void store_lookup(c10::BFloat16* out, __m512i codes, __m512 table) {
+inline void store_lookup(conveyor::BFloat16* out, __m512i codes, __m512 table) {
   _mm512_storeu_si512(out, _mm512_permutexvar_epi16(codes, _mm512_zextsi256_si512(bf16_bits(table))));
 }
 
 inline __m512 iota16() { return _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0); }
 
-void pieces_q8_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[32] int8: q d
+void pieces_q8_0(const uint8_t* b, conveyor::BFloat16* out) {  // d, qs[32] int8: q d
   const __m512 d = _mm512_set1_ps(half_at(b));
   const __m512i first = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
   const __m512i second = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18)));
@@ -44,12 +44,12 @@ inline __m512i codes_q4(const uint8_t* qs) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
 }
 
-void pieces_q4_0(const uint8_t* b, c10::BFloat16* out) {  // d, qs[16]: (q - 8) d
+void pieces_q4_0(const uint8_t* b, conveyor::BFloat16* out) {  // d, qs[16]: (q - 8) d
   const __m512 table = _mm512_mul_ps(_mm512_set1_ps(half_at(b)), _mm512_sub_ps(iota16(), _mm512_set1_ps(8.f)));
   store_lookup(out, codes_q4(b + 2), table);
 }
 
-void pieces_q4_1(const uint8_t* b, c10::BFloat16* out) {  // d, m, qs[16]: q d + m (a product, then a sum)
+void pieces_q4_1(const uint8_t* b, conveyor::BFloat16* out) {  // d, m, qs[16]: q d + m (a product, then a sum)
   const __m512 d = _mm512_set1_ps(half_at(b)), m = _mm512_set1_ps(half_at(b + 2));
   store_lookup(out, codes_q4(b + 4), _mm512_add_ps(_mm512_mul_ps(iota16(), d), m));
 }
@@ -57,7 +57,7 @@ void pieces_q4_1(const uint8_t* b, c10::BFloat16* out) {  // d, m, qs[16]: q d +
 inline __m512 iota16_hi() { return _mm512_add_ps(iota16(), _mm512_set1_ps(16.f)); }
 
 // 32 codes (0..31, one per 16-bit lane) looked up in a table of 32 values (16 and 16 floats) -> one piece.
-inline void store_lookup32(c10::BFloat16* out, __m512i codes, __m512 first, __m512 second) {
+inline void store_lookup32(conveyor::BFloat16* out, __m512i codes, __m512 first, __m512 second) {
   const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(second, first));  // [32] bf16
   _mm512_storeu_si512(out, _mm512_permutexvar_epi16(codes, table));
 }
@@ -68,7 +68,7 @@ inline __m512i codes_q5(const uint8_t* qs, uint32_t qh) {
   return _mm512_mask_add_epi16(codes, static_cast<__mmask32>(qh), codes, _mm512_set1_epi16(16));  // bit 4 is clear
 }
 
-void pieces_q5_0(const uint8_t* b, c10::BFloat16* out) {  // d, qh, qs[16]: (q - 16) d
+void pieces_q5_0(const uint8_t* b, conveyor::BFloat16* out) {  // d, qh, qs[16]: (q - 16) d
   const __m512 d = _mm512_set1_ps(half_at(b)), sixteen = _mm512_set1_ps(16.f);
   uint32_t qh;
   std::memcpy(&qh, b + 2, sizeof(qh));
@@ -76,7 +76,7 @@ void pieces_q5_0(const uint8_t* b, c10::BFloat16* out) {  // d, qh, qs[16]: (q -
                  _mm512_mul_ps(_mm512_sub_ps(iota16_hi(), sixteen), d));
 }
 
-void pieces_q5_1(const uint8_t* b, c10::BFloat16* out) {  // d, m, qh, qs[16]: q d + m (a product, then a sum)
+void pieces_q5_1(const uint8_t* b, conveyor::BFloat16* out) {  // d, m, qh, qs[16]: q d + m (a product, then a sum)
   const __m512 d = _mm512_set1_ps(half_at(b)), m = _mm512_set1_ps(half_at(b + 2));
   uint32_t qh;
   std::memcpy(&qh, b + 4, sizeof(qh));
@@ -87,7 +87,7 @@ void pieces_q5_1(const uint8_t* b, c10::BFloat16* out) {  // d, m, qh, qs[16]: q
 // d, dmin, scales[12], qs[128]: 8 sub-blocks of 32 = 8 pieces; sub-block 2j the low nibbles of qs[32j..32j+31],
 // 2j + 1 the high ones; each value d sc q - dmin m, looked up among its sub-block's 16. The two sub-blocks of a j
 // share one table register (2j's values in words 0-15, 2j + 1's in 16-31: one conversion for both).
-void pieces_q4_k(const uint8_t* b, c10::BFloat16* out, int64_t stride) {
+void pieces_q4_k(const uint8_t* b, conveyor::BFloat16* out, int64_t stride) {
   const float d = half_at(b), dmin = half_at(b + 2);
   const __m512i low4 = _mm512_set1_epi16(0xF), second_table = _mm512_set1_epi16(16);
   for (int j = 0; j < 4; ++j) {
@@ -106,7 +106,7 @@ void pieces_q4_k(const uint8_t* b, c10::BFloat16* out, int64_t stride) {
 
 // d, dmin, scales[12], qh[32], qs[128]: as Q4_K, with bit 2j (2j + 1) of qh[l] the fifth bit of sub-block 2j's
 // (2j + 1's) value l; each value d sc q - dmin m (a product, then a difference), looked up among its sub-block's 32.
-void pieces_q5_k(const uint8_t* b, c10::BFloat16* out, int64_t stride) {
+void pieces_q5_k(const uint8_t* b, conveyor::BFloat16* out, int64_t stride) {
   const float d = half_at(b), dmin = half_at(b + 2);
   const __m512i low4 = _mm512_set1_epi16(0xF), fifth = _mm512_set1_epi16(16);
   const __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)));  // [32]
@@ -133,7 +133,7 @@ inline __m512 scaled16(__m128i codes, float scale) {
 // ql[128], qh[64], scales[16] int8, d: value l + 32 i of half n (l < 32, i < 4) is d sc[8 n + l / 16 + 2 i]
 // (q - 32) with q's low 4 bits from ql[64 n + l + 32 (i & 1)] (high nibble for i >= 2) and high 2 from
 // qh[32 n + l] >> 2 i: piece 4 n + i. The codes are assembled 32 at a time in bytes.
-void pieces_q6_k(const uint8_t* b, c10::BFloat16* out, int64_t stride) {
+void pieces_q6_k(const uint8_t* b, conveyor::BFloat16* out, int64_t stride) {
   const float d = half_at(b + 208);
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   const __m256i low4 = _mm256_set1_epi8(0xF), low2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
@@ -162,7 +162,7 @@ bool bf16_kind(int64_t kind) {
   }
 }
 
-void dequantize_pieces(int64_t kind, const uint8_t* blocks, int64_t count, c10::BFloat16* out, int64_t stride) {
+void dequantize_pieces(int64_t kind, const uint8_t* blocks, int64_t count, conveyor::BFloat16* out, int64_t stride) {
   const uint8_t* b = blocks;
   switch (kind) {
     case 2: for (int64_t k = 0; k < count; k += 32, b += 18, out += stride) pieces_q4_0(b, out); break;
@@ -173,7 +173,7 @@ void dequantize_pieces(int64_t kind, const uint8_t* blocks, int64_t count, c10::
     case 12: for (int64_t k = 0; k < count; k += 256, b += 144, out += 8 * stride) pieces_q4_k(b, out, stride); break;
     case 13: for (int64_t k = 0; k < count; k += 256, b += 176, out += 8 * stride) pieces_q5_k(b, out, stride); break;
     case 14: for (int64_t k = 0; k < count; k += 256, b += 210, out += 8 * stride) pieces_q6_k(b, out, stride); break;
-    default: TORCH_CHECK(false, "GGML type id ", kind, " has no bfloat16 dequantizer");  // callers check bf16_kind
+    default: CONVEYOR_CHECK(false, "GGML type id ", kind, " has no bfloat16 dequantizer");  // callers check bf16_kind
   }
 }
 
@@ -183,7 +183,7 @@ void dequantize_pieces(int64_t kind, const uint8_t* blocks, int64_t count, c10::
 
 namespace conveyor_gguf {
 bool bf16_kind(int64_t) { return false; }
-void dequantize_pieces(int64_t, const uint8_t*, int64_t, c10::BFloat16*, int64_t) {}
+void dequantize_pieces(int64_t, const uint8_t*, int64_t, conveyor::BFloat16*, int64_t) {}
 }  // namespace conveyor_gguf
 
 #endif

@@ -1,7 +1,7 @@
 // gguf_bf16.cpp's interface: GGUF blocks dequantized to bfloat16 pieces of 32 values (AVX-512 BF16).
 #pragma once
 
-#include <c10/util/BFloat16.h>
+#include "scalar_types.h"
 
 #include <cstdint>
 
@@ -14,6 +14,6 @@ bool bf16_kind(int64_t kind);
 // `count` weights of type `kind` (bf16_kind) from the block at `blocks` on -> bfloat16, 32 values per piece, the
 // pieces `stride` values apart from `out` on (32: one contiguous row); the float path's values rounded to
 // nearest even.
-void dequantize_pieces(int64_t kind, const uint8_t* blocks, int64_t count, c10::BFloat16* out, int64_t stride);
+void dequantize_pieces(int64_t kind, const uint8_t* blocks, int64_t count, conveyor::BFloat16* out, int64_t stride);
 
 }  // namespace conveyor_gguf

@@ -1,8 +1,8 @@
 // The scalar GGUF dequantizers of gguf_dequant.h: one block -> `block` float32 values, ggml's arithmetic.
 #include "gguf_dequant.h"
 
-#include <c10/util/Exception.h>
-#include <c10/util/Half.h>
+#include "scalar_types.h"
+#include "scalar_types.h"
 
 #include <cstring>
 
@@ -126,7 +126,7 @@ Format format_of(int64_t kind) {
     case kQ6_K: return {256, 210, dequant_q6_k};
     default: break;
   }
-  TORCH_CHECK(false, "GGML weight type id ", kind, " has no native kernel; supported ids: 2 (Q4_0), 3 (Q4_1), "
+  CONVEYOR_CHECK(false, "GGML weight type id ", kind, " has no native kernel; supported ids: 2 (Q4_0), 3 (Q4_1), "
               "6 (Q5_0), 7 (Q5_1), 8 (Q8_0), 12 (Q4_K), 13 (Q5_K), 14 (Q6_K)");
   return {};
 }

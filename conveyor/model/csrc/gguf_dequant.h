@@ -4,7 +4,7 @@
 // Types are named by their GGML type ids; conveyor.model.gguf_quant holds the same table.
 #pragma once
 
-#include <c10/util/Half.h>
+#include "scalar_types.h"
 
 #include <cstdint>
 #include <cstring>
@@ -24,7 +24,7 @@ inline float half_at(const uint8_t* p) {
 #if defined(__F16C__)
   return _cvtsh_ss(bits);
 #else
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+  return static_cast<float>(conveyor::Half(bits, conveyor::Half::from_bits()));
 #endif
 }
 

@@ -9,7 +9,7 @@
 //
 // An activation quantized so differs from x by at most half its block's step; gguf_linear_rows uses this
 // only for bfloat16 activations (float32 ones keep the exact float path), and the tests bound the error so.
-#include <c10/util/BFloat16.h>
+#include "scalar_types.h"
 
 #include <algorithm>
 #include <cstdint>

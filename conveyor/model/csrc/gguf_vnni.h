@@ -1,7 +1,7 @@
 // gguf_vnni.cpp's interface to gguf_linear.cpp: int8 dot products of GGUF blocks with quantized activations.
 #pragma once
 
-#include <c10/util/BFloat16.h>
+#include "scalar_types.h"
 
 #include <cstdint>
 

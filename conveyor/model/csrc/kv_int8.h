@@ -6,8 +6,6 @@
 // ([block_size][head_dim]). A row reads back as codes * scale.
 #pragma once
 
-#include <torch/extension.h>
-
 #include <cstdint>
 
 namespace conveyor_kv_int8 {
@@ -34,14 +32,5 @@ struct PageLayout {
   int64_t key_code(int64_t offset, int64_t d) const { return d * block_size + offset; }
   int64_t value_code(int64_t offset, int64_t d) const { return offset * head_dim + d; }
 };
-
-// An int8 cache's layout from its shape, checked: `op` names the kernel, max_head_dim is the largest it takes.
-inline PageLayout page_layout(const torch::Tensor& cache, int64_t head_dim, int64_t max_head_dim, const char* op) {
-  TORCH_CHECK(cache.dim() == 3 && head_dim > 0 && head_dim <= max_head_dim &&
-                  cache.size(2) % (head_dim + kScaleBytes) == 0 && cache.size(2) > 0,
-              op, ": int8 caches must be [num_blocks, kv_heads, block_size * (head_dim + 4)] with head_dim at most ",
-              max_head_dim, "; got ", cache.sizes(), " for head_dim ", head_dim);
-  return PageLayout{cache.size(1), cache.size(2) / (head_dim + kScaleBytes), head_dim};
-}
 
 }  // namespace conveyor_kv_int8

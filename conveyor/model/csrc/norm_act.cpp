@@ -5,8 +5,8 @@
 // precision: the residual sum is rounded to the dtype, normalised in float32, rounded, then
 // multiplied by the weight and rounded again; silu(gate) is rounded before it multiplies up.
 // Only the order of the float32 sum of squares differs from torch's.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
+#include "parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -18,21 +18,18 @@
 
 namespace {
 
-// Elements below which an op runs on the calling thread alone: a few rows' RMSNorm (a single request's decode step)
-// is a few microseconds of arithmetic, about what an OpenMP fork/join costs. A 64-row decode step of the default
-// model (64 x 576) splits over the threads: its 60 RMSNorms and 30 rotary ops on one thread held the other idle,
-// and split the W1 decode_layers call took 31.5-33.0 ms against 32.2-34.8 (six alternating rounds, s28,
-// benchmarks/RESULTS.md), beside a busy 2-thread process 64 against 92-98 ms. (It was 1 << 16 after a profile at
-// 64 rows beside other work in which each small op split over two threads took 300-370 us; the s28 check above
-// beside a busy process found the split faster.)
+// Elements below which an op runs on the calling thread alone (tuned with `conveyor bench decode-step`): a few
+// rows' RMSNorm (a single request's decode step) costs about what an OpenMP fork/join does, while a full decode
+// batch's rows (64 x 576 of the default model) are worth splitting, also beside other busy processes. Splitting
+// never changes the bits: each row is computed by one thread in one order.
 constexpr int64_t kInlineElements = int64_t{1} << 13;
 
 #if defined(CONVEYOR_VEC_BF16)
 using namespace conveyor_vec;
 
 // bfloat16 row, 16 lanes at a time; same rounding steps as the scalar template below.
-void add_rms_norm_row_bf16(c10::BFloat16* h, const c10::BFloat16* delta, const c10::BFloat16* weight,
-                           c10::BFloat16* out, int64_t dim, float eps) {
+void add_rms_norm_row_bf16(conveyor::BFloat16* h, const conveyor::BFloat16* delta, const conveyor::BFloat16* weight,
+                           conveyor::BFloat16* out, int64_t dim, float eps) {
   __m512 sum = _mm512_setzero_ps();
   for (int64_t i = 0; i < dim; i += 16) {
     const __mmask16 m = tail_mask(dim - i);
@@ -52,7 +49,7 @@ void add_rms_norm_row_bf16(c10::BFloat16* h, const c10::BFloat16* delta, const c
   }
 }
 
-void silu_and_mul_row_bf16(const c10::BFloat16* gate, const c10::BFloat16* up, c10::BFloat16* out, int64_t inner) {
+void silu_and_mul_row_bf16(const conveyor::BFloat16* gate, const conveyor::BFloat16* up, conveyor::BFloat16* out, int64_t inner) {
   for (int64_t i = 0; i < inner; i += 16) {
     const __mmask16 m = tail_mask(inner - i);
     store_bf16(out + i, silu_times_bf16(load_bf16(gate + i, m), load_bf16(up + i, m)), m);
@@ -64,7 +61,7 @@ void silu_and_mul_row_bf16(const c10::BFloat16* gate, const c10::BFloat16* up, c
 template <typename T>
 void add_rms_norm_row(T* hr, const T* dr, const T* weight, T* o, int64_t dim, float epsilon) {
 #if defined(CONVEYOR_VEC_BF16)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<T, conveyor::BFloat16>) {
     add_rms_norm_row_bf16(hr, dr, weight, o, dim, epsilon);
     return;
   }
@@ -86,12 +83,10 @@ void add_rms_norm_row(T* hr, const T* dr, const T* weight, T* o, int64_t dim, fl
 }
 
 template <typename T>
-void add_rms_norm_kernel(torch::Tensor& hidden, const T* delta, const T* weight, T* out, double eps) {
-  const int64_t rows = hidden.size(0), dim = hidden.size(1);
-  T* h = hidden.data_ptr<T>();
+void add_rms_norm_kernel(T* h, const T* delta, const T* weight, T* out, int64_t rows, int64_t dim, double eps) {
   const float epsilon = static_cast<float>(eps);
   const int64_t grain = std::max<int64_t>(1, kInlineElements / dim);
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  conveyor_parallel::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       add_rms_norm_row(h + r * dim, delta == nullptr ? nullptr : delta + r * dim, weight, out + r * dim, dim, epsilon);
   });
@@ -100,13 +95,13 @@ void add_rms_norm_kernel(torch::Tensor& hidden, const T* delta, const T* weight,
 template <typename T>
 void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inner) {
   const int64_t grain = std::max<int64_t>(1, kInlineElements / inner);
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+  conveyor_parallel::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = gate_up + r * 2 * inner;
       const T* up = gate + inner;
       T* o = out + r * inner;
 #if defined(CONVEYOR_VEC_BF16)
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if constexpr (std::is_same_v<T, conveyor::BFloat16>) {
         silu_and_mul_row_bf16(gate, up, o, inner);
         continue;
       }
@@ -114,8 +109,8 @@ void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inner) 
 #pragma omp simd
       for (int64_t i = 0; i < inner; ++i) {
         const float g = static_cast<float>(gate[i]);
-        // exp's argument is capped so that it stays finite: -ffast-math divides by a reciprocal
-        // estimate, which turns an infinite denominator into NaN (silu(-100) is -0 either way).
+        // exp's argument is capped so that it stays finite, as the vector path's (silu(-100) is -0
+        // either way).
         const T act = static_cast<T>(g / (1.f + std::exp(std::min(-g, 80.f))));
         o[i] = static_cast<T>(static_cast<float>(act) * static_cast<float>(up[i]));
       }
@@ -125,44 +120,30 @@ void silu_and_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inner) 
 
 }  // namespace
 
-// hidden [rows, dim] contiguous, updated in place to hidden + delta when delta is given;
-// weight [dim]. Returns RMSNorm(hidden) * weight, [rows, dim] in hidden's dtype.
-torch::Tensor add_rms_norm(torch::Tensor& hidden, const c10::optional<torch::Tensor>& delta,
-                           const torch::Tensor& weight, double eps) {
-  TORCH_CHECK(hidden.device().is_cpu() && hidden.dim() == 2 && hidden.is_contiguous(),
-              "hidden must be a contiguous [rows, dim] CPU tensor");
-  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == hidden.size(1) && weight.is_contiguous() &&
-                  weight.scalar_type() == hidden.scalar_type(),
-              "weight must be a contiguous [dim] tensor in hidden's dtype");
-  if (delta.has_value()) {
-    TORCH_CHECK(delta->sizes() == hidden.sizes() && delta->is_contiguous() &&
-                    delta->scalar_type() == hidden.scalar_type(),
-                "delta must be contiguous, with hidden's shape and dtype");
-  }
-  auto out = torch::empty_like(hidden);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, hidden.scalar_type(), "add_rms_norm", [&] {
-    add_rms_norm_kernel<scalar_t>(hidden, delta.has_value() ? delta->data_ptr<scalar_t>() : nullptr,
-                                  weight.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), eps);
+namespace conveyor_ops {
+
+void add_rms_norm(conveyor::DType dtype, void* hidden, const void* delta, const void* weight, void* out, int64_t rows,
+                  int64_t dim, double eps) {
+  conveyor::dispatch_floating(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    add_rms_norm_kernel<T>(static_cast<T*>(hidden), static_cast<const T*>(delta), static_cast<const T*>(weight),
+                           static_cast<T*>(out), rows, dim, eps);
   });
-  return out;
 }
 
-void add_rms_norm_rows(c10::BFloat16* hidden, const c10::BFloat16* delta, const c10::BFloat16* weight,
-                       c10::BFloat16* out, int64_t begin, int64_t end, int64_t dim, double eps) {
+void silu_and_mul(conveyor::DType dtype, const void* gate_up, void* out, int64_t rows, int64_t inner) {
+  conveyor::dispatch_floating(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    silu_and_mul_kernel<T>(static_cast<const T*>(gate_up), static_cast<T*>(out), rows, inner);
+  });
+}
+
+}  // namespace conveyor_ops
+
+void add_rms_norm_rows(conveyor::BFloat16* hidden, const conveyor::BFloat16* delta, const conveyor::BFloat16* weight,
+                       conveyor::BFloat16* out, int64_t begin, int64_t end, int64_t dim, double eps) {
   for (int64_t r = begin; r < end; ++r) {
     add_rms_norm_row(hidden + r * dim, delta == nullptr ? nullptr : delta + r * dim, weight, out + r * dim, dim,
                      static_cast<float>(eps));
   }
-}
-
-// gate_up [rows, 2 * inner] contiguous -> silu(gate) * up, [rows, inner].
-torch::Tensor silu_and_mul(const torch::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.device().is_cpu() && gate_up.dim() == 2 && gate_up.is_contiguous() && gate_up.size(1) % 2 == 0,
-              "gate_up must be a contiguous [rows, 2 * inner] CPU tensor");
-  const int64_t rows = gate_up.size(0), inner = gate_up.size(1) / 2;
-  auto out = torch::empty({rows, inner}, gate_up.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_and_mul", [&] {
-    silu_and_mul_kernel<scalar_t>(gate_up.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, inner);
-  });
-  return out;
 }

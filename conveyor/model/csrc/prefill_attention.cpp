@@ -22,8 +22,15 @@
 // Work units (chunk, KV head, a range of query tiles) are taken from an atomic counter, heaviest first, in one
 // parallel region per call (no barrier: see amx_product.cpp on shared machines). bfloat16 only, head_dim a
 // multiple of 32, where AMX is available (conveyor_amx::available()); callers take torch's kernel otherwise.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+//
+// Tuning constants (`conveyor bench throughput` with long prompts, on an AMX machine):
+//   kStepBlocks   key blocks (32 keys) per softmax step: fewer max/sum updates and rescales against more scores
+//                 held per step.
+//   kUnitTiles    query tiles (16 queries) per work unit: balance between threads against K/V packed per unit.
+// Exactness invariant: each output row is computed by one thread in one order (keys ascending), so the bits do not
+// depend on the thread count or on the other chunks in the call.
+#include "kernels.h"
+#include "parallel.h"
 
 #include <algorithm>
 #include <atomic>
@@ -45,14 +52,13 @@ namespace {
 constexpr int64_t kTile = 16;       // rows of a tile; queries per query tile; keys per K^T tile
 constexpr int64_t kKeyBlock = 32;   // keys of one bfloat16 P tile row (K/V are packed in blocks of 32 keys)
 constexpr int64_t kStepBlocks = 4;  // key blocks per softmax step: one max / sum update and one rescale of the
-                                    // output per 128 keys (a 2048-token prompt on one thread, 32-key steps
-                                    // 19.6-20.0 ms, 128-key steps 17.1-17.9, before the other s23 changes)
+                                    // output per 128 keys (fewer updates against more scores held per step;
+                                    // tuned with `conveyor bench throughput` on long prompts)
 constexpr int64_t kStepKeys = kKeyBlock * kStepBlocks;
 constexpr int64_t kUnitTiles = 8;   // query tiles per work unit (128 queries)
 constexpr float kExpFloor = -87.f;  // exp(-87) = 1.6e-38, still a normal float
 constexpr float kMaskedScore = -1e30f;  // a masked score, and the running max before the first key: finite,
-                                         // since the kernels are built with -ffast-math (no infinities assumed);
-                                         // exp() of it is 0
+                                         // so that max - max is 0, never inf - inf; exp() of it is 0
 
 struct Chunk {
   int64_t q_row, n, ctx;
@@ -74,14 +80,14 @@ using namespace conveyor_vec;
 // head_dim], or read back from an int8 one (kv_int8.h: codes * scale in float32, rounded to bfloat16) into a buffer
 // of the caller's.
 struct RowSource {
-  const c10::BFloat16* plain;
+  const conveyor::BFloat16* plain;
   const int8_t* codes;
   conveyor_kv_int8::PageLayout layout;  // the cache's dimensions (and an int8 cache's pages)
   int64_t kv_head;
   bool keys;  // an int8 K cache: pages hold their codes dimension by dimension
 
   // Key t's row in an exact cache.
-  const c10::BFloat16* plain_row(const Chunk& c, int64_t t) const {
+  const conveyor::BFloat16* plain_row(const Chunk& c, int64_t t) const {
     const int64_t block_size = layout.block_size;
     return plain + ((c.table[t / block_size] * block_size + t % block_size) * layout.kv_heads + kv_head) *
                        layout.head_dim;
@@ -92,7 +98,7 @@ struct RowSource {
     if (codes == nullptr) request_bytes<Request::kReadL1>(plain_row(c, t), layout.head_dim * 2);
   }
 
-  const c10::BFloat16* row(const Chunk& c, int64_t t, c10::BFloat16* buffer) const {
+  const conveyor::BFloat16* row(const Chunk& c, int64_t t, conveyor::BFloat16* buffer) const {
     if (codes == nullptr) return plain_row(c, t);
     const int64_t block_size = layout.block_size, head_dim = layout.head_dim;
     const int64_t block = c.table[t / block_size], offset = t % block_size;
@@ -119,14 +125,14 @@ void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const RowSour
                       int64_t head_dim, uint32_t* kt, uint16_t* vp) {
   const int64_t d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
   const int64_t valid = std::min(keys, c.ctx);
-  alignas(64) c10::BFloat16 buffer[2][256];  // rows read back from an int8 cache (head_dim <= 256, checked)
+  alignas(64) conveyor::BFloat16 buffer[2][256];  // rows read back from an int8 cache (head_dim <= 256, checked)
   // K: 16 keys' rows at a time, each 32-value piece (16 pairs) of them transposed in registers into a tile
-  alignas(64) c10::BFloat16 rows[kTile][256];  // rows read back from an int8 cache
+  alignas(64) conveyor::BFloat16 rows[kTile][256];  // rows read back from an int8 cache
   for (int64_t t = first; t < std::min(valid, first + kTile); ++t) k_rows.request(c, t);
   for (int64_t t0 = first; t0 < keys; t0 += kTile) {
     for (int64_t t = t0 + kTile; t < std::min(valid, t0 + 2 * kTile); ++t) k_rows.request(c, t);  // the next 16
     uint32_t* kt_tiles = kt + ((t0 - first) / kTile) * d_tiles32 * kTile * kTile;
-    const c10::BFloat16* k_row[kTile];
+    const conveyor::BFloat16* k_row[kTile];
     for (int64_t i = 0; i < kTile; ++i) k_row[i] = t0 + i < valid ? k_rows.row(c, t0 + i, rows[i]) : nullptr;
     for (int64_t dt = 0; dt < d_tiles32; ++dt) {
       __m512 piece[kTile];  // key i's values dt * 32 .. + 31: 16 pairs
@@ -148,8 +154,8 @@ void pack_keys_values(const Chunk& c, int64_t first, int64_t keys, const RowSour
     for (int64_t ahead = t + kTile; ahead < std::min(valid, t + kTile + 2); ++ahead) v_rows.request(c, ahead);
     uint16_t* block = vp + ((t - first) / kKeyBlock) * d_tiles16 * kTile * kTile * 2;
     const int64_t pair = (t % kKeyBlock) / 2;
-    const c10::BFloat16* even = t < valid ? v_rows.row(c, t, buffer[0]) : nullptr;
-    const c10::BFloat16* odd = t + 1 < valid ? v_rows.row(c, t + 1, buffer[1]) : nullptr;
+    const conveyor::BFloat16* even = t < valid ? v_rows.row(c, t, buffer[0]) : nullptr;
+    const conveyor::BFloat16* odd = t + 1 < valid ? v_rows.row(c, t + 1, buffer[1]) : nullptr;
     for (int64_t d = 0; d < head_dim; d += 32) {  // 32 d of both keys -> two d tiles' rows
       const __m512i a = even ? _mm512_loadu_si512(even + d) : zero;
       const __m512i b = odd ? _mm512_loadu_si512(odd + d) : zero;
@@ -169,13 +175,13 @@ inline int64_t first_key(int64_t first_pos, int64_t window) {
 // scores [16][kStepKeys] = Q . K^T for a softmax step's key tiles (16 keys each; k_tiles: key tile j, d tile dt at
 // + (j * d_tiles32 + dt) * 256), issued a key tile at a time so that they can be spread over the previous step's
 // softmax: the tile unit multiplies while the core runs the vector work. (Issued after the softmax instead, the
-// first tile instruction after it, a load of P or of K^T alike, held ~14% of a 2048-token prompt's call in a
-// profile; one product issued every four rows removed that stall, which points at the tile unit being slow to
+// first tile instruction after it, a load of P or of K^T alike, stalled noticeably in a profile of a long prompt;
+// one product issued every four rows removed that stall, which points at the tile unit being slow to
 // start after the softmax's vector work rather than at the loads.) Key tile j sums in tile 4 + j % 4, stored once
 // it is needed again or at the end; Q and K^T go through tiles 0 / 1 (even d tiles) and 2 / 3 (odd).
 class ScoreIssuer {
  public:
-  ScoreIssuer(const c10::BFloat16* q_tiles, const uint32_t* k_tiles, int64_t d_tiles32, int64_t key_tiles,
+  ScoreIssuer(const conveyor::BFloat16* q_tiles, const uint32_t* k_tiles, int64_t d_tiles32, int64_t key_tiles,
               float* scores)
       : q_tiles_(q_tiles), k_tiles_(k_tiles), d_tiles32_(d_tiles32), key_tiles_(key_tiles), scores_(scores) {}
 
@@ -225,7 +231,7 @@ class ScoreIssuer {
  private:
   static constexpr int64_t kStride = kStepKeys * sizeof(float);
 
-  const c10::BFloat16* q_tiles_;
+  const conveyor::BFloat16* q_tiles_;
   const uint32_t* k_tiles_;
   int64_t d_tiles32_, key_tiles_, issued_ = 0;
   float* scores_;
@@ -235,7 +241,7 @@ class ScoreIssuer {
 // ([kBlocks][16][32] bfloat16) through tile 4, V tiles (v_tiles: key block b, d tile dd at + (b * d_tiles16 + dd) *
 // 512) rotating through tiles 5-7, sums in tiles 0-3.
 template <int kBlocks, int kGroup>
-inline void value_tiles(const c10::BFloat16* p_tiles, const uint16_t* v_tiles, int64_t d_tiles16, int64_t d0,
+inline void value_tiles(const conveyor::BFloat16* p_tiles, const uint16_t* v_tiles, int64_t d_tiles16, int64_t d0,
                         float* partial) {
   static_assert(kGroup == 2 || kGroup == 4, "two or four d tiles");
   constexpr int64_t tile = kTile * kTile * 2;  // values of a V tile
@@ -292,7 +298,7 @@ struct TileState {
 // its window (rows past the chunk attend like its last row); masked keys get probability 0 through the mask.
 template <int kBlocks, bool kMasked>
 void step_probabilities(const float* scores, float scale, int64_t key0, int64_t first_pos, int64_t last_pos,
-                        int64_t window, TileState& state, c10::BFloat16* p_tiles, float* alpha, ScoreIssuer& next) {
+                        int64_t window, TileState& state, conveyor::BFloat16* p_tiles, float* alpha, ScoreIssuer& next) {
   constexpr int kVectors = 2 * kBlocks;  // 16 keys each
   constexpr float kLog2e = 1.44269504088896341f;
   const __m512 scale_v = _mm512_set1_ps(scale), masked_v = _mm512_set1_ps(kMaskedScore);
@@ -347,7 +353,7 @@ void step_probabilities(const float* scores, float scale, int64_t key0, int64_t 
 // The output half of a step: acc [16][head_dim] = acc * alpha + P . V, up to four d tiles (64 values) at a time
 // (head_dim is a multiple of 32: 2 or 4).
 template <int kBlocks>
-void step_values(const c10::BFloat16* p_tiles, const uint16_t* v_tiles, int64_t head_dim, const float* alpha,
+void step_values(const conveyor::BFloat16* p_tiles, const uint16_t* v_tiles, int64_t head_dim, const float* alpha,
                  float* acc, float* partial) {
   const int64_t d_tiles16 = head_dim / 16;
   for (int64_t d0 = 0; d0 < d_tiles16; d0 += 4) {
@@ -371,17 +377,17 @@ void step_values(const c10::BFloat16* p_tiles, const uint16_t* v_tiles, int64_t 
 // (0, or its window's first, .. its last position), from kt / vp packed from key `packed_first` on -> out rows, in
 // softmax steps of up to kStepBlocks key blocks, the next step's scores issued over a step's softmax (ScoreIssuer)
 // and taken between its softmax and its P . V.
-void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const c10::BFloat16* q,
+void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const conveyor::BFloat16* q,
                  int64_t q_row_stride, int64_t head_dim, float scale, int64_t packed_first, const uint32_t* kt,
-                 const uint16_t* vp, c10::BFloat16* q_tiles, c10::BFloat16* p_tiles, float* scores, float* acc,
-                 float* partial, c10::BFloat16* out, int64_t out_row_stride) {
+                 const uint16_t* vp, conveyor::BFloat16* q_tiles, conveyor::BFloat16* p_tiles, float* scores, float* acc,
+                 float* partial, conveyor::BFloat16* out, int64_t out_row_stride) {
   const int64_t rows = std::min(kTile, c.n - q0), d_tiles32 = head_dim / 32, d_tiles16 = head_dim / 16;
   const int64_t first_pos = c.ctx - c.n + q0;  // position of the tile's first query
   const int64_t last_pos = first_pos + rows - 1;
   // Q rows -> [head_dim / 32][16][32] bfloat16 (rows past the chunk zero)
   for (int64_t r = 0; r < kTile; ++r) {
     for (int64_t dt = 0; dt < d_tiles32; ++dt) {
-      c10::BFloat16* dst = q_tiles + (dt * kTile + r) * 32;
+      conveyor::BFloat16* dst = q_tiles + (dt * kTile + r) * 32;
       if (r < rows) {
         std::memcpy(dst, q + (c.q_row + q0 + r) * q_row_stride + head * head_dim + dt * 32, 64);
       } else {
@@ -426,7 +432,7 @@ void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const
   }
   for (int64_t r = 0; r < rows; ++r) {
     const __m512 inv = _mm512_set1_ps(1.f / state.row_sum[r]);
-    c10::BFloat16* o = out + (c.q_row + q0 + r) * out_row_stride + head * head_dim;
+    conveyor::BFloat16* o = out + (c.q_row + q0 + r) * out_row_stride + head * head_dim;
     for (int64_t d = 0; d < head_dim; d += 16)
       store_bf16(o + d, _mm512_mul_ps(_mm512_load_ps(acc + r * head_dim + d), inv), 0xFFFF);
   }
@@ -434,6 +440,8 @@ void attend_tile(const Chunk& c, int64_t head, int64_t q0, int64_t window, const
 #endif
 
 }  // namespace
+
+namespace conveyor_ops {
 
 bool prefill_attention_available() {
 #if defined(CONVEYOR_PREFILL_AMX)
@@ -443,56 +451,28 @@ bool prefill_attention_available() {
 #endif
 }
 
-// q [tokens, heads, head_dim] bfloat16 (head_dim contiguous, heads adjacent); k_cache, v_cache [num_blocks,
-// block_size, kv_heads, head_dim] bfloat16 contiguous, or int8 [num_blocks, kv_heads, block_size * (head_dim + 4)]
-// (conveyor/model/kv_int8.py), holding every chunk's K/V already; block_tables [chunks, max_blocks] int64; spans
-// [chunks, 3] int64 (first query row in q, queries, context length); out [tokens, heads, head_dim] contiguous: the
-// chunks' rows are written, other rows are left as they are. window: the layer's sliding window (keys p - window
-// + 1 .. p), 0 for none.
-void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                       const torch::Tensor& block_tables, const torch::Tensor& spans, double scale, int64_t window,
-                       torch::Tensor& out) {
-  TORCH_CHECK(prefill_attention_available(), "prefill_attention needs AMX-BF16 (see prefill_attention_available)");
-  TORCH_CHECK(q.device().is_cpu() && q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.stride(2) == 1 &&
-                  q.stride(1) == q.size(2),
-              "q must be a bfloat16 CPU tensor [tokens, heads, head_dim] with contiguous heads");
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
-                  k_cache.scalar_type() == v_cache.scalar_type(),
-              "the K and V caches must be contiguous, of one shape and dtype");
-  const int64_t heads = q.size(1), head_dim = q.size(2);
-  const bool int8_cache = k_cache.scalar_type() == at::kChar;
-  int64_t kv_heads = 0, block_size = 0;
-  if (int8_cache) {
-    const auto pages = conveyor_kv_int8::page_layout(k_cache, head_dim, 256, "prefill_attention");
-    kv_heads = pages.kv_heads;
-    block_size = pages.block_size;
-  } else {
-    TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kBFloat16 && k_cache.size(3) == head_dim,
-                "caches must be bfloat16 [num_blocks, block_size, kv_heads, head_dim] with q's head_dim (or int8)");
-    kv_heads = k_cache.size(2);
-    block_size = k_cache.size(1);
-  }
-  TORCH_CHECK(head_dim % 32 == 0 && kv_heads > 0 && heads % kv_heads == 0,
-              "head_dim must be a multiple of 32 and heads a multiple of kv_heads");
-  TORCH_CHECK(out.sizes() == q.sizes() && out.is_contiguous() && out.scalar_type() == at::kBFloat16,
-              "out must be contiguous bfloat16 with q's shape");
-  TORCH_CHECK(spans.dim() == 2 && spans.size(1) == 3 && spans.scalar_type() == torch::kInt64 && spans.is_contiguous() &&
-                  block_tables.dim() == 2 && block_tables.size(0) == spans.size(0) &&
-                  block_tables.scalar_type() == torch::kInt64 && block_tables.is_contiguous(),
-              "spans [chunks, 3] and block_tables [chunks, max_blocks] must be contiguous int64");
-  TORCH_CHECK(window >= 0, "window must be >= 0 (0 for none), got ", window);
+// q [tokens, heads, head_dim] bfloat16 (head_dim contiguous, heads adjacent, rows q_row_stride apart); plain caches
+// k_ptr, v_ptr [num_blocks, block_size, kv_heads, head_dim] bfloat16, or int8 pages k_codes, v_codes (kv_int8.h; the
+// other pair null), holding every chunk's K/V already; block_tables [num_chunks, max_blocks]; spans [num_chunks, 3]
+// (first query row in q, queries, context length; checked against q and the tables here); out [tokens, heads,
+// head_dim]: the chunks' rows are written, other rows are left as they are. window: the layer's sliding window
+// (keys p - window + 1 .. p), 0 for none. Call only where prefill_attention_available().
+void prefill_attention(const conveyor::BFloat16* q_ptr, int64_t tokens, int64_t q_row_stride, int64_t heads,
+                       int64_t head_dim, const conveyor::BFloat16* k_ptr, const conveyor::BFloat16* v_ptr,
+                       const int8_t* k_codes, const int8_t* v_codes, int64_t kv_heads, int64_t block_size,
+                       const int64_t* block_tables, int64_t max_blocks, const int64_t* span, int64_t num_chunks,
+                       double scale, int64_t window, conveyor::BFloat16* out_ptr) {
 #if defined(CONVEYOR_PREFILL_AMX)
-  const int64_t num_chunks = spans.size(0), max_blocks = block_tables.size(1), group = heads / kv_heads;
-  const int64_t* span = spans.data_ptr<int64_t>();
+  const int64_t group = heads / kv_heads;
   std::vector<Chunk> chunks(num_chunks);
   std::vector<Unit> units;
   int64_t max_keys = 0;
   for (int64_t i = 0; i < num_chunks; ++i) {
     const int64_t q_row = span[3 * i], n = span[3 * i + 1], ctx = span[3 * i + 2];
-    TORCH_CHECK(n >= 1 && ctx >= n && q_row >= 0 && q_row + n <= q.size(0) &&
+    CONVEYOR_CHECK(n >= 1 && ctx >= n && q_row >= 0 && q_row + n <= tokens &&
                     (ctx + block_size - 1) / block_size <= max_blocks,
                 "chunk ", i, ": rows ", q_row, "+", n, " with context ", ctx, " do not fit q or its block table");
-    chunks[i] = Chunk{q_row, n, ctx, block_tables.data_ptr<int64_t>() + i * max_blocks};
+    chunks[i] = Chunk{q_row, n, ctx, block_tables + i * max_blocks};
     max_keys = std::max(max_keys, (ctx + kKeyBlock - 1) / kKeyBlock * kKeyBlock);
     const int64_t tiles = (n + kTile - 1) / kTile;
     for (int64_t g = 0; g < kv_heads; ++g) {
@@ -504,21 +484,15 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
     }
   }
   std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.cost > b.cost; });
-  const c10::BFloat16* q_ptr = q.data_ptr<c10::BFloat16>();
-  const c10::BFloat16* k_ptr = int8_cache ? nullptr : k_cache.data_ptr<c10::BFloat16>();
-  const c10::BFloat16* v_ptr = int8_cache ? nullptr : v_cache.data_ptr<c10::BFloat16>();
-  const int8_t* k_codes = int8_cache ? k_cache.data_ptr<int8_t>() : nullptr;
-  const int8_t* v_codes = int8_cache ? v_cache.data_ptr<int8_t>() : nullptr;
-  c10::BFloat16* out_ptr = out.data_ptr<c10::BFloat16>();
   const conveyor_kv_int8::PageLayout layout{kv_heads, block_size, head_dim};
-  const int64_t q_row_stride = q.stride(0), out_row_stride = heads * head_dim;
+  const int64_t out_row_stride = heads * head_dim;
   const float scale_f = static_cast<float>(scale);
   std::atomic<int64_t> next_unit{0};
   const int64_t num_units = static_cast<int64_t>(units.size());
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_units), 1, [&](int64_t, int64_t) {
+  conveyor_parallel::parallel_for(0, std::min<int64_t>(conveyor_parallel::num_threads(), num_units), 1, [&](int64_t, int64_t) {
     thread_local conveyor_amx::TileBuffer<uint32_t> kt;  // [keys / 16][head_dim / 32][16][16]
     thread_local conveyor_amx::TileBuffer<uint16_t> vp;  // [keys / 32][head_dim / 16][16][16][2]
-    thread_local conveyor_amx::TileBuffer<c10::BFloat16> q_tiles, p_tiles;
+    thread_local conveyor_amx::TileBuffer<conveyor::BFloat16> q_tiles, p_tiles;
     thread_local conveyor_amx::TileBuffer<float> scores, acc, partial;
     kt.resize(max_keys * head_dim / 2);
     vp.resize(max_keys * head_dim);
@@ -553,5 +527,11 @@ void prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache, con
     }
     _tile_release();
   });
+#else
+  (void)q_ptr, (void)tokens, (void)q_row_stride, (void)heads, (void)head_dim, (void)k_ptr, (void)v_ptr, (void)k_codes,
+      (void)v_codes, (void)kv_heads, (void)block_size, (void)block_tables, (void)max_blocks, (void)span,
+      (void)num_chunks, (void)scale, (void)window, (void)out_ptr;
 #endif
 }
+
+}  // namespace conveyor_ops

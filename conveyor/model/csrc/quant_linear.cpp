@@ -1,3 +1,7 @@
+// Tuning constants (`conveyor bench decode-step` with an int4 / int8 model): kMinBytesPerThread, weight bytes below
+// which a thread is not worth waking; kPrefetchBytes, the software prefetch distance within a block.
+// Exactness invariant: each output is summed by one thread in one order, whatever the thread count.
+//
 // Weight-only quantized matrix products for decode steps of a few rows (CPU), where every step
 // streams every weight from memory once and the speed is the speed of that stream:
 //   int4_linear: 4-bit codes in groups of 32 input columns with a bfloat16 scale and zero per group
@@ -19,8 +23,8 @@
 //
 // They need AVX-512 BF16; built without it they raise (the end of this file), and Python asks
 // `quant_linear_vectorized()` before choosing them over torch's int4/int8 kernels.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+#include "kernels.h"
+#include "parallel.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -38,7 +42,7 @@ constexpr int64_t kGroup = 32;        // input columns per int4 group
 constexpr int64_t kCodeBytes = 256;   // 16 rows x 32 columns x 4 bits
 constexpr int64_t kBlockBytes = 320;  // codes + 16 scales + 16 zeros (bfloat16)
 constexpr int64_t kMinBytesPerThread = 32768;  // less is not worth waking a thread for
-constexpr int64_t kPrefetchBytes = 2048;  // software prefetch distance (1-16 KiB measured alike; none: 1.5x slower)
+constexpr int64_t kPrefetchBytes = 2048;  // software prefetch distance ahead in a block (a wide range works alike)
 
 using namespace conveyor_vec;
 
@@ -62,7 +66,7 @@ inline __m512 bf16x16_to_float(const uint8_t* p) {
 
 // R rows of x against one 16-row block of int4 weights (all groups); out [R][16] float32.
 template <int R>
-void int4_block(const uint8_t* blocks, int64_t groups, const c10::BFloat16* x, int64_t in_features,
+void int4_block(const uint8_t* blocks, int64_t groups, const conveyor::BFloat16* x, int64_t in_features,
                 const float* xsums /* [R][groups] */, __m512i table, float* out) {
   constexpr int kChains = R <= 2 ? 4 : 2;
   __m512 total[R];
@@ -76,7 +80,7 @@ void int4_block(const uint8_t* blocks, int64_t groups, const c10::BFloat16* x, i
     __m512 acc[R][kChains];
     for (int m = 0; m < R; ++m)
       for (int c = 0; c < kChains; ++c) acc[m][c] = _mm512_setzero_ps();
-    const c10::BFloat16* xg = x + g * kGroup;
+    const conveyor::BFloat16* xg = x + g * kGroup;
 #pragma GCC unroll 8
     for (int t = 0; t < 8; ++t) {
       const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 32 * t)));
@@ -133,46 +137,28 @@ void int8_block(const int8_t* codes, const float* x, int64_t in_features, float*
 
 // y [rows, out] bfloat16 from the float32 block results, scaled per row and with the bias added.
 void store_block(const float* sums /* [rows][16] */, int64_t rows, int64_t block, int64_t out_features,
-                 const float* row_scale, const c10::BFloat16* bias, c10::BFloat16* y) {
+                 const float* row_scale, const conveyor::BFloat16* bias, conveyor::BFloat16* y) {
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t r = 0; r < kRows; ++r) {
       const int64_t n = block * kRows + r;
       float v = sums[m * kRows + r];
       if (row_scale != nullptr) v *= row_scale[n];
-      if (bias != nullptr) v = static_cast<float>(static_cast<c10::BFloat16>(v)) + static_cast<float>(bias[n]);
-      y[m * out_features + n] = static_cast<c10::BFloat16>(v);
+      if (bias != nullptr) v = static_cast<float>(static_cast<conveyor::BFloat16>(v)) + static_cast<float>(bias[n]);
+      y[m * out_features + n] = static_cast<conveyor::BFloat16>(v);
     }
   }
 }
 
-void check_input(const torch::Tensor& x, int64_t in_features) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kBFloat16,
-              "x must be a contiguous [rows, in] bfloat16 CPU tensor");
-  TORCH_CHECK(x.size(1) == in_features, "x has ", x.size(1), " columns, the weights take ", in_features);
-}
-
-void check_bias(const c10::optional<torch::Tensor>& bias, int64_t out_features) {
-  if (!bias.has_value()) return;
-  TORCH_CHECK(bias->device().is_cpu() && bias->dim() == 1 && bias->size(0) == out_features && bias->is_contiguous() &&
-                  bias->scalar_type() == at::kBFloat16,
-              "bias must be a contiguous [out] bfloat16 CPU tensor");
-}
-
 }  // namespace
 
-// x [rows, in] bfloat16; blocks [out / 16, in / 32, 320] uint8 (layout above) -> [rows, out] bfloat16.
-torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(blocks.device().is_cpu() && blocks.dim() == 3 && blocks.size(2) == kBlockBytes &&
-                  blocks.is_contiguous() && blocks.scalar_type() == at::kByte,
-              "blocks must be contiguous [out / 16, in / 32, 320] uint8 (conveyor.model.quant.pack_int4_blocks)");
-  TORCH_CHECK(blocks.size(1) > 0, "blocks have no input columns (in must be a positive multiple of 32)");
-  const int64_t num_blocks = blocks.size(0), groups = blocks.size(1);
-  const int64_t in_features = groups * kGroup, out_features = num_blocks * kRows, rows = x.size(0);
-  check_input(x, in_features);
-  check_bias(bias, out_features);
-  auto y = torch::empty({rows, out_features}, x.options());
-  if (rows == 0 || out_features == 0) return y;
-  const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
+namespace conveyor_ops {
+
+// x [rows, in] bfloat16; blocks [num_blocks = out / 16, groups = in / 32, 320] uint8 (layout above); bias [out] or
+// null -> y [rows, out] bfloat16.
+void int4_linear(const conveyor::BFloat16* xp, int64_t rows, const uint8_t* bp, int64_t num_blocks, int64_t groups,
+                 const conveyor::BFloat16* biasp, conveyor::BFloat16* yp) {
+  const int64_t in_features = groups * kGroup, out_features = num_blocks * kRows;
+  if (rows == 0 || out_features == 0) return;
   // [rows][groups]: sum of each group's activations (a denormal x counts here but is zero to vdpbf16ps:
   // an error below 1e-38)
   std::vector<float> xsums(rows * groups);
@@ -183,11 +169,8 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, c
       xsums[m * groups + g] = s;
     }
   }
-  const uint8_t* bp = blocks.data_ptr<uint8_t>();
-  const c10::BFloat16* biasp = bias.has_value() ? bias->data_ptr<c10::BFloat16>() : nullptr;
-  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
   const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / (groups * kBlockBytes));
-  at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
+  conveyor_parallel::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> sums(rows * kRows);
     const __m512i table = nibble_to_bf16_table();
     for (int64_t b = begin; b < end; ++b) {
@@ -207,30 +190,16 @@ torch::Tensor int4_linear(const torch::Tensor& x, const torch::Tensor& blocks, c
       store_block(sums.data(), rows, b, out_features, nullptr, biasp, yp);
     }
   });
-  return y;
 }
 
-// x [rows, in] bfloat16; codes [out / 16, in, 16] int8 (pack_int8_rows); scale [out] float32 -> [rows, out] bfloat16.
-torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, const torch::Tensor& scale) {
-  TORCH_CHECK(codes.device().is_cpu() && codes.dim() == 3 && codes.size(2) == kRows && codes.is_contiguous() &&
-                  codes.scalar_type() == at::kChar,
-              "codes must be contiguous [out / 16, in, 16] int8 (conveyor.model.quant.pack_int8_rows)");
-  TORCH_CHECK(codes.size(1) > 0, "codes have no input columns");
-  const int64_t num_blocks = codes.size(0), in_features = codes.size(1), out_features = num_blocks * kRows;
-  const int64_t rows = x.size(0);
-  check_input(x, in_features);
-  TORCH_CHECK(scale.device().is_cpu() && scale.dim() == 1 && scale.size(0) == out_features &&
-                  scale.is_contiguous() && scale.scalar_type() == at::kFloat,
-              "scale must be a contiguous [out] float32 CPU tensor");
-  auto y = torch::empty({rows, out_features}, x.options());
-  if (rows == 0 || out_features == 0) return y;
-  const torch::Tensor xf = x.to(at::kFloat);  // [rows, in]: bfloat16 widens exactly
-  const float* xp = xf.data_ptr<float>();
-  const int8_t* cp = codes.data_ptr<int8_t>();
-  const float* sp = scale.data_ptr<float>();
-  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+// x [rows, in] (bfloat16 widened to float32); codes [num_blocks = out / 16, in, 16] int8 (pack_int8_rows); scale [out]
+// float32 -> y [rows, out] bfloat16.
+void int8_linear(const float* xp, int64_t rows, int64_t in_features, const int8_t* cp, int64_t num_blocks,
+                 const float* sp, conveyor::BFloat16* yp) {
+  const int64_t out_features = num_blocks * kRows;
+  if (rows == 0 || out_features == 0) return;
   const int64_t grain = std::max<int64_t>(1, kMinBytesPerThread / (in_features * kRows));
-  at::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
+  conveyor_parallel::parallel_for(0, num_blocks, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> sums(rows * kRows);
     for (int64_t b = begin; b < end; ++b) {
       const int8_t* block = cp + b * in_features * kRows;
@@ -240,27 +209,19 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& codes, co
       store_block(sums.data(), rows, b, out_features, sp, nullptr, yp);
     }
   });
-  return y;
 }
 
 bool quant_linear_vectorized() { return true; }
 
-#else  // no AVX-512 BF16: the ops exist and say why they cannot run
+}  // namespace conveyor_ops
 
-namespace {
-[[noreturn]] void not_vectorized() {
-  TORCH_CHECK(false, "int4_linear / int8_linear need a CPU with AVX-512 BF16 (this build has none); "
-              "conveyor.model.quant uses torch's int4/int8 kernels here");
-  std::abort();  // not reached: TORCH_CHECK(false, ...) throws
-}
-}  // namespace
+#else  // no AVX-512 BF16 in this build (the compiler's -march=native lacks it): bindings.cpp raises before calling
 
+namespace conveyor_ops {
 bool quant_linear_vectorized() { return false; }
-
-torch::Tensor int4_linear(const torch::Tensor&, const torch::Tensor&, const c10::optional<torch::Tensor>&) {
-  not_vectorized();
-}
-
-torch::Tensor int8_linear(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&) { not_vectorized(); }
+void int4_linear(const conveyor::BFloat16*, int64_t, const uint8_t*, int64_t, int64_t, const conveyor::BFloat16*,
+                 conveyor::BFloat16*) {}
+void int8_linear(const float*, int64_t, int64_t, const int8_t*, int64_t, const float*, conveyor::BFloat16*) {}
+}  // namespace conveyor_ops
 
 #endif

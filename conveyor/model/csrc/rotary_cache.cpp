@@ -6,8 +6,15 @@
 // rotate_half(q)*sin are each rounded to the dtype, then their sum is rounded (cos and sin
 // arrive already in the dtype, as conveyor.model.layers.RotaryEmbedding.tables gives them). Into an int8 cache
 // each K and V row is quantized as conveyor/model/kv_int8.py quantize_rows does, to the same bytes.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
+//
+//   qkv [tokens][heads + 2 kv_heads][head_dim] -> qk [tokens][heads + kv_heads][head_dim] (Q, then rotated K)
+//   K, V rows -> cache slot slots[t]: [slot / block_size][slot % block_size][kv_heads][head_dim] (or int8 pages)
+//
+// Tuning constants (`conveyor bench decode-step`): kInlineElements, below which one thread does it all;
+// kWriteAhead, tokens whose cache rows are requested for writing ahead. Each token is done by one thread: the bits
+// do not depend on the thread count.
+#include "kernels.h"
+#include "parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -29,7 +36,7 @@ constexpr int64_t kInlineElements = int64_t{1} << 13;
 using namespace conveyor_vec;
 
 // One bfloat16 head, 16 lanes at a time; the same rounding steps as rotate_one below.
-void rotate_head_bf16(const c10::BFloat16* x, const c10::BFloat16* c, const c10::BFloat16* s, c10::BFloat16* y,
+void rotate_head_bf16(const conveyor::BFloat16* x, const conveyor::BFloat16* c, const conveyor::BFloat16* s, conveyor::BFloat16* y,
                       int64_t half) {
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t d = 0; d < half; d += 16) {
@@ -59,7 +66,7 @@ inline T rotate_one(T x, T partner, T c, T s, bool first_half) {
 template <typename T>
 void quantize_row(const T* x, int64_t head_dim, int8_t* codes, float* scale) {
 #if defined(CONVEYOR_VEC_AVX512)
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, conveyor::BFloat16>) {
     if (head_dim % 16 == 0) {  // the same arithmetic, 16 values at a time
       __m512 top = _mm512_setzero_ps();
       for (int64_t d = 0; d < head_dim; d += 16) top = _mm512_max_ps(top, _mm512_abs_ps(conveyor_vec::load16(x + d)));
@@ -151,7 +158,7 @@ void rotary_and_cache_tokens(const T* qkv, const T* cos, const T* sin, const Cac
       const T* x = src + h * head_dim;
       T* y = dst + h * head_dim;
 #if defined(CONVEYOR_VEC_BF16)
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if constexpr (std::is_same_v<T, conveyor::BFloat16>) {
         rotate_head_bf16(x, c, s, y, half);
         continue;
       }
@@ -174,7 +181,7 @@ void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, const Cac
                              const CacheRows<T>& v_cache, const int64_t* slots, T* qk, int64_t tokens, int64_t heads,
                              int64_t kv_heads, int64_t head_dim) {
   const int64_t row = (heads + 2 * kv_heads) * head_dim;
-  at::parallel_for(0, tokens, std::max<int64_t>(1, kInlineElements / row), [&](int64_t begin, int64_t end) {
+  conveyor_parallel::parallel_for(0, tokens, std::max<int64_t>(1, kInlineElements / row), [&](int64_t begin, int64_t end) {
     rotary_and_cache_tokens(qkv, cos, sin, k_cache, v_cache, slots, qk, begin, end, heads, kv_heads, head_dim);
   });
 }
@@ -183,67 +190,30 @@ void rotary_and_cache_kernel(const T* qkv, const T* cos, const T* sin, const Cac
 
 void check_slots(const int64_t* slots, int64_t tokens, int64_t slots_total) {
   for (int64_t t = 0; t < tokens; ++t)
-    TORCH_CHECK(slots[t] >= 0 && slots[t] < slots_total, "slot ", slots[t], " is outside the cache (", slots_total,
+    CONVEYOR_CHECK(slots[t] >= 0 && slots[t] < slots_total, "slot ", slots[t], " is outside the cache (", slots_total,
                 " slots)");
 }
 
-void rotary_and_cache_rows(const c10::BFloat16* qkv, const c10::BFloat16* cos, const c10::BFloat16* sin,
-                           c10::BFloat16* k_cache, c10::BFloat16* v_cache, const int64_t* slots, c10::BFloat16* qk,
+void rotary_and_cache_rows(const conveyor::BFloat16* qkv, const conveyor::BFloat16* cos, const conveyor::BFloat16* sin,
+                           conveyor::BFloat16* k_cache, conveyor::BFloat16* v_cache, const int64_t* slots, conveyor::BFloat16* qk,
                            int64_t begin, int64_t end, int64_t heads, int64_t kv_heads, int64_t head_dim) {
-  const CacheRows<c10::BFloat16> k_rows{k_cache, nullptr, {}, true}, v_rows{v_cache, nullptr, {}, false};
+  const CacheRows<conveyor::BFloat16> k_rows{k_cache, nullptr, {}, true}, v_rows{v_cache, nullptr, {}, false};
   rotary_and_cache_tokens(qkv, cos, sin, k_rows, v_rows, slots, qk, begin, end, heads, kv_heads, head_dim);
 }
 
-// qkv [tokens, (heads + 2 * kv_heads) * head_dim] contiguous; cos, sin [tokens, head_dim] in
-// qkv's dtype; caches [num_blocks, block_size, kv_heads, head_dim] contiguous in qkv's dtype, or int8 caches
-// [num_blocks, kv_heads, block_size * (head_dim + 4)] (kv_int8.h); slot_mapping [tokens] int64.
-// Writes each token's rotated K and its V to its slot; returns the rotated Q and K heads,
-// [tokens, heads + kv_heads, head_dim].
-torch::Tensor rotary_and_cache(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
-                               torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& slot_mapping,
-                               int64_t heads, int64_t kv_heads) {
-  TORCH_CHECK(qkv.device().is_cpu() && qkv.dim() == 2 && qkv.is_contiguous(), "qkv must be a contiguous 2-D CPU tensor");
-  const int64_t tokens = qkv.size(0);
-  TORCH_CHECK(heads > 0 && kv_heads > 0 && qkv.size(1) % (heads + 2 * kv_heads) == 0,
-              "qkv's width must be (heads + 2 * kv_heads) * head_dim");
-  const int64_t head_dim = qkv.size(1) / (heads + 2 * kv_heads);
-  TORCH_CHECK(head_dim % 2 == 0, "head_dim must be even, got ", head_dim);
-  const bool int8_cache = k_cache.scalar_type() == at::kChar;
-  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.sizes() == k_cache.sizes() &&
-                  v_cache.scalar_type() == k_cache.scalar_type(),
-              "the K and V caches must be contiguous, of one shape and dtype");
-  int64_t slots_total = 0;
-  conveyor_kv_int8::PageLayout layout{};
-  if (int8_cache) {
-    layout = conveyor_kv_int8::page_layout(k_cache, head_dim, 512, "rotary_and_cache");
-    TORCH_CHECK(layout.kv_heads == kv_heads, "rotary_and_cache: the int8 caches hold ", layout.kv_heads,
-                " KV heads, qkv ", kv_heads);
-    slots_total = k_cache.size(0) * layout.block_size;
-  } else {
-    TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(2) == kv_heads && k_cache.size(3) == head_dim &&
-                    qkv.scalar_type() == k_cache.scalar_type(),
-                "caches must be [num_blocks, block_size, kv_heads, head_dim] in qkv's dtype (or int8 pages)");
-    slots_total = k_cache.size(0) * k_cache.size(1);
-  }
-  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * head_dim &&
-                  sin.numel() == tokens * head_dim,
-              "cos and sin must be contiguous [tokens, head_dim]");
-  TORCH_CHECK(qkv.scalar_type() == cos.scalar_type() && qkv.scalar_type() == sin.scalar_type(),
-              "qkv, cos and sin must share a dtype");
-  TORCH_CHECK(slot_mapping.scalar_type() == torch::kInt64 && slot_mapping.is_contiguous() &&
-                  slot_mapping.numel() == tokens,
-              "slot_mapping must be a contiguous int64 [tokens]");
-  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
-  check_slots(slots, tokens, slots_total);
-  auto qk = torch::empty({tokens, heads + kv_heads, head_dim}, qkv.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, qkv.scalar_type(), "rotary_and_cache", [&] {
-    const CacheRows<scalar_t> k_rows{int8_cache ? nullptr : k_cache.data_ptr<scalar_t>(),
-                                     int8_cache ? k_cache.data_ptr<int8_t>() : nullptr, layout, true};
-    const CacheRows<scalar_t> v_rows{int8_cache ? nullptr : v_cache.data_ptr<scalar_t>(),
-                                     int8_cache ? v_cache.data_ptr<int8_t>() : nullptr, layout, false};
-    rotary_and_cache_kernel<scalar_t>(qkv.data_ptr<scalar_t>(), cos.data_ptr<scalar_t>(), sin.data_ptr<scalar_t>(),
-                                      k_rows, v_rows, slots, qk.data_ptr<scalar_t>(), tokens, heads, kv_heads,
-                                      head_dim);
+namespace conveyor_ops {
+
+void rotary_and_cache(conveyor::DType dtype, const void* qkv, const void* cos, const void* sin, void* k_cache,
+                      void* v_cache, int8_t* k_codes, int8_t* v_codes, const conveyor_kv_int8::PageLayout& layout,
+                      const int64_t* slots, void* qk, int64_t tokens, int64_t heads, int64_t kv_heads,
+                      int64_t head_dim) {
+  conveyor::dispatch_floating(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    const CacheRows<T> k_rows{static_cast<T*>(k_cache), k_codes, layout, true};
+    const CacheRows<T> v_rows{static_cast<T*>(v_cache), v_codes, layout, false};
+    rotary_and_cache_kernel<T>(static_cast<const T*>(qkv), static_cast<const T*>(cos), static_cast<const T*>(sin),
+                               k_rows, v_rows, slots, static_cast<T*>(qk), tokens, heads, kv_heads, head_dim);
   });
-  return qk;
 }
+
+}  // namespace conveyor_ops

@@ -5,7 +5,7 @@
 // raises, and nothing allocates a tensor.
 #pragma once
 
-#include <c10/util/BFloat16.h>
+#include "scalar_types.h"
 
 #include <cstdint>
 #include <vector>
@@ -19,14 +19,14 @@ void check_contexts(const int64_t* context_lens, const int64_t* block_tables, in
 void check_slots(const int64_t* slots, int64_t tokens, int64_t slots_total);
 
 // Rows [begin, end) of add_rms_norm: hidden [*, dim] += delta (when not null), out = RMSNorm(hidden) * weight.
-void add_rms_norm_rows(c10::BFloat16* hidden, const c10::BFloat16* delta, const c10::BFloat16* weight,
-                       c10::BFloat16* out, int64_t begin, int64_t end, int64_t dim, double eps);
+void add_rms_norm_rows(conveyor::BFloat16* hidden, const conveyor::BFloat16* delta, const conveyor::BFloat16* weight,
+                       conveyor::BFloat16* out, int64_t begin, int64_t end, int64_t dim, double eps);
 
 // Tokens [begin, end) of rotary_and_cache: qkv [*, (heads + 2 kv_heads) head_dim], cos, sin [*, head_dim] ->
 // qk [*, heads + kv_heads, head_dim]; each token's rotated K and its V to its slot of the plain caches
 // [num_blocks, block_size, kv_heads, head_dim].
-void rotary_and_cache_rows(const c10::BFloat16* qkv, const c10::BFloat16* cos, const c10::BFloat16* sin,
-                           c10::BFloat16* k_cache, c10::BFloat16* v_cache, const int64_t* slots, c10::BFloat16* qk,
+void rotary_and_cache_rows(const conveyor::BFloat16* qkv, const conveyor::BFloat16* cos, const conveyor::BFloat16* sin,
+                           conveyor::BFloat16* k_cache, conveyor::BFloat16* v_cache, const int64_t* slots, conveyor::BFloat16* qk,
                            int64_t begin, int64_t end, int64_t heads, int64_t kv_heads, int64_t head_dim);
 
 // decode_attention's split of a step's (sequence, KV head) items over `threads`: thread t takes items
@@ -36,8 +36,8 @@ std::vector<int64_t> decode_attention_bounds(const int64_t* context_lens, int64_
 
 // Items [begin, end) of decode_attention (item = seq * kv_heads + kv_head) over plain bfloat16 caches; scores: the
 // calling thread's scratch, grown as needed.
-void decode_attention_items(const c10::BFloat16* q, int64_t q_seq_stride, int64_t q_head_stride,
-                            const c10::BFloat16* k_cache, const c10::BFloat16* v_cache, const int64_t* block_tables,
+void decode_attention_items(const conveyor::BFloat16* q, int64_t q_seq_stride, int64_t q_head_stride,
+                            const conveyor::BFloat16* k_cache, const conveyor::BFloat16* v_cache, const int64_t* block_tables,
                             int64_t max_blocks, const int64_t* context_lens, int64_t block_size, int64_t heads,
-                            int64_t kv_heads, int64_t head_dim, double scale, c10::BFloat16* out, int64_t begin,
+                            int64_t kv_heads, int64_t head_dim, double scale, conveyor::BFloat16* out, int64_t begin,
                             int64_t end, std::vector<float>& scores);

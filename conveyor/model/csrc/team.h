@@ -1,9 +1,8 @@
 // A team of threads that stays in one parallel region across many ops (decode_layers.cpp): the barrier its threads
 // meet at between two ops, and each thread's share of an op's rows.
 //
-// The ops of a 64-row decode step are short (30 layers x 8 ops in ~35 ms); run one parallel region each, every op
-// paid a fork and a join, and the calling thread's work between them (the next op's checks and output tensor)
-// was time the other thread spent waiting: ~15% of its time in a W1 decode step (perf, benchmarks/RESULTS.md s29).
+// The ops of a decode step are short; run in one parallel region each, every op pays a fork and a join, and the
+// calling thread's work between them (the next op's checks and output tensor) is time the other threads wait.
 #pragma once
 
 #include <linux/futex.h>
@@ -24,10 +23,9 @@ static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "a barrier's ge
 // The `threads` threads of a team wait at wait() until all of them are there (reusable: a count and a generation).
 // A waiting thread spins for about what an op's imbalance lasts (kSpins pause instructions), then sleeps on the
 // generation (a futex) until the last one arrives and wakes it: on a machine shared with other busy processes the
-// thread it waits for may need its core. W1's sync decode_layers call idle / beside a 2-thread torch process
-// (benchmarks/RESULTS.md, s29): 1000 spins 30.3-32.0 / 60-68 ms, 3000 29.8 / 62-63 ms, 10000 (conveyor/openmp.py's
-// count for libgomp's waits) 29.7-30.6 / 76-78 ms, yielding instead of sleeping 73 ms; one region per op 31.7-33.2 /
-// 59 ms.
+// thread it waits for may need its core. kSpins trades an idle machine's wake-up latency (more spins) against a
+// shared machine's stolen core (fewer); tuned with `conveyor bench decode-step`, idle and beside a busy process.
+// Exactness is not at stake: the barrier only orders the ops; each op's outputs are computed as without it.
 // abort() releases every wait, now and later (a thread that failed), and wait() then returns false.
 class SpinBarrier {
  public:
@@ -65,7 +63,7 @@ class SpinBarrier {
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
   }
 
-  static constexpr int64_t kSpins = 3000;  // tens of microseconds
+  static constexpr int64_t kSpins = 3000;  // pause instructions before sleeping
   alignas(64) std::atomic<int64_t> arrived_{0};
   alignas(64) std::atomic<uint32_t> generation_{0};
   std::atomic<int32_t> sleepers_{0};

@@ -8,8 +8,9 @@
 //
 // Both skip work by whole words: apply_token_bitmask_ leaves an all-ones word's 32 logits untouched and
 // writes an all-zeros word's as one run; argmax_allowed reads no logit of an all-zeros word, so a row
-// with a few allowed tokens (a number, a keyword) costs a read of its mask and little more.
-#include <torch/extension.h>
+// with a few allowed tokens (a number, a keyword) costs a read of its mask and little more. Each row is done by one
+// thread in one order (tokens ascending): the result does not depend on the thread count.
+#include "kernels.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -23,7 +24,7 @@ namespace {
 template <typename T>
 void mask_rows(T* logits, int64_t row_stride, int64_t vocab, const int64_t* rows, int64_t k, const uint32_t* bits,
                int64_t words) {
-  // -inf from its bit pattern: the sources compile with -ffast-math, under which infinity() is not to be relied on.
+  // -inf from its bit pattern (the same value as -std::numeric_limits<float>::infinity()).
   const uint32_t minus_inf_bits = 0xFF800000u;
   float minus_inf_float;
   std::memcpy(&minus_inf_float, &minus_inf_bits, sizeof(float));
@@ -107,57 +108,36 @@ int64_t first_allowed_argmax(const T* row, int64_t vocab, const uint32_t* mask, 
 #endif
 }
 
-void check_inputs(const torch::Tensor& logits, const torch::Tensor& rows, const torch::Tensor& bitmask,
-                  const char* op) {
-  TORCH_CHECK(logits.device().is_cpu() && rows.device().is_cpu() && bitmask.device().is_cpu(), op,
-              " is a CPU kernel; got logits on ", logits.device());
-  TORCH_CHECK(logits.dim() == 2 && logits.stride(1) == 1, op, ": logits must be [batch, vocab] with contiguous rows, got ",
-              logits.sizes(), " strides ", logits.strides());
-  TORCH_CHECK(logits.scalar_type() == torch::kFloat32 || logits.scalar_type() == torch::kBFloat16, op,
-              ": logits must be float32 or bfloat16, got ", logits.scalar_type());
-  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == torch::kInt64 && rows.is_contiguous(), op,
-              ": rows must be a contiguous [k] int64 tensor, got ", rows.sizes(), " ", rows.scalar_type());
-  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == torch::kInt32 && bitmask.is_contiguous(), op,
-              ": bitmask must be a contiguous [k, words] int32 tensor, got ", bitmask.sizes(), " ", bitmask.scalar_type());
-  const int64_t batch = logits.size(0), vocab = logits.size(1), k = rows.size(0), words = bitmask.size(1);
-  TORCH_CHECK(bitmask.size(0) == k, op, ": bitmask has ", bitmask.size(0), " rows for ", k, " row indices");
-  TORCH_CHECK(words * 32 >= vocab, op, ": bitmask has ", words, " words per row, too few for ", vocab,
-              " tokens (need ", (vocab + 31) / 32, ")");
-  const int64_t* row_ids = rows.data_ptr<int64_t>();
-  for (int64_t i = 0; i < k; ++i) {
-    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < batch, op, ": row index ", row_ids[i], " is outside the ", batch,
-                " logits rows");
-  }
-}
-
 }  // namespace
 
-void apply_token_bitmask_(torch::Tensor& logits, const torch::Tensor& rows, const torch::Tensor& bitmask) {
-  check_inputs(logits, rows, bitmask, "apply_token_bitmask_");
-  const int64_t vocab = logits.size(1), k = rows.size(0), words = bitmask.size(1);
-  const int64_t* row_ids = rows.data_ptr<int64_t>();
-  const auto* bits = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
-  if (logits.scalar_type() == torch::kFloat32) {
-    mask_rows(logits.data_ptr<float>(), logits.stride(0), vocab, row_ids, k, bits, words);
-  } else {
-    mask_rows(logits.data_ptr<at::BFloat16>(), logits.stride(0), vocab, row_ids, k, bits, words);
+namespace conveyor_ops {
+
+void check_bitmask_rows(const int64_t* row_ids, int64_t k, int64_t batch, const char* op) {
+  for (int64_t i = 0; i < k; ++i) {
+    CONVEYOR_CHECK(row_ids[i] >= 0 && row_ids[i] < batch, op, ": row index ", row_ids[i], " is outside the ", batch,
+                   " logits rows");
   }
 }
 
-torch::Tensor argmax_allowed(const torch::Tensor& logits, const torch::Tensor& rows, const torch::Tensor& bitmask) {
-  check_inputs(logits, rows, bitmask, "argmax_allowed");
-  const int64_t vocab = logits.size(1), k = rows.size(0), words = bitmask.size(1), stride = logits.stride(0);
-  const int64_t* row_ids = rows.data_ptr<int64_t>();
-  const auto* bits = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
-  torch::Tensor out = torch::empty({k}, torch::kInt64);  // [k]
-  int64_t* tokens = out.data_ptr<int64_t>();
-  const bool is_float = logits.scalar_type() == torch::kFloat32;
-  const float* f32 = is_float ? logits.data_ptr<float>() : nullptr;
-  const at::BFloat16* bf16 = is_float ? nullptr : logits.data_ptr<at::BFloat16>();
+void apply_token_bitmask(conveyor::DType dtype, void* logits, int64_t stride, int64_t vocab, const int64_t* row_ids,
+                         int64_t k, const uint32_t* bits, int64_t words) {
+  if (dtype == conveyor::DType::kFloat) {
+    mask_rows(static_cast<float*>(logits), stride, vocab, row_ids, k, bits, words);
+  } else {
+    mask_rows(static_cast<conveyor::BFloat16*>(logits), stride, vocab, row_ids, k, bits, words);
+  }
+}
+
+void argmax_allowed(conveyor::DType dtype, const void* logits, int64_t stride, int64_t vocab, const int64_t* row_ids,
+                    int64_t k, const uint32_t* bits, int64_t words, int64_t* tokens) {
+  const bool is_float = dtype == conveyor::DType::kFloat;
+  const float* f32 = is_float ? static_cast<const float*>(logits) : nullptr;
+  const conveyor::BFloat16* bf16 = is_float ? nullptr : static_cast<const conveyor::BFloat16*>(logits);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < k; ++i) {
     tokens[i] = is_float ? first_allowed_argmax(f32 + row_ids[i] * stride, vocab, bits + i * words, words)
                          : first_allowed_argmax(bf16 + row_ids[i] * stride, vocab, bits + i * words, words);
   }
-  return out;
 }
+
+}  // namespace conveyor_ops

@@ -7,7 +7,7 @@
 // Rounding to bfloat16 is round-to-nearest-even (vcvtneps2bf16), as torch rounds.
 #pragma once
 
-#include <c10/util/BFloat16.h>
+#include "scalar_types.h"
 
 #include <cstdint>
 #include <cstring>
@@ -15,10 +15,9 @@
 namespace conveyor_vec {
 
 inline float to_float(float v) { return v; }
-inline float to_float(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float to_float(conveyor::BFloat16 v) { return static_cast<float>(v); }
 
-// Whether v is a NaN, from its bits: the kernels compile with -ffast-math, under which `v != v` is not to be
-// relied on.
+// Whether v is a NaN, from its bits: one test that holds whatever flags the kernels are compiled with.
 inline bool is_nan(float v) {
   uint32_t bits;
   std::memcpy(&bits, &v, sizeof(bits));
@@ -30,9 +29,9 @@ inline bool is_nan(float v) {
 enum class Request { kReadL1, kReadL2, kWrite };
 
 // The cache line holding p requested. An asm statement, not _mm_prefetch: GCC 12 can delete a loop of
-// _mm_prefetch / __builtin_prefetch calls over a length known only at run time, as code without effects. It did
-// with gguf_linear.cpp's requests (s21) and with prefill attention's K/V row requests (s24: pack_keys_values held
-// no prefetch instruction); it kept the float32 product's, inside its FMA loop.
+// _mm_prefetch / __builtin_prefetch calls over a length known only at run time, as code without effects (it did
+// so with gguf_linear.cpp's and prefill attention's K/V row requests; check the object code for PREFETCH after
+// changing a caller).
 template <Request kHow>
 inline void request_line(const void* p) {
 #if defined(__x86_64__)
@@ -74,7 +73,7 @@ inline __mmask16 tail_mask(int64_t left) {
 }
 
 // Up to 16 bfloat16 (masked) -> float32: the bits shifted into the high half.
-inline __m512 load_bf16(const c10::BFloat16* p, __mmask16 mask = 0xFFFF) {
+inline __m512 load_bf16(const conveyor::BFloat16* p, __mmask16 mask = 0xFFFF) {
   const __m256i raw = _mm256_maskz_loadu_epi16(mask, reinterpret_cast<const void*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
@@ -82,11 +81,11 @@ inline __m512 load_bf16(const c10::BFloat16* p, __mmask16 mask = 0xFFFF) {
 // 16 values from p (lanes outside `lanes` are not read, and are zero) as float32, for kernels templated on
 // the logits' or activations' type.
 inline __m512 load16(const float* p, __mmask16 lanes = 0xFFFF) { return _mm512_maskz_loadu_ps(lanes, p); }
-inline __m512 load16(const c10::BFloat16* p, __mmask16 lanes = 0xFFFF) { return load_bf16(p, lanes); }
+inline __m512 load16(const conveyor::BFloat16* p, __mmask16 lanes = 0xFFFF) { return load_bf16(p, lanes); }
 
 // request_bytes for a span whose length is known when compiling (a row of a fixed head_dim): _mm_prefetch calls,
-// which GCC unrolls and keeps, and schedules with the code around them (in the float32 product's FMA loop the asm
-// form made the loop 2.2x slower, s24).
+// which GCC unrolls and keeps, and schedules with the code around them (the asm form, opaque to the scheduler,
+// slows a tight FMA loop such as the float32 product's).
 template <Request kHow, int64_t kBytes>
 inline void request_bytes(const void* p) {
   constexpr _mm_hint kHint = kHow == Request::kReadL1 ? _MM_HINT_T0 : kHow == Request::kReadL2 ? _MM_HINT_T1
@@ -113,7 +112,7 @@ inline __m512 round_bf16(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(v)), 16));
 }
 
-inline void store_bf16(c10::BFloat16* p, __m512 v, __mmask16 mask) {
+inline void store_bf16(conveyor::BFloat16* p, __m512 v, __mmask16 mask) {
   _mm256_mask_storeu_epi16(reinterpret_cast<void*>(p), mask, to_bf16(v));
 }
 
@@ -184,7 +183,7 @@ inline void transpose16(__m512 r[16]) {
 
 // silu(gate) * up for 16 values that bfloat16 tensors hold, with transformers' roundings: silu(gate) rounded to
 // bfloat16 before it multiplies up (the product is rounded by whoever stores it). exp's argument is capped so
-// that it stays finite: -ffast-math divides by a reciprocal estimate, which turns an infinite denominator into
+// that it stays finite: an infinite denominator (or a reciprocal estimate of one) would turn the quotient into
 // NaN (silu(-100) is -0 either way). One definition for the activation op and the product that fuses it.
 inline __m512 silu_times_bf16(__m512 gate, __m512 up) {
   const __m512 e = exp_ps(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), gate), _mm512_set1_ps(80.f)));
