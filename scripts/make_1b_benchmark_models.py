@@ -69,13 +69,21 @@ def main() -> int:
     args = parser.parse_args()
     folder = os.path.join(args.out_dir, "llama-1b")
     steps: list[tuple[str, object]] = [
-        (folder, lambda: subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_random_checkpoint.py"),
-                                         folder], check=True)),
+        (
+            folder,
+            lambda: subprocess.run(
+                [sys.executable, os.path.join(ROOT, "scripts", "make_random_checkpoint.py"), folder], check=True
+            ),
+        ),
         (f"{folder}-bf16.gguf", lambda: _converted(folder, f"{folder}-bf16.gguf", "bf16")),
         (f"{folder}-q8_0.gguf", lambda: _converted(folder, f"{folder}-q8_0.gguf", "q8_0")),
-    ] + [(f"{folder}-{name}.gguf", lambda name=name, ftype=ftype: _quantized(f"{folder}-bf16.gguf",
-                                                                              f"{folder}-{name}.gguf", ftype))
-         for name, ftype in QUANTIZED.items()]
+    ] + [
+        (
+            f"{folder}-{name}.gguf",
+            lambda name=name, ftype=ftype: _quantized(f"{folder}-bf16.gguf", f"{folder}-{name}.gguf", ftype),
+        )
+        for name, ftype in QUANTIZED.items()
+    ]
     for target, make in steps:
         if os.path.exists(target):
             print(f"[exists] {target}")

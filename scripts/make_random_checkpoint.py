@@ -18,15 +18,32 @@ import sys
 
 SHAPES: dict[str, dict[str, object]] = {
     "llama-3.2-1b": {
-        "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 64, "rope_theta": 500000.0, "max_position_embeddings": 131072,
-        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192},
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 131072,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
         "tie_word_embeddings": True,
     },
     "llama-tiny": {
-        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 64, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 4096,
         "tie_word_embeddings": True,
     },
 }
@@ -47,8 +64,14 @@ def main() -> int:
     from conveyor.model.loader import default_model_path
 
     tokenizer = load_gguf_tokenizer(default_model_path())
-    config = LlamaConfig(vocab_size=49152, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         rms_norm_eps=1e-5, torch_dtype="bfloat16", **SHAPES[args.shape])
+    config = LlamaConfig(
+        vocab_size=49152,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        rms_norm_eps=1e-5,
+        torch_dtype="bfloat16",
+        **SHAPES[args.shape],
+    )
     hidden, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     q_out = config.num_attention_heads * config.head_dim
     kv_out = config.num_key_value_heads * config.head_dim
@@ -57,21 +80,25 @@ def main() -> int:
     def normal(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape, generator=generator) * 0.02).to(torch.bfloat16)
 
-    tensors = {"model.embed_tokens.weight": normal(config.vocab_size, hidden),
-               "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16)}
+    tensors = {
+        "model.embed_tokens.weight": normal(config.vocab_size, hidden),
+        "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+    }
     for i in range(layers):
         prefix = f"model.layers.{i}"
-        tensors.update({
-            f"{prefix}.input_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
-            f"{prefix}.post_attention_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
-            f"{prefix}.self_attn.q_proj.weight": normal(q_out, hidden),
-            f"{prefix}.self_attn.k_proj.weight": normal(kv_out, hidden),
-            f"{prefix}.self_attn.v_proj.weight": normal(kv_out, hidden),
-            f"{prefix}.self_attn.o_proj.weight": normal(hidden, q_out),
-            f"{prefix}.mlp.gate_proj.weight": normal(inter, hidden),
-            f"{prefix}.mlp.up_proj.weight": normal(inter, hidden),
-            f"{prefix}.mlp.down_proj.weight": normal(hidden, inter),
-        })
+        tensors.update(
+            {
+                f"{prefix}.input_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+                f"{prefix}.post_attention_layernorm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+                f"{prefix}.self_attn.q_proj.weight": normal(q_out, hidden),
+                f"{prefix}.self_attn.k_proj.weight": normal(kv_out, hidden),
+                f"{prefix}.self_attn.v_proj.weight": normal(kv_out, hidden),
+                f"{prefix}.self_attn.o_proj.weight": normal(hidden, q_out),
+                f"{prefix}.mlp.gate_proj.weight": normal(inter, hidden),
+                f"{prefix}.mlp.up_proj.weight": normal(inter, hidden),
+                f"{prefix}.mlp.down_proj.weight": normal(hidden, inter),
+            }
+        )
     os.makedirs(args.out_dir, exist_ok=True)
     config.architectures = ["LlamaForCausalLM"]
     config.save_pretrained(args.out_dir)
@@ -80,8 +107,7 @@ def main() -> int:
     with open(os.path.join(args.out_dir, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id, "do_sample": False}, f)
     params = sum(t.numel() for t in tensors.values())
-    print(f"wrote {args.out_dir}: {args.shape}, {params / 1e9:.2f} B parameters, "
-          f"{params * 2 / 1e9:.2f} GB bfloat16")
+    print(f"wrote {args.out_dir}: {args.shape}, {params / 1e9:.2f} B parameters, {params * 2 / 1e9:.2f} GB bfloat16")
     return 0
 
 

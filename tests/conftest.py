@@ -23,8 +23,9 @@ def hf_default_model(default_gguf: str) -> Any:
     """transformers' own GGUF loading and dequantization of the default model, float32."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(default_gguf),
-                                                 gguf_file=os.path.basename(default_gguf), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(default_gguf), gguf_file=os.path.basename(default_gguf), dtype=torch.float32
+    )
     return model.eval()
 
 

@@ -12,9 +12,14 @@ from collections import defaultdict
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "conveyor"
 
 LAYERS: dict[str, float] = {
-    "conveyor.errors": 0, "conveyor.openmp": 0, "conveyor.host_memory": 0,
-    "conveyor.structured": 1, "conveyor.tools": 1,
-    "conveyor.params": 2, "conveyor.config": 2, "conveyor.device": 2,
+    "conveyor.errors": 0,
+    "conveyor.openmp": 0,
+    "conveyor.host_memory": 0,
+    "conveyor.structured": 1,
+    "conveyor.tools": 1,
+    "conveyor.params": 2,
+    "conveyor.config": 2,
+    "conveyor.device": 2,
     "conveyor.core": 3,
     "conveyor.outputs": 4,
     "conveyor.model": 5,
@@ -22,7 +27,8 @@ LAYERS: dict[str, float] = {
     "conveyor.runtime": 6,
     "conveyor.engine": 7,
     "conveyor.data_parallel": 7.5,  # replicas and their router (data parallelism)
-    "conveyor.llm": 8, "conveyor.bench": 8,
+    "conveyor.llm": 8,
+    "conveyor.bench": 8,
     "conveyor": 8.5,  # the package's public face (LLM, SamplingParams, __version__)
     "conveyor.server": 9,
     "conveyor.data_parallel.serving": 9.5,  # the replicas' HTTP front and app, built on the server's protocol
@@ -128,9 +134,9 @@ def _private_uses(path: pathlib.Path) -> list[str]:
     """`x._name` where x is not self or cls: a frontend reaching into an object it was handed."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
-            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
-                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+        private = isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+        if private and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     return found
 
 
@@ -138,8 +144,9 @@ def test_no_frontend_touches_a_private_attribute() -> None:
     files = [p for f in FRONTENDS for p in ((ROOT / f).rglob("*.py") if (ROOT / f).is_dir() else [ROOT / f])]
     assert len(files) > 20
     found = [use for path in files for use in _private_uses(path)]
-    assert not found, "frontends must use the engine's public surface (EngineInfo, counters, constructor " \
-                      "hooks):\n" + "\n".join(found)
+    assert not found, (
+        "frontends must use the engine's public surface (EngineInfo, counters, constructor hooks):\n" + "\n".join(found)
+    )
 
 
 def test_the_private_attribute_check_can_fail(tmp_path: pathlib.Path) -> None:

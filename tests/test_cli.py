@@ -15,16 +15,22 @@ SMALL = ["--kv-cache-memory", "64MiB", "--max-model-len", "512"]
 
 
 def test_generate_answers_capital_of_france() -> None:
-    done = subprocess.run(CLI + ["generate", "What is the capital of France?", "--max-tokens", "32"] + SMALL,
-                          capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(
+        [*CLI, "generate", "What is the capital of France?", "--max-tokens", "32", *SMALL],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert done.returncode == 0, done.stderr
     assert "Paris" in done.stdout
     assert "time to first token" in done.stderr and "tokens/s" in done.stderr
 
 
 def _chat(script: str) -> list[str]:
-    done = subprocess.run(CLI + ["chat", "--max-tokens", "40"] + SMALL, input=script, capture_output=True,
-                          text=True, timeout=300, env=ENV)
+    done = subprocess.run(
+        [*CLI, "chat", "--max-tokens", "40", *SMALL], input=script, capture_output=True, text=True, timeout=300, env=ENV
+    )
     assert done.returncode == 0, done.stderr
     return [part for part in done.stdout.split("you> ") if part.startswith("bot> ")]
 
@@ -38,37 +44,58 @@ def test_chat_keeps_history_and_exits_on_eof() -> None:
 
 
 def test_chat_exit_command() -> None:
-    done = subprocess.run(CLI + ["chat"] + SMALL, input="/exit\nnever read\n", capture_output=True, text=True,
-                          timeout=300, env=ENV)
+    done = subprocess.run(
+        [*CLI, "chat", *SMALL], input="/exit\nnever read\n", capture_output=True, text=True, timeout=300, env=ENV
+    )
     assert done.returncode == 0 and "bot>" not in done.stdout
 
 
 def test_chat_drops_the_oldest_turns_when_the_context_is_full() -> None:
     script = "Hi\nTell me a long story about a dragon and a knight.\nAnd another one, please.\n" + "x " * 200 + "\n"
-    done = subprocess.run(CLI + ["chat", "--max-tokens", "16", "--kv-cache-memory", "64MiB", "--max-model-len", "96"],
-                          input=script, capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(
+        [*CLI, "chat", "--max-tokens", "16", "--kv-cache-memory", "64MiB", "--max-model-len", "96"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("bot> ") == 3  # every message that fits got a reply, the session went on
     assert "oldest message(s) left the conversation" in done.stderr
     assert "does not fit the 96-token context" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["bench", "throughput", "--num-prompts", "0"], "must be at least 1, got 0"),
-    (["bench", "throughput", "--runs", "0"], "must be at least 1, got 0"),
-    (["bench", "decode-step", "--num-seqs", "-2"], "must be at least 1, got -2"),
-    (["generate", "x", "--dtype", "float64"], "invalid choice"),
-    (["generate", "x", "--temperature", "-1"], "temperature=-1"),
-    (["generate", "x", "--model", "/no/such/model.gguf"], "no such file or folder"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["bench", "throughput", "--num-prompts", "0"], "must be at least 1, got 0"),
+        (["bench", "throughput", "--runs", "0"], "must be at least 1, got 0"),
+        (["bench", "decode-step", "--num-seqs", "-2"], "must be at least 1, got -2"),
+        (["generate", "x", "--dtype", "float64"], "invalid choice"),
+        (["generate", "x", "--temperature", "-1"], "temperature=-1"),
+        (["generate", "x", "--model", "/no/such/model.gguf"], "no such file or folder"),
+    ],
+)
 def test_bad_flags_give_clear_errors(args: list[str], fragment: str) -> None:
     done = subprocess.run(CLI + args, capture_output=True, text=True, timeout=300, env=ENV)
     assert done.returncode == 2
     assert fragment in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("command", [["generate"], ["chat"], ["serve"], ["bench", "throughput"], ["bench", "latency"],
-                                     ["bench", "serve"], ["bench", "decode-step"], ["bench", "async-vs-sync"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["generate"],
+        ["chat"],
+        ["serve"],
+        ["bench", "throughput"],
+        ["bench", "latency"],
+        ["bench", "serve"],
+        ["bench", "decode-step"],
+        ["bench", "async-vs-sync"],
+    ],
+)
 def test_every_command_prints_its_help(command: list[str]) -> None:
     """Each engine option appears in --help with its description (argparse must be able to format it)."""
     done = subprocess.run(CLI + command + ["--help"], capture_output=True, text=True, timeout=120, env=ENV)
@@ -88,9 +115,30 @@ def test_engine_seed_and_sampling_seed_are_separate_flags() -> None:
 
 
 def test_generate_with_n_stop_and_verbose_after_the_command() -> None:
-    done = subprocess.run(CLI + ["generate", "Count: one, two,", "--raw", "-n", "2", "--temperature", "0.8",
-                                 "--seed", "1", "--stop", "five", "--max-tokens", "12", "-v"] + SMALL,
-                          capture_output=True, text=True, timeout=300, env=ENV)
+    done = subprocess.run(
+        [
+            *CLI,
+            "generate",
+            "Count: one, two,",
+            "--raw",
+            "-n",
+            "2",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "1",
+            "--stop",
+            "five",
+            "--max-tokens",
+            "12",
+            "-v",
+            *SMALL,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert done.returncode == 0, done.stderr
     assert "[sample 1]" in done.stdout and "[sample 2]" in done.stdout and "five" not in done.stdout
     assert "engine ready" in done.stderr  # -v after the command turns on the engine's log
@@ -109,7 +157,7 @@ def test_fit_history_drops_whole_exchanges_and_keeps_history_when_a_message_cann
     prompt = _fit_history(default_llm, history, max_tokens=64)
     assert prompt is not None and len(default_llm.engine.tokenize(prompt)) + 64 <= context
     assert history[0] == before[0] and history[-1] == before[-1]
-    assert history[1]["role"] == "user" and history[1:] == before[-len(history) + 1:]  # whole exchanges left
+    assert history[1]["role"] == "user" and history[1:] == before[-len(history) + 1 :]  # whole exchanges left
     assert len(history) < len(before)
     kept = list(history)
     history.append({"role": "user", "content": "word " * 2000})

@@ -18,8 +18,9 @@ from helpers.tiny_models import build_tiny_model
 
 ROOT = str(Path(__file__).resolve().parents[1])
 
-pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
-                                reason="the setting is glibc's malloc's")
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="the setting is glibc's malloc's"
+)
 
 _CODE = """
 import json, resource, sys
@@ -39,15 +40,23 @@ print(json.dumps({"first": first, "second": faults_of_a_fresh_block(), "left_alo
 
 def _run_fresh(code: str, model: str, environ: dict[str, str]) -> dict:
     """`code` run with the model's path in a fresh interpreter; the JSON object its last line prints."""
-    done = subprocess.run([sys.executable, "-c", code, model], capture_output=True, text=True, timeout=300,
-                          env={**environ, "PYTHONPATH": ROOT})
+    done = subprocess.run(
+        [sys.executable, "-c", code, model],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**environ, "PYTHONPATH": ROOT},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _faults(model: str, **env: str) -> dict:
-    environ = {k: v for k, v in os.environ.items()
-               if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "CONVEYOR_KEEP_FREED_MEMORY")}
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD", "CONVEYOR_KEEP_FREED_MEMORY")
+    }
     return _run_fresh(_CODE, model, {**environ, **env})
 
 
@@ -106,8 +115,9 @@ print(json.dumps({"huge_kib": huge, "cache_kib": (end - start) >> 10}))
 """
 
 
-@pytest.mark.skipif(_huge_pages_setting() not in ("always", "madvise"),
-                    reason="transparent huge pages are off on this machine")
+@pytest.mark.skipif(
+    _huge_pages_setting() not in ("always", "madvise"), reason="transparent huge pages are off on this machine"
+)
 def test_the_kv_cache_sits_on_huge_pages(tiny_model: str) -> None:
     """The KV cache is advised onto transparent huge pages before it is zeroed: its mapping holds some (with
     "madvise", only advised memory gets them; the kernel may still fall short where memory is fragmented)."""

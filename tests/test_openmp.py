@@ -45,8 +45,10 @@ def test_torch_imported_first_is_too_late_and_the_engine_says_so(tmp_path: Path)
     from helpers.tiny_models import build_tiny_model
 
     build_tiny_model("llama", str(tmp_path))
-    code = ("import torch, conveyor\n"
-            f"conveyor.LLM(model={str(tmp_path)!r}, dtype='float32', max_model_len=64, kv_cache_memory='1MiB')")
+    code = (
+        "import torch, conveyor\n"
+        f"conveyor.LLM(model={str(tmp_path)!r}, dtype='float32', max_model_len=64, kv_cache_memory='1MiB')"
+    )
     settings, out = _libgomp_settings(code)
     assert settings["GOMP_SPINCOUNT"] == "300000"  # libgomp's default: spin first
     assert "torch was imported before conveyor" in out and "GOMP_SPINCOUNT=10000" in out

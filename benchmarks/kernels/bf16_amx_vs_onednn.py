@@ -1,4 +1,5 @@
-"""Is our AMX bfloat16 product (csrc/amx_product.cpp, weights packed in tiles) faster than oneDNN's packed product on a model's linears?
+"""Is our AMX bfloat16 product (csrc/amx_product.cpp, weights packed in tiles) faster than oneDNN's packed product
+on a model's linears?
 
 Alternating in one process, on the default model's (135m) or the 1B's shapes. "step": every linear of the
 model in order (all layers, then the LM head), as a decode step reads them (the weights streamed from L3 /
@@ -12,15 +13,17 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from conveyor.model.layers import pack_bf16_tiles, unpack_bf16_tiles
 from conveyor.model.native import load_kernels
 
-SHAPES = {"135m": dict(layers=30, hidden=576, inter=1536, heads=9, kv_heads=3),
-          "1b": dict(layers=16, hidden=2048, inter=8192, heads=32, kv_heads=8)}
+SHAPES = {
+    "135m": dict(layers=30, hidden=576, inter=1536, heads=9, kv_heads=3),
+    "1b": dict(layers=16, hidden=2048, inter=8192, heads=32, kv_heads=8),
+}
 VOCAB, HEAD_DIM = 49152, 64
 
 
@@ -40,15 +43,20 @@ def main() -> None:
         raise SystemExit("this CPU or build has no AMX-BF16: nothing to compare")
     s = SHAPES[args.model]
     hidden = s["hidden"]
-    names = [("qkv", (s["heads"] + 2 * s["kv_heads"]) * HEAD_DIM, hidden), ("o", hidden, s["heads"] * HEAD_DIM),
-             ("gate_up", 2 * s["inter"], hidden), ("down", hidden, s["inter"])]
+    names = [
+        ("qkv", (s["heads"] + 2 * s["kv_heads"]) * HEAD_DIM, hidden),
+        ("o", hidden, s["heads"] * HEAD_DIM),
+        ("gate_up", 2 * s["inter"], hidden),
+        ("down", hidden, s["inter"]),
+    ]
     torch.manual_seed(0)
     linears: list[tuple[str, int, int, torch.Tensor, torch.Tensor]] = []  # name, out, in, tiles, oneDNN's pack
     for _ in range(args.layers or s["layers"]):
         for name, out_features, in_features in names:
             w = (torch.randn(out_features, in_features) * 0.02).bfloat16()  # [out, in]
-            linears.append((name, out_features, in_features, pack_bf16_tiles(w),
-                            torch.ops.mkldnn._reorder_linear_weight(w, 64)))
+            linears.append(
+                (name, out_features, in_features, pack_bf16_tiles(w), torch.ops.mkldnn._reorder_linear_weight(w, 64))
+            )
     w = (torch.randn(VOCAB, hidden) * 0.02).bfloat16()  # [vocab, hidden]
     linears.append(("lm_head", VOCAB, hidden, pack_bf16_tiles(w), torch.ops.mkldnn._reorder_linear_weight(w, 64)))
     del w
@@ -77,12 +85,15 @@ def main() -> None:
             for key, fn in variants:
                 best[key] = min(best[key], step(fn))
         extra = f", W rebuilt per call + F.linear {best['unpacked'] * 1e3:.2f} ms" if args.unpacked else ""
-        print(f"{args.model} rows={rows} step ({len(linears)} linears): ours {best['ours'] * 1e3:.2f} ms, "
-              f"oneDNN {best['onednn'] * 1e3:.2f} ms, {best['onednn'] / best['ours']:.2f}x{extra}", flush=True)
+        print(
+            f"{args.model} rows={rows} step ({len(linears)} linears): ours {best['ours'] * 1e3:.2f} ms, "
+            f"oneDNN {best['onednn'] * 1e3:.2f} ms, {best['onednn'] / best['ours']:.2f}x{extra}",
+            flush=True,
+        )
         if args.no_alone:
             continue
         parts = []
-        for i in list(range(len(names))) + [len(linears) - 1]:
+        for i in [*list(range(len(names))), len(linears) - 1]:
             name, out_features, in_features = linears[i][:3]
             x = inputs[in_features]
             reps = max(2, min(200, int(2e-3 * 1.2e12 / (2 * rows * out_features * in_features))))
@@ -94,8 +105,10 @@ def main() -> None:
                     for _ in range(reps):
                         fn(x, i)
                     alone[key] = min(alone[key], (time.perf_counter() - start) / reps)
-            parts.append(f"{name} {alone['ours'] * 1e6:.0f}/{alone['onednn'] * 1e6:.0f} us "
-                         f"({alone['onednn'] / alone['ours']:.2f}x)")
+            parts.append(
+                f"{name} {alone['ours'] * 1e6:.0f}/{alone['onednn'] * 1e6:.0f} us "
+                f"({alone['onednn'] / alone['ours']:.2f}x)"
+            )
         print("   alone, ours/oneDNN: " + ", ".join(parts), flush=True)
 
 

@@ -18,9 +18,9 @@ import argparse
 import statistics
 import time
 
-import conveyor  # noqa: F401  (OpenMP spin count before torch loads)
 import torch
 
+import conveyor  # noqa: F401  (OpenMP spin count before torch loads)
 from conveyor.model.native import load_kernels
 
 
@@ -53,16 +53,21 @@ def main() -> None:
     block, kv_heads, heads, dim = args.block, args.kv_heads, args.heads, args.dim
     blocks_per_seq = -(-args.context // block)
     num_blocks = args.seqs * blocks_per_seq + 8
-    caches = [(torch.randn(num_blocks, block, kv_heads, dim).to(torch.bfloat16),
-               torch.randn(num_blocks, block, kv_heads, dim).to(torch.bfloat16)) for _ in range(args.layers)]
-    tables = torch.randperm(num_blocks)[:args.seqs * blocks_per_seq].view(args.seqs, blocks_per_seq).contiguous()
+    caches = [
+        (
+            torch.randn(num_blocks, block, kv_heads, dim).to(torch.bfloat16),
+            torch.randn(num_blocks, block, kv_heads, dim).to(torch.bfloat16),
+        )
+        for _ in range(args.layers)
+    ]
+    tables = torch.randperm(num_blocks)[: args.seqs * blocks_per_seq].view(args.seqs, blocks_per_seq).contiguous()
     lens = torch.full((args.seqs,), args.context, dtype=torch.int64)  # [seqs]
     q = torch.randn(args.seqs, heads, dim).to(torch.bfloat16)
     read = 2 * args.seqs * args.context * kv_heads * dim * 2  # K and V bytes of one layer
 
     def attention() -> None:
         for k, v in caches:
-            kernels.decode_attention(q, k, v, tables, lens, dim ** -0.5)
+            kernels.decode_attention(q, k, v, tables, lens, dim**-0.5)
 
     flat = torch.randn(args.layers * read // 2).to(torch.bfloat16)
 
@@ -70,8 +75,10 @@ def main() -> None:
         flat.sum()
 
     logits = torch.randn(args.seqs, 49152).to(torch.bfloat16)
-    for name, fn, nbytes in (("decode_attention x layers", attention, read * args.layers),
-                             ("streaming read (sum)", stream, flat.numel() * 2)):
+    for name, fn, nbytes in (
+        ("decode_attention x layers", attention, read * args.layers),
+        ("streaming read (sum)", stream, flat.numel() * 2),
+    ):
         ms = median_ms(fn, 10)
         print(f"{name:28s} {ms:8.2f} ms  {nbytes / ms / 1e6:6.1f} GB/s ({nbytes / 1e6:.0f} MB)")
     print(f"{'argmax bf16 (max.indices)':28s} {median_ms(lambda: logits.max(dim=-1).indices):8.3f} ms")

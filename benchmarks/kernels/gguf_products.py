@@ -1,4 +1,5 @@
-"""How fast is each GGUF product kernel (row kernel, tile kernel) per quantized type and row count, against bfloat16 weights?
+"""How fast is each GGUF product kernel (row kernel, tile kernel) per quantized type and row count, against
+bfloat16 weights?
 
 On the linear layers of a Llama-3.2-1B-shaped model (Q, K, V fused 3072 x 2048, O 2048 x 2048, gate/up
 16384 x 2048, down 2048 x 8192; random weights quantized with gguf_quant.quantize): the row kernel (int8 dot
@@ -52,8 +53,9 @@ def main() -> None:
                 for x, proj in zip(xs, dense):
                     proj(x)
                 times["bf16"].append(time.perf_counter() - start)
-            report.setdefault(kind, {})[str(rows)] = {arm: round(statistics.median(t[1:]) * 1e3, 3)
-                                                      for arm, t in times.items()}
+            report.setdefault(kind, {})[str(rows)] = {
+                arm: round(statistics.median(t[1:]) * 1e3, 3) for arm, t in times.items()
+            }
             print(kind, rows, report[kind][str(rows)], flush=True)
     print(json.dumps({"threads": torch.get_num_threads(), "ms_per_layer_pass": report}, indent=1))
 

@@ -17,8 +17,9 @@ import math
 import os
 import time
 
-import conveyor  # noqa: F401  (sets the OpenMP spin count before torch loads)
 import torch
+
+import conveyor  # noqa: F401  (sets the OpenMP spin count before torch loads)
 
 
 def _status_bytes(field: str) -> int:
@@ -43,7 +44,7 @@ def _checkpoint_bytes(model: str) -> int:
         for name in sorted(os.listdir(model)):
             if name.endswith(".safetensors"):
                 with safe_open(os.path.join(model, name), "pt") as f:
-                    for key in f.keys():
+                    for key in f:
                         piece = f.get_slice(key)
                         total += math.prod(piece.get_shape()) * _DTYPE_BYTES[piece.get_dtype()]
         return total
@@ -69,8 +70,11 @@ def _tensor_bytes(obj: object, seen: set[int]) -> int:
         return sum(_tensor_bytes(o, seen) for o in obj)
     if hasattr(obj, "__dict__") or hasattr(obj, "__dataclass_fields__"):
         fields = vars(obj) if hasattr(obj, "__dict__") else {n: getattr(obj, n) for n in obj.__dataclass_fields__}
-        return sum(_tensor_bytes(v, seen) for k, v in fields.items() if k not in ("kernels", "rotary", "local_rotary",
-                                                                                    "spec", "ops"))
+        return sum(
+            _tensor_bytes(v, seen)
+            for k, v in fields.items()
+            if k not in ("kernels", "rotary", "local_rotary", "spec", "ops")
+        )
     return 0
 
 
@@ -95,12 +99,27 @@ def main() -> None:
     weights = _tensor_bytes([model.embed, model.final_norm, model.lm_head, model.layers], set())
     kv_bytes = sum(k.untyped_storage().nbytes() + v.untyped_storage().nbytes() for k, v in runner.kv_caches)
     rss = _rss_bytes()
-    print(json.dumps({"model": args.model, "gguf_weights": gguf.get("gguf_weights"), "file_tensor_bytes": file_bytes,
-                      "weight_bytes_held": weights, "ratio": round(weights / file_bytes, 3),
-                      "kv_cache_bytes": kv_bytes, "kv_cache_memory": args.kv_cache_memory,
-                      "rss_before_load": before, "rss_after_load": rss, "rss_anon": _status_bytes("RssAnon"),
-                      "rss_file": _status_bytes("RssFile"), "rss_minus_weights_and_kv": rss - weights - kv_bytes,
-                      "peak_rss": _status_bytes("VmHWM"), "load_s": round(load_s, 1)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "gguf_weights": gguf.get("gguf_weights"),
+                "file_tensor_bytes": file_bytes,
+                "weight_bytes_held": weights,
+                "ratio": round(weights / file_bytes, 3),
+                "kv_cache_bytes": kv_bytes,
+                "kv_cache_memory": args.kv_cache_memory,
+                "rss_before_load": before,
+                "rss_after_load": rss,
+                "rss_anon": _status_bytes("RssAnon"),
+                "rss_file": _status_bytes("RssFile"),
+                "rss_minus_weights_and_kv": rss - weights - kv_bytes,
+                "peak_rss": _status_bytes("VmHWM"),
+                "load_s": round(load_s, 1),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

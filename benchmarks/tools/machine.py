@@ -61,9 +61,13 @@ def kernel_tier() -> dict[str, Any]:
         tier = "avx512-bf16"
     else:
         tier = "native-no-avx512-bf16"
-    return {"tier": tier, "bf16_amx": kernels.bf16_amx_available(), "gguf_amx": kernels.gguf_amx_available(),
-            "prefill_attention_amx": kernels.prefill_attention_available(),
-            "avx512_bf16_products": kernels.quant_linear_vectorized()}
+    return {
+        "tier": tier,
+        "bf16_amx": kernels.bf16_amx_available(),
+        "gguf_amx": kernels.gguf_amx_available(),
+        "prefill_attention_amx": kernels.prefill_attention_available(),
+        "avx512_bf16_products": kernels.quant_linear_vectorized(),
+    }
 
 
 def main() -> int:
@@ -71,8 +75,9 @@ def main() -> int:
     parser.add_argument("--no-kernels", action="store_true", help="the CPU's flags only; do not load the kernels")
     args = parser.parse_args()
     facts = cpu_facts()
-    import conveyor  # noqa: F401  (sets the OpenMP spin count before torch loads)
     import torch
+
+    import conveyor  # noqa: F401  (sets the OpenMP spin count before torch loads)
 
     facts["torch"] = torch.__version__
     facts["torch_threads"] = torch.get_num_threads()

@@ -5,6 +5,7 @@ flight), as the runner calls it with the persistent batch's int64 history arrays
 
     .venv/bin/python benchmarks/tools/penalty_inputs.py 256
 """
+
 import array
 import random
 import sys
@@ -17,8 +18,21 @@ n, L = int(sys.argv[1]), 520
 rng = random.Random(0)
 hist = [tuple(rng.randrange(49152) for _ in range(L)) for _ in range(n)]
 ids = [str(i) for i in range(n)]
-specs = [SamplingSpec(0.0, 0, 1.0, 0, 8, repetition_penalty=1.1, history_tail=(), history_start=L,
-                      num_history_placeholders=1, num_prompt_tokens=512) for _ in hist]
+specs = [
+    SamplingSpec(
+        0.0,
+        0,
+        1.0,
+        0,
+        8,
+        repetition_penalty=1.1,
+        history_tail=(),
+        history_start=L,
+        num_history_placeholders=1,
+        num_prompt_tokens=512,
+    )
+    for _ in hist
+]
 arrs = {r: array.array("q", h) for r, h in zip(ids, hist)}
 src = {r: i for i, r in enumerate(ids)}
 

@@ -23,12 +23,22 @@ def main() -> int:
     prompts = [[rng.randrange(2, 40000) for _ in range(512)] for _ in range(64)]
     llm = LLM(model=model, tensor_parallel_size=2, max_num_seqs=64, max_model_len=600)
     try:
-        llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True,
-                                             repetition_penalty=penalty), use_tqdm=False)
+        llm.generate(
+            prompts,
+            SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, repetition_penalty=penalty),
+            use_tqdm=False,
+        )
         workers = llm.engine.runner.workers
-        print(json.dumps({"repetition_penalty": penalty, "plans_sent": workers.plans_sent,
-                          "plan_bytes_sent": workers.plan_bytes_sent,
-                          "bytes_per_plan": round(workers.plan_bytes_sent / workers.plans_sent)}))
+        print(
+            json.dumps(
+                {
+                    "repetition_penalty": penalty,
+                    "plans_sent": workers.plans_sent,
+                    "plan_bytes_sent": workers.plan_bytes_sent,
+                    "bytes_per_plan": round(workers.plan_bytes_sent / workers.plans_sent),
+                }
+            )
+        )
     finally:
         llm.engine.close()
     return 0

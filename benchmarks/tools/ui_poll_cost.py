@@ -31,8 +31,16 @@ import httpx
 from conveyor.bench.serve import run_load
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 POLL_S = 0.5  # the page's poll interval (static/engine_view.js POLL_MS)
 PAGE_WINDOW_S = 10  # the page's ?window= (SPANS_KEPT_S)
 
@@ -152,20 +160,26 @@ def endpoint_cpu(polls: int = 400) -> dict[str, Any]:
         sizes.append(len(r.content))
     spans = len(r.json()["spans"])
     cpu = (time.process_time() - cpu0) / polls
-    return {"cpu_ms_per_poll": cpu * 1e3, "wall_ms_per_poll": (time.perf_counter() - wall0) / polls * 1e3,
-            "bytes_per_poll": statistics.median(sizes), "spans_per_poll": spans,
-            "share_of_2_cores_at_2_polls_per_s": cpu * (1 / POLL_S) / 2,
-            "note": "TestClient adds its own thread hop, so this over-counts the route's cost"}
+    return {
+        "cpu_ms_per_poll": cpu * 1e3,
+        "wall_ms_per_poll": (time.perf_counter() - wall0) / polls * 1e3,
+        "bytes_per_poll": statistics.median(sizes),
+        "spans_per_poll": spans,
+        "share_of_2_cores_at_2_polls_per_s": cpu * (1 / POLL_S) / 2,
+        "note": "TestClient adds its own thread hop, so this over-counts the route's cost",
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--port", type=int, default=18799)
-    parser.add_argument("--arms", nargs="+", default=["none", "poller", "browser"],
-                        choices=["none", "poller", "browser"])
-    parser.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
-                        help="passed to conveyor serve (e.g. --dtype float32)")
+    parser.add_argument(
+        "--arms", nargs="+", default=["none", "poller", "browser"], choices=["none", "poller", "browser"]
+    )
+    parser.add_argument(
+        "--server-args", nargs=argparse.REMAINDER, default=[], help="passed to conveyor serve (e.g. --dtype float32)"
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--endpoint-cpu", action="store_true", help="only measure one poll's CPU cost in-process")
     parser.add_argument("--poll", metavar="URL", help=argparse.SUPPRESS)
@@ -193,7 +207,7 @@ def main() -> int:
     try:
         asyncio.run(run_load(url, 8, None, 8, (32, 64), 16, None, None, seed=99))  # warm-up, not counted
         for r in range(args.rounds):
-            order = arms[r % len(arms):] + arms[:r % len(arms)]
+            order = arms[r % len(arms) :] + arms[: r % len(arms)]
             for arm in order:
                 watcher = start_watcher(arm, url)
                 try:
@@ -203,15 +217,19 @@ def main() -> int:
                 if result["failed"]:
                     raise RuntimeError(f"{result['failed']} requests failed: {result['errors']}")
                 runs[arm].append(result["output_tokens_per_s"])
-                print(f"round {r + 1} {arm:8s} {result['output_tokens_per_s']:7.1f} tok/s "
-                      f"({result['seconds']:.1f} s)", flush=True)
+                print(
+                    f"round {r + 1} {arm:8s} {result['output_tokens_per_s']:7.1f} tok/s ({result['seconds']:.1f} s)",
+                    flush=True,
+                )
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=120)
     report: dict[str, Any] = {
         "workload": "W1 through the server: 64 requests at once, prompts 32-256 random tokens, 128 new, greedy",
         "command": "python benchmarks/tools/ui_poll_cost.py " + " ".join(sys.argv[1:]),
-        "server_args": args.server_args, "rounds": args.rounds, "tok_per_s": runs,
+        "server_args": args.server_args,
+        "rounds": args.rounds,
+        "tok_per_s": runs,
         "median_tok_per_s": {arm: statistics.median(v) for arm, v in runs.items()},
         "browser_left_out": skipped,
     }

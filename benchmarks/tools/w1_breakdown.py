@@ -14,9 +14,9 @@ import statistics
 import time
 from collections import defaultdict
 
-import conveyor  # noqa: F401  (sets the OpenMP spin count before torch loads)
 import torch
 
+import conveyor  # noqa: F401  (sets the OpenMP spin count before torch loads)
 from conveyor.bench.workloads import random_workload
 from conveyor.config import EngineConfig
 from conveyor.engine.engine import Engine
@@ -26,9 +26,12 @@ from conveyor.model.runner import ModelRunner, PreparedStep, StepOutput
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--profile", action="store_true", help="also profile one decode and one prefill step by op")
-    parser.add_argument("--profile-layers", action="store_true",
-                        help="profile the decode steps' layers kernel by kernel (the Python loop instead of the one "
-                             "native decode_layers call, so each kernel has its row; the W1 timing above is unchanged)")
+    parser.add_argument(
+        "--profile-layers",
+        action="store_true",
+        help="profile the decode steps' layers kernel by kernel (the Python loop instead of the one "
+        "native decode_layers call, so each kernel has its row; the W1 timing above is unchanged)",
+    )
     parser.add_argument("--async-batching", default="auto")
     parser.add_argument("--model", default=None)
     parser.add_argument("--input-len", default="32:256", help="prompt lengths, LO:HI (the 1B W1: 32:128)")
@@ -42,8 +45,15 @@ def main() -> None:
     extra = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
     if args.block_size is not None:
         extra["block_size"] = args.block_size
-    engine = Engine(EngineConfig(model=args.model, async_batching=mode, kv_cache_dtype=args.kv_cache_dtype,
-                                gguf_weights=args.gguf_weights, **extra))
+    engine = Engine(
+        EngineConfig(
+            model=args.model,
+            async_batching=mode,
+            kv_cache_dtype=args.kv_cache_dtype,
+            gguf_weights=args.gguf_weights,
+            **extra,
+        )
+    )
     low, high = (int(v) for v in args.input_len.split(":"))
     workload = random_workload(64, (low, high), (args.output_len, args.output_len), engine.spec.vocab_size, seed=0)
     engine.add_request(workload.prompts[0][:8], workload.params[0].clone(max_tokens=2))
@@ -76,16 +86,23 @@ def main() -> None:
     for n, d, s in records:
         kinds["decode-only" if n == d else "with prefill"].append((n, d, s))
     total = sum(s for _, _, s in records)
-    print(f"W1 wall {wall:.2f} s, {64 * args.output_len / wall:.0f} output tok/s; forwards {len(records)}, {total:.2f} s "
-          f"({total / wall:.0%} of wall)")
+    print(
+        f"W1 wall {wall:.2f} s, {64 * args.output_len / wall:.0f} output tok/s; forwards {len(records)}, {total:.2f} s "
+        f"({total / wall:.0%} of wall)"
+    )
     for kind, rows in kinds.items():
         secs = [s for _, _, s in rows]
-        print(f"  {kind:13s} steps {len(rows):4d}  total {sum(secs):6.2f} s  median {statistics.median(secs) * 1e3:7.1f} ms"
-              f"  tokens {sum(n for n, _, _ in rows):6d}  decode rows {sum(d for _, d, _ in rows):6d}")
+        print(
+            f"  {kind:13s} steps {len(rows):4d}  total {sum(secs):6.2f} s"
+            f"  median {statistics.median(secs) * 1e3:7.1f} ms"
+            f"  tokens {sum(n for n, _, _ in rows):6d}  decode rows {sum(d for _, d, _ in rows):6d}"
+        )
     full = [s for n, d, s in records if n == d == 64]
     if full:
-        print(f"  64-row decode steps: {len(full)}, median {statistics.median(full) * 1e3:.1f} ms, "
-              f"min {min(full) * 1e3:.1f} ms")
+        print(
+            f"  64-row decode steps: {len(full)}, median {statistics.median(full) * 1e3:.1f} ms, "
+            f"min {min(full) * 1e3:.1f} ms"
+        )
     for n, d, s in kinds["with prefill"]:
         print(f"    prefill step: {n} tokens ({d} decode rows) {s * 1e3:.1f} ms")
 
@@ -109,6 +126,7 @@ class _Labelled:
         def call(*args: object, **kwargs: object) -> object:
             with torch.profiler.record_function(f"native::{name}"):
                 return value(*args, **kwargs)
+
         return call
 
 
@@ -147,7 +165,10 @@ def profile_steps(engine: Engine, workload, decode_stack: bool = True) -> None:
     with profile(activities=[ProfilerActivity.CPU]) as decode_prof:
         for _ in range(5):
             engine.step()
-    for name, prof in (("the first step (2048 prompt tokens)", prefill_prof), ("five 64-row decode steps", decode_prof)):
+    for name, prof in (
+        ("the first step (2048 prompt tokens)", prefill_prof),
+        ("five 64-row decode steps", decode_prof),
+    ):
         print(f"\n=== {name}")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     while engine.has_work():

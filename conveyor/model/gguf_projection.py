@@ -138,7 +138,7 @@ class GGUFProjection:
         if self.packs(x):
             y = self.kernels.bf16_linear_amx(x, self.packed(gate_up=False), self.out_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
-        if self.multiplies_blocks(x):
+        if self.stacked is not None and self.multiplies_blocks(x):
             y = self.kernels.gguf_linear_amx_parts(x, *self.stacked, self.in_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
         outs = [self._part(p, x) for p in self.parts]  # each [tokens, part rows]
@@ -199,7 +199,7 @@ class GGUFSiluGate:
         p = self.projection
         if p.packs(x):
             return p.kernels.bf16_silu_gate_amx(x.contiguous(), p.packed(gate_up=True), self.inner)
-        if p.multiplies_blocks(x):  # a busy decode step: dequantized block by block, the activation fused
+        if p.stacked is not None and p.multiplies_blocks(x):  # a busy decode step: dequantized block by block, fused
             return p.kernels.gguf_silu_gate_amx_parts(x.contiguous(), *p.stacked, p.in_features)
         return p.kernels.silu_and_mul(p(x))
 

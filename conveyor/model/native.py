@@ -13,7 +13,8 @@ in arithmetic. csrc/ holds, one op (or family) per source:
     kernels also read in place;
   - quant_linear.cpp: int4 / int8 weight-only products for decode steps of a few rows;
   - f32_linear.cpp: float32 products over weights packed in 32-column panels, prefetched a panel ahead;
-  - amx_product.cpp: the product on AMX tiles, for bfloat16 weights packed once at load (bindings.cpp's bf16_linear_amx: every
+  - amx_product.cpp: the product on AMX tiles, for bfloat16 weights packed once at load (bindings.cpp's
+    bf16_linear_amx: every
     row count, and a greedy step's LM head with its argmax, the logits never written) and for GGUF weights
     dequantized on the fly; decode_layers.cpp: a pure-decode step's layers in one call over those products;
   - gguf_linear.cpp / gguf_vnni.cpp / gguf_amx.cpp / gguf_bf16.cpp / gguf_dequant.cpp: products with
@@ -48,8 +49,9 @@ import os
 import shutil
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 
@@ -63,8 +65,9 @@ DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tens
 (conveyor/model/kv_int8.py), block_tables [seqs, max_blocks] int64, context_lens [seqs] int64, scale)
 -> [seqs, heads, d]."""
 
-PrefillAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, int,
-                             torch.Tensor], None]
+PrefillAttention = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float, int, torch.Tensor], None
+]
 """(q [tokens, heads, d] bfloat16, k_cache, v_cache [blocks, block_size, kv_heads, d] bfloat16 or int8 pages
 (conveyor/model/kv_int8.py; every chunk's K/V already written), block_tables [chunks, max_blocks] int64, spans
 [chunks, 3] int64 (first row, rows, context length), scale, sliding window (0 for none), out [tokens, heads, d])
@@ -74,6 +77,10 @@ PrefillAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
 class NativeKernels(Protocol):
     """The compiled module (see csrc/bindings.cpp)."""
 
+    def __hash__(self) -> int:
+        """A module hashes by identity (per-module caches key on it: gguf_projection.amx_rows)."""
+        ...
+
     decode_attention: DecodeAttention
     prefill_attention: PrefillAttention
 
@@ -82,8 +89,9 @@ class NativeKernels(Protocol):
         multiple of 32."""
         ...
 
-    def add_rms_norm(self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> torch.Tensor:
+    def add_rms_norm(
+        self, hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
         """hidden [rows, dim] += delta in place (when given); -> RMSNorm(hidden) * weight [rows, dim]."""
         ...
 
@@ -91,8 +99,17 @@ class NativeKernels(Protocol):
         """gate_up [rows, 2 * inner] -> silu(gate) * up [rows, inner]."""
         ...
 
-    def rotary_and_cache(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                         v_cache: torch.Tensor, slot_mapping: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    def rotary_and_cache(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+    ) -> torch.Tensor:
         """qkv [tokens, (heads + 2 kv_heads) * d], cos/sin [tokens, d] -> rotated [tokens, heads + kv_heads, d];
         writes rotated K and V to the cache slots."""
         ...
@@ -113,11 +130,11 @@ class NativeKernels(Protocol):
         """Whether f32_linear was built with AVX-512 (else it raises)."""
         ...
 
-    def f32_linear(self, x: torch.Tensor, panels: torch.Tensor, out_features: int,
-                   bias: torch.Tensor | None) -> torch.Tensor:
+    def f32_linear(
+        self, x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         """x [rows, in] float32, panels from layers.pack_f32_panels, bias [out] float32 -> [rows, out] float32."""
         ...
-
 
     def apply_token_bitmask_(self, logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> None:
         """logits [batch, vocab] float32/bfloat16 (contiguous rows), rows [k] int64, bitmask [k, words] int32:
@@ -131,7 +148,8 @@ class NativeKernels(Protocol):
         ...
 
     def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [rows, vocab] float32 or bfloat16 -> [rows] int64: torch's max(dim=-1).indices (csrc/argmax_rows.cpp)."""
+        """logits [rows, vocab] float32 or bfloat16 -> [rows] int64: torch's max(dim=-1).indices
+        (csrc/argmax_rows.cpp)."""
         ...
 
     def bf16_amx_available(self) -> bool:
@@ -166,8 +184,9 @@ class NativeKernels(Protocol):
         """x [rows, in] float32/bfloat16, blocks [out, row bytes] -> x W^T [rows, out] in x's dtype (few rows)."""
         ...
 
-    def gguf_linear_rows_parts(self, x: torch.Tensor, blocks: list[torch.Tensor], kinds: list[int],
-                               in_features: int) -> torch.Tensor:
+    def gguf_linear_rows_parts(
+        self, x: torch.Tensor, blocks: list[torch.Tensor], kinds: list[int], in_features: int
+    ) -> torch.Tensor:
         """x [rows, in], blocks[i] [out_i, row bytes_i] of GGML type kinds[i] -> x [W_1; W_2; ...]^T
         [rows, sum out_i] (few rows; the activations quantized once for all of them)."""
         ...
@@ -176,14 +195,30 @@ class NativeKernels(Protocol):
         """The same product by dequantized tiles of W and torch's GEMM (many rows)."""
         ...
 
-    def decode_layers(self, hidden: torch.Tensor, input_norms: list[torch.Tensor], qkv_tiles: list[torch.Tensor],
-                      o_tiles: list[torch.Tensor], post_norms: list[torch.Tensor],
-                      gate_up_tiles: list[torch.Tensor], down_tiles: list[torch.Tensor],
-                      k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], cos_table: torch.Tensor,
-                      sin_table: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-                      block_tables: torch.Tensor,
-                      context_lens: torch.Tensor, heads: int, kv_heads: int, head_dim: int, inner: int, eps: float,
-                      scale: float) -> torch.Tensor:
+    def decode_layers(
+        self,
+        hidden: torch.Tensor,
+        input_norms: list[torch.Tensor],
+        qkv_tiles: list[torch.Tensor],
+        o_tiles: list[torch.Tensor],
+        post_norms: list[torch.Tensor],
+        gate_up_tiles: list[torch.Tensor],
+        down_tiles: list[torch.Tensor],
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        cos_table: torch.Tensor,
+        sin_table: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        inner: int,
+        eps: float,
+        scale: float,
+    ) -> torch.Tensor:
         """A pure-decode step's plain Llama layers in one call (decode_layers.cpp; model/decode_stack.py): hidden
         [tokens, hidden] (updated in place) -> the last layer's output [tokens, hidden], before the final norm;
         cos_table, sin_table: RotaryEmbedding's float32 tables, of which it takes the rows at `positions`."""
@@ -198,14 +233,23 @@ class NativeKernels(Protocol):
         activation rows (many rows); raises where gguf_amx_available() is false."""
         ...
 
-    def gguf_linear_amx_parts(self, x: torch.Tensor, blocks: list[torch.Tensor], kinds: list[int],
-                              in_features: int) -> torch.Tensor:
+    def gguf_linear_amx_parts(
+        self, x: torch.Tensor, blocks: list[torch.Tensor], kinds: list[int], in_features: int
+    ) -> torch.Tensor:
         """gguf_linear_amx over a row stack of matrices of mixed types (as gguf_linear_rows_parts), in one
         call: one packing of x, one output [rows, sum out_i]."""
         ...
 
-    def gguf_pack_tiles(self, blocks: list[torch.Tensor], kinds: list[int], in_features: int, gate_up: bool,
-                        tiles: torch.Tensor) -> None:
+    def gguf_silu_gate_amx_parts(
+        self, x: torch.Tensor, blocks: list[torch.Tensor], kinds: list[int], in_features: int
+    ) -> torch.Tensor:
+        """The same operands as gguf_linear_amx_parts, for a SiLU MLP's interleaved gate/up stack -> silu(gate) * up
+        [rows, sum out_i / 2], the activation applied to the product's accumulators."""
+        ...
+
+    def gguf_pack_tiles(
+        self, blocks: list[torch.Tensor], kinds: list[int], in_features: int, gate_up: bool, tiles: torch.Tensor
+    ) -> None:
         """A row stack of GGUF matrices (as gguf_linear_amx_parts) dequantized to bfloat16 into `tiles` [rows / 16
         (rounded up to even), in / 32, 16, 32], laid out as pack_bf16_tiles (of interleave_gate_up's rows where
         gate_up) lays them out, for bf16_linear_amx / bf16_silu_gate_amx; the values gguf_linear_amx multiplies."""
@@ -214,9 +258,24 @@ class NativeKernels(Protocol):
 
 _CSRC = Path(__file__).parent / "csrc"
 
-_HEADERS = [_CSRC / name for name in ("scalar_types.h", "parallel.h", "vec_bf16.h", "gguf_vnni.h", "gguf_amx.h",
-                                      "gguf_bf16.h", "gguf_dequant.h", "amx_product.h", "kernels.h", "kv_int8.h",
-                                      "decode_attention.h", "stack_parts.h", "team.h")]
+_HEADERS = [
+    _CSRC / name
+    for name in (
+        "scalar_types.h",
+        "parallel.h",
+        "vec_bf16.h",
+        "gguf_vnni.h",
+        "gguf_amx.h",
+        "gguf_bf16.h",
+        "gguf_dequant.h",
+        "amx_product.h",
+        "kernels.h",
+        "kv_int8.h",
+        "decode_attention.h",
+        "stack_parts.h",
+        "team.h",
+    )
+]
 
 _AVX512_BF16 = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 _AMX = ("amx_tile", "amx_bf16", *_AVX512_BF16)
@@ -253,12 +312,22 @@ def selected_sources(cpu_flags: set[str] | None = None) -> list[Path]:
 
 def _defines(sources: list[Path]) -> list[str]:
     """-DCONVEYOR_WITH_<STEM> for each compiled kernel source: the binding unit and fallbacks.cpp read them."""
-    return [f"-DCONVEYOR_WITH_{source.stem.upper()}" for source in sources
-            if source.name not in ("bindings.cpp", "fallbacks.cpp")]
+    return [
+        f"-DCONVEYOR_WITH_{source.stem.upper()}"
+        for source in sources
+        if source.name not in ("bindings.cpp", "fallbacks.cpp")
+    ]
 
 
-_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
-           "-fno-strict-aliasing"]
+_CFLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-ffp-contract=off",
+    "-fno-strict-aliasing",
+]
 """No -ffast-math: it lets the compiler assume there are no infinities or NaNs, while the kernels mask with -inf
 and test for NaN. -fno-math-errno and -fno-trapping-math are safe (no errno from sqrt, no FP traps: every value
 is still IEEE), and let sqrt and the comparisons inline. The exponentials that need to be fast are explicit
@@ -292,8 +361,10 @@ def _require_toolchain() -> None:
     _ensure_ninja_on_path()
     missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
     if missing:
-        raise NoToolchain(f"building the native kernels needs {' and '.join(missing)} on PATH "
-                          f"(install a C++ compiler such as g++, and `pip install ninja`)")
+        raise NoToolchain(
+            f"building the native kernels needs {' and '.join(missing)} on PATH "
+            f"(install a C++ compiler such as g++, and `pip install ninja`)"
+        )
 
 
 def _build_inputs() -> tuple[list[Path], list[str]]:
@@ -308,9 +379,11 @@ def kernels_library() -> Path:
     return native_build.library_path("conveyor_kernels", sources, _HEADERS, cflags, _LDFLAGS)
 
 
-_BACKGROUND_BUILD = ("import logging; logging.basicConfig(level=logging.WARNING, format='%(asctime)s %(message)s')\n"
-                     "from conveyor.model.native import load_kernels\n"
-                     "load_kernels(); print('native kernels: built')\n")
+_BACKGROUND_BUILD = (
+    "import logging; logging.basicConfig(level=logging.WARNING, format='%(asctime)s %(message)s')\n"
+    "from conveyor.model.native import load_kernels\n"
+    "load_kernels(); print('native kernels: built')\n"
+)
 
 
 def _start_background_build(library: Path) -> None:
@@ -320,12 +393,17 @@ def _start_background_build(library: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_parent, os.environ.get("PYTHONPATH")]))}
     log = native_build.start_background_build(library, [sys.executable, "-c", _BACKGROUND_BUILD], env=env)
     if log is None:
-        logger.warning("native kernels: not built yet for this CPU; another process is building them (lock %s); "
-                       "using torch's ops for this run, later runs use the native ones",
-                       library.parent.parent / f"{library.stem}.lock")
+        logger.warning(
+            "native kernels: not built yet for this CPU; another process is building them (lock %s); "
+            "using torch's ops for this run, later runs use the native ones",
+            library.parent.parent / f"{library.stem}.lock",
+        )
     else:
-        logger.warning("native kernels: not built yet for this CPU; building them in the background (log: %s); "
-                       "using torch's ops for this run, later runs use the native ones", log)
+        logger.warning(
+            "native kernels: not built yet for this CPU; building them in the background (log: %s); "
+            "using torch's ops for this run, later runs use the native ones",
+            log,
+        )
 
 
 def start_build() -> bool:
@@ -363,8 +441,9 @@ def load_kernels(wait: bool = True) -> NativeKernels | None:
 def _load_kernels() -> NativeKernels:
     sources, cflags = _build_inputs()
     try:
-        module = native_build.cached_extension("conveyor_kernels", sources, _HEADERS, cflags, _LDFLAGS,
-                                               "native kernels", before_build=_require_toolchain)
+        module = native_build.cached_extension(
+            "conveyor_kernels", sources, _HEADERS, cflags, _LDFLAGS, "native kernels", before_build=_require_toolchain
+        )
     except NoToolchain:
         raise
     except Exception as exc:  # compiler errors arrive as RuntimeError / CalledProcessError / OSError
@@ -379,8 +458,7 @@ def resolve_kernels(backend: str, device: torch.device) -> NativeKernels | None:
     if backend == "torch" or (backend == "auto" and device.type != "cpu"):
         return None
     if device.type != "cpu":
-        raise ConfigError(f"kernels='native' are CPU kernels and cannot run on {device}; "
-                          f"use kernels='auto' or 'torch'")
+        raise ConfigError(f"kernels='native' are CPU kernels and cannot run on {device}; use kernels='auto' or 'torch'")
     try:
         if backend == "auto":
             library = kernels_library()
@@ -391,7 +469,8 @@ def resolve_kernels(backend: str, device: torch.device) -> NativeKernels | None:
         return load_kernels()
     except NativeUnavailable as exc:
         if backend == "native":
-            raise ConfigError(f"kernels='native' was requested, but {exc}; "
-                              f"or use kernels='auto' (falls back to torch) or 'torch'") from exc
+            raise ConfigError(
+                f"kernels='native' was requested, but {exc}; or use kernels='auto' (falls back to torch) or 'torch'"
+            ) from exc
         logger.warning("native kernels unavailable (%s); using torch's ops (gather + SDPA attention, slower)", exc)
         return None

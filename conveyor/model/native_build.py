@@ -34,9 +34,9 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -69,13 +69,15 @@ def build_name(prefix: str, sources: Sequence[Path], cflags: Sequence[str], ldfl
         digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
     digest.update(" ".join([*cflags, "|", *ldflags]).encode())
     digest.update(cpu_flags().encode())
-    digest.update(f"torch {torch.__version__} python {sys.version_info[:2]} {sysconfig.get_config_var('SOABI')}"
-                  .encode())
+    digest.update(
+        f"torch {torch.__version__} python {sys.version_info[:2]} {sysconfig.get_config_var('SOABI')}".encode()
+    )
     return f"{prefix}_{digest.hexdigest()[:12]}"
 
 
-def library_path(prefix: str, sources: Sequence[Path], headers: Sequence[Path], cflags: Sequence[str],
-                 ldflags: Sequence[str]) -> Path:
+def library_path(
+    prefix: str, sources: Sequence[Path], headers: Sequence[Path], cflags: Sequence[str], ldflags: Sequence[str]
+) -> Path:
     """Where the build of exactly these inputs lies in the cache (it exists once built)."""
     name = build_name(prefix, [*sources, *headers], cflags, ldflags)
     return cache_root() / name / f"{name}.so"
@@ -103,8 +105,15 @@ def start_background_build(library: Path, command: Sequence[str], env: dict[str,
         child_env = dict(os.environ if env is None else env)
         child_env[_LOCK_FD_ENV] = str(handle.fileno())
         with open(log, "w") as out:
-            subprocess.Popen(list(command), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                             start_new_session=True, pass_fds=(handle.fileno(),), env=child_env)
+            subprocess.Popen(
+                list(command),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                pass_fds=(handle.fileno(),),
+                env=child_env,
+            )
     # closing this process's descriptor leaves the lock to the child's (one open file description)
     return log
 
@@ -154,9 +163,15 @@ def _import(name: str, library: Path) -> ModuleType:
     return module
 
 
-def cached_extension(prefix: str, sources: Sequence[Path], headers: Sequence[Path], cflags: Sequence[str],
-                     ldflags: Sequence[str], what: str, before_build: Callable[[], None] | None = None
-                     ) -> ModuleType:
+def cached_extension(
+    prefix: str,
+    sources: Sequence[Path],
+    headers: Sequence[Path],
+    cflags: Sequence[str],
+    ldflags: Sequence[str],
+    what: str,
+    before_build: Callable[[], None] | None = None,
+) -> ModuleType:
     """Import the extension built from `sources` (headers: hashed, not compiled), building it first when this
     machine has no build of exactly these inputs. `what` names it in log lines ("native kernels");
     before_build runs only when a build is needed (e.g. to check for a compiler). Build failures raise
@@ -181,19 +196,31 @@ def cached_extension(prefix: str, sources: Sequence[Path], headers: Sequence[Pat
         return _build(name, sources, cflags, ldflags, library, what)
 
 
-def _build(name: str, sources: Sequence[Path], cflags: Sequence[str], ldflags: Sequence[str], library: Path,
-           what: str) -> ModuleType:
+def _build(
+    name: str, sources: Sequence[Path], cflags: Sequence[str], ldflags: Sequence[str], library: Path, what: str
+) -> ModuleType:
     from torch.utils.cpp_extension import load
 
     build = library.parent / "build"
     shutil.rmtree(build, ignore_errors=True)  # whatever a killed build left (torch's own stale 'lock' file too)
     build.mkdir()
-    logger.warning("%s: compiling %s for this CPU and torch %s into %s (once per machine, not per checkout; "
-                   "processes that need it meanwhile wait for it)",
-                   what, name, torch.__version__, library.parent)
+    logger.warning(
+        "%s: compiling %s for this CPU and torch %s into %s (once per machine, not per checkout; "
+        "processes that need it meanwhile wait for it)",
+        what,
+        name,
+        torch.__version__,
+        library.parent,
+    )
     started = time.monotonic()
-    module = load(name, [str(s) for s in sources], extra_cflags=list(cflags), extra_ldflags=list(ldflags),
-                  build_directory=str(build), verbose=False)
+    module = load(
+        name,
+        [str(s) for s in sources],
+        extra_cflags=list(cflags),
+        extra_ldflags=list(ldflags),
+        build_directory=str(build),
+        verbose=False,
+    )
     partial = library.with_name(f".{name}.so.{os.getpid()}")
     shutil.copyfile(build / f"{name}.so", partial)
     os.replace(partial, library)  # atomic: other processes see no library or the whole one

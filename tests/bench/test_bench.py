@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 
-from helpers.tiny_models import build_tiny_model
-
 from conveyor import ConfigError
 from conveyor.bench.results import load_baseline, plot_serve, plot_throughput, save_baseline
 from conveyor.bench.workloads import random_workload, shared_prefix_workload
+from helpers.tiny_models import build_tiny_model
 
 
 def test_workloads_are_seeded_and_shaped() -> None:
@@ -37,8 +36,11 @@ def test_unknown_baseline_lists_the_existing_ones(tmp_path: Any) -> None:
 
 def test_plots_are_written(tmp_path: Any) -> None:
     bar = plot_throughput({"conveyor": 200.0, "hf-generate": 135.0}, str(tmp_path / "bars.png"), "W1")
-    paths = plot_serve([{"concurrency": 1, "output_tokens_per_s": 10.0}, {"concurrency": 8, "output_tokens_per_s": 50.0}],
-                       {1: [0.1, 0.2, 0.3], 8: [0.5, 0.7]}, str(tmp_path / "serve"))
+    paths = plot_serve(
+        [{"concurrency": 1, "output_tokens_per_s": 10.0}, {"concurrency": 8, "output_tokens_per_s": 50.0}],
+        {1: [0.1, 0.2, 0.3], 8: [0.5, 0.7]},
+        str(tmp_path / "serve"),
+    )
     for path in [bar, *paths]:
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -47,24 +49,50 @@ def test_plots_are_written(tmp_path: Any) -> None:
 def test_throughput_cli_with_peer_baseline_and_compare(tmp_path: Any) -> None:
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder)
-    cmd = [sys.executable, "-m", "conveyor.cli", "bench", "throughput", "--model", folder, "--num-prompts", "6",
-           "--input-len", "4:12", "--output-len", "5", "--kv-cache-memory", "1MiB", "--max-model-len", "64",
-           "--results-dir", str(tmp_path / "results"), "--peer", "hf-generate", "--peer-batch-size", "4",
-           "--plot", str(tmp_path / "bars.png")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "conveyor.cli",
+        "bench",
+        "throughput",
+        "--model",
+        folder,
+        "--num-prompts",
+        "6",
+        "--input-len",
+        "4:12",
+        "--output-len",
+        "5",
+        "--kv-cache-memory",
+        "1MiB",
+        "--max-model-len",
+        "64",
+        "--results-dir",
+        str(tmp_path / "results"),
+        "--peer",
+        "hf-generate",
+        "--peer-batch-size",
+        "4",
+        "--plot",
+        str(tmp_path / "bars.png"),
+    ]
     env = {**os.environ}
-    first = subprocess.run(cmd + ["--save-baseline", "tiny-test"], capture_output=True, text=True, timeout=300,
-                           env=env, cwd=tmp_path)
+    first = subprocess.run(
+        [*cmd, "--save-baseline", "tiny-test"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     assert first.returncode == 0, first.stderr
-    result = json.loads(first.stdout[:first.stdout.rindex("}") + 1])
+    result = json.loads(first.stdout[: first.stdout.rindex("}") + 1])
     assert result["output_tokens_per_s"] > 0 and result["workload"]["output_tokens"] == 30
     assert result["peers"]["hf-generate"]["output_tokens"] == 30
     assert os.path.isfile(tmp_path / "benchmarks" / "baselines" / "tiny-test.json")
     assert os.listdir(tmp_path / "results")
-    second = subprocess.run(cmd + ["--compare-to", "tiny-test"], capture_output=True, text=True, timeout=300,
-                            env=env, cwd=tmp_path)
+    second = subprocess.run(
+        [*cmd, "--compare-to", "tiny-test"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     assert second.returncode == 0 and "vs baseline 'tiny-test'" in second.stdout
-    missing = subprocess.run(cmd + ["--compare-to", "nope"], capture_output=True, text=True, timeout=300, env=env,
-                             cwd=tmp_path)
+    missing = subprocess.run(
+        [*cmd, "--compare-to", "nope"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
+    )
     assert missing.returncode == 2 and "tiny-test" in missing.stderr and "Traceback" not in missing.stderr
 
 
@@ -92,14 +120,40 @@ def test_decode_step_counts_flops_from_the_model_shape(tmp_path: Any) -> None:
     assert result["share_of_float32_peak"] == result["share_of_peak"]
     assert result["weight_bytes_per_step"] == (2 * per_layer + 64 * 512) * 4  # every linear weight, float32
     assert result["bandwidth_bound_ms"] == pytest.approx(
-        result["weight_bytes_per_step"] / result["copy_bandwidth_gbs"] / 1e6)
+        result["weight_bytes_per_step"] / result["copy_bandwidth_gbs"] / 1e6
+    )
     assert result["step_over_bandwidth_bound"] == pytest.approx(result["step_ms_median"] / result["bandwidth_bound_ms"])
-    cli = subprocess.run([sys.executable, "-m", "conveyor.cli", "bench", "decode-step", "--model", folder,
-                          "--num-seqs", "2", "--prompt-len", "5", "--steps", "3", "--kv-cache-memory", "1MiB",
-                          "--max-model-len", "64", "--dtype", "float32", "--results-dir", str(tmp_path / "r")],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "conveyor.cli",
+            "bench",
+            "decode-step",
+            "--model",
+            folder,
+            "--num-seqs",
+            "2",
+            "--prompt-len",
+            "5",
+            "--steps",
+            "3",
+            "--kv-cache-memory",
+            "1MiB",
+            "--max-model-len",
+            "64",
+            "--dtype",
+            "float32",
+            "--results-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert cli.returncode == 0, cli.stderr
-    printed = json.loads(cli.stdout[:cli.stdout.rindex("}") + 1])
+    printed = json.loads(cli.stdout[: cli.stdout.rindex("}") + 1])
     assert printed["num_seqs"] == 2 and printed["dtype"] == "float32" and printed["steps"] == 3
     bf16 = measure_decode_step(dataclasses.replace(config, dtype="bfloat16"), num_seqs=2, prompt_len=5, steps=2)
     assert bf16["dtype"] == "bfloat16" and bf16["float32_matmul_peak_gflops"] > 0
@@ -138,11 +192,17 @@ def test_openvino_peer_computes_our_tokens_when_installed(tmp_path: Any) -> None
     workload = random_workload(5, (3, 30), (3, 9), 512, seed=5)
     wants = [p.max_tokens for p in workload.params]
     llm = LLM(folder, dtype="float32", kv_cache_memory="1MiB", max_model_len=64)
-    ours = [o.outputs[0].token_ids for o in llm.generate(
-        workload.prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in wants],
-        use_tqdm=False)]
-    pipeline = OpenVINOPipeline(folder, "float32", threads=2, max_num_seqs=2, max_num_batched_tokens=16,
-                                kv_tokens=2 * 64)  # 2 at a time, prompts in chunks: its scheduler at work
+    ours = [
+        o.outputs[0].token_ids
+        for o in llm.generate(
+            workload.prompts,
+            [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in wants],
+            use_tqdm=False,
+        )
+    ]
+    pipeline = OpenVINOPipeline(
+        folder, "float32", threads=2, max_num_seqs=2, max_num_batched_tokens=16, kv_tokens=2 * 64
+    )  # 2 at a time, prompts in chunks: its scheduler at work
     assert pipeline.generate(workload.prompts, wants) == ours
 
 
@@ -151,13 +211,40 @@ def test_a_peer_that_cannot_run_costs_only_its_own_row(tmp_path: Any) -> None:
     still measured and saved; the peer's row says why it has no number."""
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder, num_hidden_layers=1)  # never exported: no cached IR to fall back on
-    cmd = [sys.executable, "-m", "conveyor.cli", "bench", "throughput", "--model", folder, "--num-prompts", "3",
-           "--input-len", "4:8", "--output-len", "3", "--kv-cache-memory", "1MiB", "--max-model-len", "64",
-           "--results-dir", str(tmp_path / "results"), "--peer", "openvino", "hf-generate"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                          env={**os.environ, "CONVEYOR_OPENVINO_EXPORTER": "/bin/false"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "conveyor.cli",
+        "bench",
+        "throughput",
+        "--model",
+        folder,
+        "--num-prompts",
+        "3",
+        "--input-len",
+        "4:8",
+        "--output-len",
+        "3",
+        "--kv-cache-memory",
+        "1MiB",
+        "--max-model-len",
+        "64",
+        "--results-dir",
+        str(tmp_path / "results"),
+        "--peer",
+        "openvino",
+        "hf-generate",
+    ]
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "CONVEYOR_OPENVINO_EXPORTER": "/bin/false"},
+    )
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout[:done.stdout.rindex("}") + 1])
+    result = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
     assert result["output_tokens_per_s"] > 0 and result["peers"]["hf-generate"]["output_tokens"] == 9
     row = result["peers"]["openvino"]
     if "skipped" in row:
@@ -170,17 +257,38 @@ def test_a_peer_that_cannot_run_costs_only_its_own_row(tmp_path: Any) -> None:
 def test_latency_cli_interleaves_ours_and_the_peer(tmp_path: Any) -> None:
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder)
-    cmd = [sys.executable, "-m", "conveyor.cli", "bench", "latency", "--model", folder, "--input-len", "9",
-           "--output-len", "6", "--runs", "3", "--kv-cache-memory", "1MiB", "--max-model-len", "64",
-           "--results-dir", str(tmp_path / "results"), "--peer", "hf-generate"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "conveyor.cli",
+        "bench",
+        "latency",
+        "--model",
+        folder,
+        "--input-len",
+        "9",
+        "--output-len",
+        "6",
+        "--runs",
+        "3",
+        "--kv-cache-memory",
+        "1MiB",
+        "--max-model-len",
+        "64",
+        "--results-dir",
+        str(tmp_path / "results"),
+        "--peer",
+        "hf-generate",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout[:done.stdout.rindex("}") + 1])
+    result = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
     for measured in (result, result["peers"]["hf-generate"]):
         assert len(measured["ttft_runs_s"]) == 3 and len(measured["tpot_runs_s"]) == 3
         assert measured["ttft_s"] == sorted(measured["ttft_runs_s"])[1] and measured["tpot_s"] > 0
-    too_short = subprocess.run(cmd[:-2] + ["--output-len", "1"], capture_output=True, text=True, timeout=300,
-                               cwd=tmp_path)
+    too_short = subprocess.run(
+        [*cmd[:-2], "--output-len", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert too_short.returncode == 2 and "--output-len must be at least 2" in too_short.stderr
     assert "Traceback" not in too_short.stderr
 

@@ -111,7 +111,7 @@ def test_prefix_blocks_held_by_a_running_request_cost_nothing() -> None:
     bm = BlockManager(num_blocks=4, block_size=4)
     tokens = list(range(8))
     table = filled(bm, "a", tokens)  # 2 blocks, still allocated to "a"
-    prefix = bm.find_cached_prefix(tokens + [50])
+    prefix = bm.find_cached_prefix([*tokens, 50])
     assert prefix.block_ids == table
     # 2 free blocks left; "b" shares a's 2 blocks and needs 2 more for 16 tokens.
     assert bm.can_allocate("b", 16, prefix)
@@ -135,13 +135,13 @@ def test_prefix_hit_only_for_full_blocks() -> None:
     table = filled(bm, "a", tokens)
     bm.free("a")
 
-    match = bm.find_cached_prefix(tokens + [70, 71, 72])  # 13 tokens: 3 blocks could be hit
+    match = bm.find_cached_prefix([*tokens, 70, 71, 72])  # 13 tokens: 3 blocks could be hit
     assert match == PrefixMatch(table[:2], 8)  # the partial third block is never a hit
-    assert bm.find_cached_prefix(tokens[:8] + [1, 2, 3, 4, 5]).num_tokens == 8
+    assert bm.find_cached_prefix([*tokens[:8], 1, 2, 3, 4, 5]).num_tokens == 8
     # A different first block means no hit at all, even if the second matches.
-    assert bm.find_cached_prefix([99] + tokens[1:]) == EMPTY_MATCH
+    assert bm.find_cached_prefix([99, *tokens[1:]]) == EMPTY_MATCH
     # A different second block keeps the first.
-    assert bm.find_cached_prefix(tokens[:4] + [99] + tokens[5:]) == PrefixMatch(table[:1], 4)
+    assert bm.find_cached_prefix([*tokens[:4], 99, *tokens[5:]]) == PrefixMatch(table[:1], 4)
 
 
 def test_prefix_hit_leaves_at_least_one_token_to_compute() -> None:
@@ -151,7 +151,7 @@ def test_prefix_hit_leaves_at_least_one_token_to_compute() -> None:
     bm.free("a")
     # Exactly the cached tokens: the last block is not used, one block's worth is recomputed.
     assert bm.find_cached_prefix(tokens) == PrefixMatch(table[:1], 4)
-    assert bm.find_cached_prefix(tokens + [8]) == PrefixMatch(table, 8)
+    assert bm.find_cached_prefix([*tokens, 8]) == PrefixMatch(table, 8)
     assert bm.find_cached_prefix(tokens[:4]) == EMPTY_MATCH
     assert bm.find_cached_prefix(tokens[:5]) == PrefixMatch(table[:1], 4)
     assert bm.find_cached_prefix([]) == EMPTY_MATCH
@@ -162,7 +162,7 @@ def test_prefix_hash_hit_is_rechecked_against_token_ids() -> None:
     tokens = list(range(12))
     table = filled(bm, "a", tokens)
     bm.free("a")
-    query = tokens + [99]
+    query = [*tokens, 99]
     assert bm.find_cached_prefix(query).num_tokens == 12
 
     # Simulate a corrupted entry (e.g. a hash collision): the hash still points at the
@@ -179,9 +179,9 @@ def test_prefix_hit_counts_and_refcounts() -> None:
     filled(bm, "a", tokens)
     bm.free("a")
     assert bm.prefix_hit_tokens == 0
-    prefix = bm.find_cached_prefix(tokens + [1])
+    prefix = bm.find_cached_prefix([*tokens, 1])
     bm.allocate("b", 9, prefix)
-    bm.allocate("c", 9, bm.find_cached_prefix(tokens + [2]))
+    bm.allocate("c", 9, bm.find_cached_prefix([*tokens, 2]))
     assert bm.prefix_hit_tokens == 16
     assert bm.block_table("b")[:2] == bm.block_table("c")[:2]
     assert bm.block_table("b")[2] != bm.block_table("c")[2]
@@ -200,7 +200,7 @@ def test_prefix_on_a_request_that_already_has_blocks_is_refused() -> None:
     filled(bm, "a", tokens)
     bm.allocate("b", 1)
     with pytest.raises(RuntimeError, match="already has blocks"):
-        bm.allocate("b", 9, bm.find_cached_prefix(tokens + [1]))
+        bm.allocate("b", 9, bm.find_cached_prefix([*tokens, 1]))
 
 
 def test_prefix_caching_disabled() -> None:
@@ -209,7 +209,7 @@ def test_prefix_caching_disabled() -> None:
     filled(bm, "a", tokens)
     bm.free("a")
     assert bm.num_cached_blocks == 0 and bm.num_free_blocks == 8
-    assert bm.find_cached_prefix(tokens + [1]) == EMPTY_MATCH
+    assert bm.find_cached_prefix([*tokens, 1]) == EMPTY_MATCH
     bm.check_invariants()
 
 
@@ -220,7 +220,7 @@ def test_register_only_blocks_filled_by_known_tokens() -> None:
     bm.register_full_blocks("a", tokens, 7)  # only block 0 is completely known
     bm.free("a")
     assert bm.num_cached_blocks == 1
-    assert bm.find_cached_prefix(tokens + [1]).num_tokens == 4
+    assert bm.find_cached_prefix([*tokens, 1]).num_tokens == 4
 
 
 # ---- LRU eviction -------------------------------------------------------------------------
@@ -237,8 +237,7 @@ def test_eviction_is_least_recently_freed_first_tail_blocks_first() -> None:
     def hit(rid: str) -> int:
         return bm.find_cached_prefix(toks[rid] + [99]).num_tokens
 
-    expected_order = [tables["a"][1], tables["a"][0], tables["b"][1], tables["b"][0],
-                      tables["c"][1], tables["c"][0]]
+    expected_order = [tables["a"][1], tables["a"][0], tables["b"][1], tables["b"][0], tables["c"][1], tables["c"][0]]
     evicted = []
     for n in range(6):
         evicted += bm.allocate(f"new{n}", 1)
@@ -297,8 +296,9 @@ def test_reset_prefix_cache() -> None:
 
 
 def test_cache_plan_from_budget_fits() -> None:
-    plan = CachePlan.from_budget(budget_bytes=4 * 2**20 + 100, block_size=16, bytes_per_token=1024,
-                                 max_model_len=4096, budget_text="4MiB")
+    plan = CachePlan.from_budget(
+        budget_bytes=4 * 2**20 + 100, block_size=16, bytes_per_token=1024, max_model_len=4096, budget_text="4MiB"
+    )
     assert plan.bytes_per_block == 16 * 1024
     assert plan.num_blocks == 256
     assert plan.num_token_slots == 4096
@@ -306,8 +306,13 @@ def test_cache_plan_from_budget_fits() -> None:
 
 def test_cache_plan_refuses_budget_too_small_for_one_request() -> None:
     with pytest.raises(ConfigError) as info:
-        CachePlan.from_budget(budget_bytes=2**20, block_size=16, bytes_per_token=1024,
-                              max_model_len=4096, budget_text="kv_cache_memory=1MiB")
+        CachePlan.from_budget(
+            budget_bytes=2**20,
+            block_size=16,
+            bytes_per_token=1024,
+            max_model_len=4096,
+            budget_text="kv_cache_memory=1MiB",
+        )
     message = str(info.value)
     assert isinstance(info.value, ValueError)
     for text in ("kv_cache_memory=1MiB", "64 blocks", "16 tokens", "max_model_len=4096", "256 blocks"):
@@ -324,9 +329,12 @@ REQUEST_IDS = ("r0", "r1", "r2", "r3", "r4")
 # Prompts are a cut of one of a few shared "documents" plus a short random tail, so
 # shared prefixes (and so prefix hits) are frequent.
 DOCUMENTS = ([7] * 15, [1, 2, 3] * 5, [1, 2, 3, 4, 5] * 3)
-TOKENS = st.builds(lambda doc, cut, tail: DOCUMENTS[doc][:cut] + tail,
-                   st.integers(0, len(DOCUMENTS) - 1), st.integers(0, 15),
-                   st.lists(st.integers(0, 9), max_size=4)).filter(bool)
+TOKENS = st.builds(
+    lambda doc, cut, tail: DOCUMENTS[doc][:cut] + tail,
+    st.integers(0, len(DOCUMENTS) - 1),
+    st.integers(0, 15),
+    st.lists(st.integers(0, 9), max_size=4),
+).filter(bool)
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
@@ -356,7 +364,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         bs = self.bm.block_size
         assert prefix.num_tokens == len(prefix.block_ids) * bs and prefix.num_tokens < len(tokens)
         for i, b in enumerate(prefix.block_ids):
-            assert self.kv.get(b) == tuple(tokens[i * bs:(i + 1) * bs]), "prefix hit on a block with other KV"
+            assert self.kv.get(b) == tuple(tokens[i * bs : (i + 1) * bs]), "prefix hit on a block with other KV"
         revived = sum(1 for b in prefix.block_ids if b not in self._in_use())
         need = self.bm.blocks_needed(len(tokens)) - len(prefix.block_ids) + revived
         fits = need <= self._available()
@@ -397,7 +405,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         bs = self.bm.block_size
         table = self.bm.block_table(rid)
         for i in range(self.shared[rid], self.bm.blocks_needed(known)):
-            self.kv[table[i]] = tuple(tokens[i * bs:min((i + 1) * bs, known)])
+            self.kv[table[i]] = tuple(tokens[i * bs : min((i + 1) * bs, known)])
         self.bm.register_full_blocks(rid, tokens, known)
 
     @precondition(lambda self: self.tokens)
@@ -436,7 +444,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 BlockManagerMachine.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+    max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.filter_too_much]
+)
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 
 

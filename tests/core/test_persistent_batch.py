@@ -24,21 +24,31 @@ def tiny_llama(tmp_path_factory: Any) -> str:
 
 
 def _params(i: int) -> SamplingParams:
-    return [SamplingParams(max_tokens=18, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
-            SamplingParams(n=3, max_tokens=12, temperature=1.0, seed=i, frequency_penalty=0.7, ignore_eos=True),
-            SamplingParams(max_tokens=15, temperature=0.8, seed=i, ignore_eos=True),
-            SamplingParams(max_tokens=10, temperature=0.0, presence_penalty=1.0, min_tokens=3)][i % 4]
+    return [
+        SamplingParams(max_tokens=18, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
+        SamplingParams(n=3, max_tokens=12, temperature=1.0, seed=i, frequency_penalty=0.7, ignore_eos=True),
+        SamplingParams(max_tokens=15, temperature=0.8, seed=i, ignore_eos=True),
+        SamplingParams(max_tokens=10, temperature=0.0, presence_penalty=1.0, min_tokens=3),
+    ][i % 4]
 
 
 @pytest.mark.parametrize("async_batching", [True, False])
 def test_runner_copy_equals_the_scheduler_state_after_every_step(tiny_llama: str, async_batching: bool) -> None:
-    llm = LLM(model=tiny_llama, async_batching=async_batching, block_size=4, max_model_len=96,
-              kv_cache_memory=30 * 4 * 512, max_num_seqs=12, max_num_batched_tokens=24)
+    llm = LLM(
+        model=tiny_llama,
+        async_batching=async_batching,
+        block_size=4,
+        max_model_len=96,
+        kv_cache_memory=30 * 4 * 512,
+        max_num_seqs=12,
+        max_num_batched_tokens=24,
+    )
     engine = llm.engine
     rng = random.Random(3)
     shared = [rng.randrange(2, 512) for _ in range(12)]  # a common prefix: prefix-cache hits
-    pending = [shared[:rng.randrange(0, 12)] + [rng.randrange(2, 512) for _ in range(rng.randrange(1, 40))]
-               for _ in range(24)]
+    pending = [
+        shared[: rng.randrange(0, 12)] + [rng.randrange(2, 512) for _ in range(rng.randrange(1, 40))] for _ in range(24)
+    ]
     checked = steps = histories = 0
     try:
         while pending or engine.has_work():
@@ -59,7 +69,7 @@ def test_runner_copy_equals_the_scheduler_state_after_every_step(tiny_llama: str
                 if known:  # (a resumed request keeps none until it samples again)
                     assert request.params.has_penalties
                     assert request.num_prompt_tokens <= len(known) <= request.num_tokens
-                    assert known == request.token_ids[:len(known)], f"step {steps}: {rid}'s penalty history"
+                    assert known == request.token_ids[: len(known)], f"step {steps}: {rid}'s penalty history"
                     histories += 1
                 checked += 1
         stats = engine.stats()
@@ -71,10 +81,19 @@ def test_runner_copy_equals_the_scheduler_state_after_every_step(tiny_llama: str
         engine.close()
 
 
-def _seq(rid: str, tail: list[int], start: int, history: tuple[int, ...] | None = None,
-         history_start: int = 0) -> ScheduledSeq:
-    spec = SamplingSpec(temperature=0.0, top_k=0, top_p=1.0, seed=0, output_index=0, repetition_penalty=1.2,
-                        history_tail=history, history_start=history_start)
+def _seq(
+    rid: str, tail: list[int], start: int, history: tuple[int, ...] | None = None, history_start: int = 0
+) -> ScheduledSeq:
+    spec = SamplingSpec(
+        temperature=0.0,
+        top_k=0,
+        top_p=1.0,
+        seed=0,
+        output_index=0,
+        repetition_penalty=1.2,
+        history_tail=history,
+        history_start=history_start,
+    )
     return ScheduledSeq(rid, [1], 8, tail, start, spec if history is not None else None)
 
 
@@ -88,6 +107,7 @@ def test_deltas_rebuild_the_table_and_history_and_a_missed_plan_is_refused_by_na
     with pytest.raises(RuntimeError, match="request 'b' keeps 2 block table entries, but the runner holds 1"):
         batch.apply(StepPlan(3, [_seq("b", [5], 2)]))
     batch.apply(StepPlan(4, [_seq("c", [1], 0, (1, 2), 0)]))
-    with pytest.raises(RuntimeError, match="request 'c' continues its penalty history at 3 ids, but the runner "
-                                           "holds 2"):
+    with pytest.raises(
+        RuntimeError, match="request 'c' continues its penalty history at 3 ids, but the runner holds 2"
+    ):
         batch.apply(StepPlan(5, [_seq("c", [], 1, (4,), 3)]))

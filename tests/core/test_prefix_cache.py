@@ -13,9 +13,11 @@ def test_shared_prefix_hits_and_matches_cold_run(default_llm: Any) -> None:
     engine = default_llm.engine
     block = engine.blocks.block_size
     tok = default_llm.get_tokenizer()
-    prefix = tok("You are a careful assistant. Answer every question about European geography with one precise "
-                 "sentence, naming the country and the region, and never add anything else at all. " * 3).input_ids
-    prefix = prefix[:3 * block]
+    prefix = tok(
+        "You are a careful assistant. Answer every question about European geography with one precise "
+        "sentence, naming the country and the region, and never add anything else at all. " * 3
+    ).input_ids
+    prefix = prefix[: 3 * block]
     assert len(prefix) == 3 * block
     first = prefix + tok(" Question: Where is Lyon?").input_ids
     second = prefix + tok(" Question: Where is Porto? Answer:").input_ids

@@ -33,10 +33,10 @@ def fake_token(request_id: str, output_index: int) -> int:
 
 
 def make_request(rid: str, prompt: list[int], max_tokens: int, arrival: int, max_model_len: int = 256) -> Request:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.7, top_k=20, top_p=0.9,
-                            repetition_penalty=1.1 if arrival % 2 else 1.0)  # half of them carry histories
-    return Request(rid, list(prompt), params, seed=10_000 + arrival, arrival_index=arrival,
-                   max_model_len=max_model_len)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.1 if arrival % 2 else 1.0
+    )  # half of them carry histories
+    return Request(rid, list(prompt), params, seed=10_000 + arrival, arrival_index=arrival, max_model_len=max_model_len)
 
 
 def expected_outputs(request: Request) -> list[int]:
@@ -45,8 +45,16 @@ def expected_outputs(request: Request) -> list[int]:
 
 
 class Driver:
-    def __init__(self, *, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int = 256, prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int = 256,
+        prefix_caching: bool = True,
+    ) -> None:
         self.limits = SchedulerLimits(max_num_seqs, max_num_batched_tokens, max_model_len)
         self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
         self.scheduler = Scheduler(self.limits, self.blocks)
@@ -141,8 +149,8 @@ class Driver:
         assert len(victims) == plan.num_preempted
         if victims:
             self.preempted.append(victims)
-            assert victims == running_before[len(running_before) - len(victims):], "preempted a non-newest request"
-            assert [r.request_id for r in list(self.scheduler.waiting)[:len(victims)]] == victims
+            assert victims == running_before[len(running_before) - len(victims) :], "preempted a non-newest request"
+            assert [r.request_id for r in list(self.scheduler.waiting)[: len(victims)]] == victims
             for rid in victims:
                 req = self.requests[rid]
                 assert req.num_computed_tokens == 0 and self.blocks.block_table(rid) == []
@@ -156,14 +164,14 @@ class Driver:
         assert old == [rid for rid in running_before if rid in old]
         if plan.num_preempted:
             assert not new, "admitted a waiting request in a step that had to preempt"
-        assert new == waiting_before[:len(new)], "admission is not first-come first-served"
+        assert new == waiting_before[: len(new)], "admission is not first-come first-served"
         self.admitted += new
 
         for seq in plan.seqs:
             req = self.requests[seq.request_id]
             assert req.status is RequestStatus.RUNNING
             assert seq.num_tokens >= 1 and PLACEHOLDER_TOKEN not in seq.input_token_ids
-            assert seq.input_token_ids == req.token_ids[seq.start_position:seq.context_len]
+            assert seq.input_token_ids == req.token_ids[seq.start_position : seq.context_len]
             if seq.request_id in old:
                 assert seq.start_position == self.computed[seq.request_id]
             else:  # (re)admitted: starts after its prefix-cache hit, computing from scratch otherwise
@@ -181,8 +189,11 @@ class Driver:
                 assert spec is not None, "a chunk reaching the end of the known tokens must sample"
                 assert spec.output_index == req.num_output_tokens
                 assert spec.seed == req.seed
-                assert (spec.temperature, spec.top_k, spec.top_p) == \
-                    (req.params.temperature, req.params.top_k, req.params.top_p)
+                assert (spec.temperature, spec.top_k, spec.top_p) == (
+                    req.params.temperature,
+                    req.params.top_k,
+                    req.params.top_p,
+                )
                 assert req.num_inflight_tokens == 1
             else:
                 assert seq.context_len < req.num_tokens and seq.sampling is None
@@ -200,14 +211,15 @@ class Driver:
                 slot = (table[pos // bs], pos % bs)
                 assert slot not in written, f"two sequences write KV slot {slot} in one step"
                 written.add(slot)
-                self.kv[slot] = tuple(tokens[:pos + 1])  # KV at pos depends on the whole prefix
+                self.kv[slot] = tuple(tokens[: pos + 1])  # KV at pos depends on the whole prefix
         for seq in plan.seqs:
             tokens = self.requests[seq.request_id].token_ids
             table = self.batch.block_table(seq.request_id)
             for pos in range(seq.context_len):
                 slot = (table[pos // bs], pos % bs)
-                assert self.kv.get(slot) == tuple(tokens[:pos + 1]), \
+                assert self.kv.get(slot) == tuple(tokens[: pos + 1]), (
                     f"{seq.request_id} would attend to wrong KV at position {pos} (slot {slot})"
+                )
 
     def _commit(self, plan: StepPlan) -> None:
         for seq in plan.sampling_seqs:
@@ -255,8 +267,8 @@ class Driver:
                 assert req.output_token_ids == want
             else:
                 assert req.status is RequestStatus.FINISHED_ABORTED
-                assert req.output_token_ids == want[:req.num_output_tokens]
-            assert req.token_ids[:req.num_prompt_tokens] == req.prompt_token_ids
+                assert req.output_token_ids == want[: req.num_output_tokens]
+            assert req.token_ids[: req.num_prompt_tokens] == req.prompt_token_ids
 
 
 def prompt_of(n: int, salt: int) -> list[int]:
@@ -338,8 +350,14 @@ def test_fcfs_a_blocked_head_is_not_overtaken() -> None:
 @pytest.mark.parametrize("prefix_caching", [False, True])
 def test_preemption_takes_the_newest_and_recomputes(prefix_caching: bool) -> None:
     # 6 blocks of 4 tokens; each request grows to 5 blocks, so three cannot run together.
-    d = Driver(num_blocks=6, block_size=4, max_num_seqs=3, max_num_batched_tokens=64, max_model_len=24,
-               prefix_caching=prefix_caching)
+    d = Driver(
+        num_blocks=6,
+        block_size=4,
+        max_num_seqs=3,
+        max_num_batched_tokens=64,
+        max_model_len=24,
+        prefix_caching=prefix_caching,
+    )
     for i in range(3):
         d.add(make_request(f"r{i}", prompt_of(8, i), 10, i, max_model_len=24))
     d.run()
@@ -354,15 +372,16 @@ def test_preemption_takes_the_newest_and_recomputes(prefix_caching: bool) -> Non
         req = d.requests[rid]
         full = req.prompt_token_ids + req.output_token_ids[:n_out]
         assert seq.start_position == req.num_cached_tokens or seq.start_position == 0
-        assert seq.input_token_ids == full[seq.start_position:seq.context_len]
+        assert seq.input_token_ids == full[seq.start_position : seq.context_len]
         if not prefix_caching:
             assert seq.start_position == 0 and seq.input_token_ids == full
             assert seq.sampling is not None and seq.sampling.output_index == n_out
 
 
 def test_preempted_request_state_is_reset() -> None:
-    d = Driver(num_blocks=4, block_size=4, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=16,
-               prefix_caching=False)
+    d = Driver(
+        num_blocks=4, block_size=4, max_num_seqs=2, max_num_batched_tokens=64, max_model_len=16, prefix_caching=False
+    )
     d.add(make_request("old", prompt_of(7, 1), 8, 0, max_model_len=16))
     d.add(make_request("new", prompt_of(7, 2), 8, 1, max_model_len=16))
     while not d.preempted:
@@ -371,7 +390,7 @@ def test_preempted_request_state_is_reset() -> None:
     new = d.requests["new"]
     assert new.status is RequestStatus.WAITING and new.num_computed_tokens == 0
     assert new.num_preemptions == 1 and new.num_output_tokens > 0
-    assert list(d.scheduler.waiting)[0] is new
+    assert next(iter(d.scheduler.waiting)) is new
     d.run()
     d.check_all_done()
 
@@ -432,8 +451,12 @@ def test_max_model_len_ends_a_request_with_length() -> None:
 # ---- random workloads -----------------------------------------------------------------------
 
 DOCUMENTS = ([3] * 64, list(range(64)), [i % 5 for i in range(64)])
-PROMPTS = st.builds(lambda doc, cut, tail: (DOCUMENTS[doc][:cut] + tail) or [1],
-                    st.integers(0, 2), st.integers(0, 40), st.lists(st.integers(100, 110), max_size=8))
+PROMPTS = st.builds(
+    lambda doc, cut, tail: (DOCUMENTS[doc][:cut] + tail) or [1],
+    st.integers(0, 2),
+    st.integers(0, 40),
+    st.lists(st.integers(100, 110), max_size=8),
+)
 
 
 @st.composite
@@ -449,18 +472,24 @@ def workloads(draw: st.DrawFn) -> dict:
         max_num_batched_tokens=draw(st.integers(1, 48)),
         prefix_caching=draw(st.booleans()),
         max_model_len=max_model_len,
-        requests=[(p[:max_model_len - 1], draw(st.integers(1, 30)), draw(st.integers(0, 5))) for p in prompts],
-        aborts=draw(st.lists(st.tuples(st.integers(0, 40), st.integers(0, len(prompts) - 1), st.booleans()),
-                             max_size=4)),
+        requests=[(p[: max_model_len - 1], draw(st.integers(1, 30)), draw(st.integers(0, 5))) for p in prompts],
+        aborts=draw(
+            st.lists(st.tuples(st.integers(0, 40), st.integers(0, len(prompts) - 1), st.booleans()), max_size=4)
+        ),
     )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_random_workloads_finish_exactly_once_without_leaks(w: dict) -> None:
-    d = Driver(num_blocks=w["num_blocks"], block_size=w["block_size"], max_num_seqs=w["max_num_seqs"],
-               max_num_batched_tokens=w["max_num_batched_tokens"], max_model_len=w["max_model_len"],
-               prefix_caching=w["prefix_caching"])
+    d = Driver(
+        num_blocks=w["num_blocks"],
+        block_size=w["block_size"],
+        max_num_seqs=w["max_num_seqs"],
+        max_num_batched_tokens=w["max_num_batched_tokens"],
+        max_model_len=w["max_model_len"],
+        prefix_caching=w["prefix_caching"],
+    )
     # Requests arrive over time: (prompt, max_tokens, arrival step).
     arrivals = sorted(enumerate(w["requests"]), key=lambda item: (item[1][2], item[0]))
     aborts = defaultdict(list)

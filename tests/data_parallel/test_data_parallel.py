@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("ray", reason="data parallelism needs Ray: pip install 'conveyor[ray]' (scripts/setup.sh test "
-                                  "installs it)")
+pytest.importorskip(
+    "ray", reason="data parallelism needs Ray: pip install 'conveyor[ray]' (scripts/setup.sh test installs it)"
+)
 psutil = pytest.importorskip("psutil")
 
-from helpers.tiny_models import build_tiny_model  # noqa: E402
 from conveyor import LLM, ConfigError, InvalidRequestError, SamplingParams  # noqa: E402
+from helpers.tiny_models import build_tiny_model  # noqa: E402
 
 SMALL = dict(dtype="float32", kv_cache_memory=2**20, max_model_len=128, block_size=4)
 
@@ -50,11 +51,15 @@ def wait_gone(procs: list[Any], timeout_s: float = 20.0) -> list[str]:
 def test_dp2_gives_each_request_the_tokens_it_gets_alone_and_leaves_no_process(tiny: str) -> None:
     rng = random.Random(11)
     shared = [rng.randrange(2, 500) for _ in range(12)]  # three full blocks some prompts share
-    prompts = [(shared if i % 3 == 0 else []) + [rng.randrange(2, 500) for _ in range(rng.randrange(3, 30))]
-               for i in range(12)]
-    params = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True) if i % 2 == 0 else
-              SamplingParams(max_tokens=9, temperature=0.8, top_k=40, seed=100 + i, ignore_eos=True)
-              for i in range(len(prompts))]
+    prompts = [
+        (shared if i % 3 == 0 else []) + [rng.randrange(2, 500) for _ in range(rng.randrange(3, 30))] for i in range(12)
+    ]
+    params = [
+        SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+        if i % 2 == 0
+        else SamplingParams(max_tokens=9, temperature=0.8, top_k=40, seed=100 + i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
     with LLM(model=tiny, **SMALL) as alone:
         expected = [alone.generate([p], [sp], use_tqdm=False)[0] for p, sp in zip(prompts, params)]
     me = psutil.Process()
@@ -74,8 +79,9 @@ def test_dp2_gives_each_request_the_tokens_it_gets_alone_and_leaves_no_process(t
             llm.chat([{"role": "user", "content": "hi"}])
     finally:
         llm.close()
-    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in got] == \
-        [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in expected]
+    assert [(o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in got] == [
+        (o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in expected
+    ]
     assert [o.prompt_token_ids for o in got] == [list(p) for p in prompts]
     left = wait_gone(started)
     assert not left, f"processes left after LLM.close(): {left}"
@@ -122,8 +128,9 @@ def test_ray_calls_carry_plain_values_and_nothing_on_the_dp_path_pickles() -> No
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
-                assert not any(n and any(bad in n for bad in ("pickle", "multiprocessing", "dill")) for n in names), \
+                assert not any(n and any(bad in n for bad in ("pickle", "multiprocessing", "dill")) for n in names), (
                     f"{path.name} imports {names}"
+                )
             if isinstance(node, ast.Attribute):
                 assert node.attr not in ("put", "get_actor"), f"{path.name} uses ray.{node.attr} (object store)"
     _assert_msgpack_only(['{"model": "x", "tensor_parallel_size": 2}', 1, "127.0.0.1:8000", "ready", None])

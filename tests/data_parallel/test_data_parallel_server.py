@@ -11,19 +11,22 @@ import os
 import random
 import signal
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
-pytest.importorskip("ray", reason="data parallelism needs Ray: pip install 'conveyor[ray]' (scripts/setup.sh test "
-                                  "installs it)")
+pytest.importorskip(
+    "ray", reason="data parallelism needs Ray: pip install 'conveyor[ray]' (scripts/setup.sh test installs it)"
+)
 psutil = pytest.importorskip("psutil")
 openai = pytest.importorskip("openai")
 
-from helpers.tiny_models import build_tiny_model  # noqa: E402
-from helpers.server_process import ServerProcess  # noqa: E402
 from test_data_parallel import wait_gone  # noqa: E402
+
+from helpers.server_process import ServerProcess  # noqa: E402
+from helpers.tiny_models import build_tiny_model  # noqa: E402
 
 MODEL = "tiny-dp-server"
 ENGINE = dict(dtype="float32", kv_cache_memory=4 * 2**20, max_model_len=512)
@@ -39,10 +42,24 @@ def folder(tmp_path_factory: Any) -> str:
 
 @pytest.fixture(scope="module")
 def server(folder: str) -> Iterator[ServerProcess]:
-    proc = ServerProcess("--model", folder, "--dtype", "float32", "--tensor-parallel-size", "2",
-                         "--data-parallel-size", "2", "--kv-cache-memory", "4MiB", "--max-model-len", "512",
-                         "--max-num-seqs", "2",  # requests queue on a replica, so a kill finds some mid-stream
-                         "--shutdown-timeout", "5")
+    proc = ServerProcess(
+        "--model",
+        folder,
+        "--dtype",
+        "float32",
+        "--tensor-parallel-size",
+        "2",
+        "--data-parallel-size",
+        "2",
+        "--kv-cache-memory",
+        "4MiB",
+        "--max-model-len",
+        "512",
+        "--max-num-seqs",
+        "2",  # requests queue on a replica, so a kill finds some mid-stream
+        "--shutdown-timeout",
+        "5",
+    )
     try:
         proc.wait_ready(timeout=240)
         yield proc
@@ -66,8 +83,14 @@ def _expected(reference: Any, prompts: list[list[int]], max_tokens: list[int]) -
 
 
 async def _stream(client: Any, prompt: list[int], max_tokens: int) -> tuple[list[int], str | None]:
-    stream = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
-                                             stream=True, extra_body={"ignore_eos": True, "return_token_ids": True})
+    stream = await client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        stream=True,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
     tokens: list[int] = []
     finish = None
     async for chunk in stream:
@@ -107,10 +130,14 @@ def test_tp2_dp2_32_concurrent_streams_get_their_tokens(server: ServerProcess, r
     assert all(f == "length" for _, f in got)
     assert [t for t, _ in got] == _expected(reference, prompts, max_tokens)
     m = _metrics(server)
-    assert m['conveyor_dp_requests_routed_total{replica="0"}'] > 0 and \
-        m['conveyor_dp_requests_routed_total{replica="1"}'] > 0, "the router should use both replicas"
-    assert m["conveyor_generation_tokens_total"] == \
-        m['conveyor_generation_tokens_total{replica="0"}'] + m['conveyor_generation_tokens_total{replica="1"}']
+    assert (
+        m['conveyor_dp_requests_routed_total{replica="0"}'] > 0
+        and m['conveyor_dp_requests_routed_total{replica="1"}'] > 0
+    ), "the router should use both replicas"
+    assert (
+        m["conveyor_generation_tokens_total"]
+        == m['conveyor_generation_tokens_total{replica="0"}'] + m['conveyor_generation_tokens_total{replica="1"}']
+    )
 
 
 def test_requests_sharing_a_256_token_prefix_go_to_one_replica(server: ServerProcess, reference: Any) -> None:
@@ -121,16 +148,28 @@ def test_requests_sharing_a_256_token_prefix_go_to_one_replica(server: ServerPro
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", timeout=TIMEOUT, max_retries=0)
     outs = []
     for p in prompts:  # one after another, so load never outweighs the affinity
-        outs.append(client.completions.create(model=MODEL, prompt=p, max_tokens=4, temperature=0.0,
-                                              extra_body={"ignore_eos": True, "return_token_ids": True}))
+        outs.append(
+            client.completions.create(
+                model=MODEL,
+                prompt=p,
+                max_tokens=4,
+                temperature=0.0,
+                extra_body={"ignore_eos": True, "return_token_ids": True},
+            )
+        )
     assert [o.choices[0].token_ids for o in outs] == _expected(reference, prompts, [4] * len(prompts))
     after = _metrics(server)
-    routed = {r: after[f'conveyor_dp_requests_routed_total{{replica="{r}"}}'] -
-              before[f'conveyor_dp_requests_routed_total{{replica="{r}"}}'] for r in "01"}
+    routed = {
+        r: after[f'conveyor_dp_requests_routed_total{{replica="{r}"}}']
+        - before[f'conveyor_dp_requests_routed_total{{replica="{r}"}}']
+        for r in "01"
+    }
     assert sorted(routed.values()) == [0, len(prompts)], f"prefix requests were split across replicas: {routed}"
     owner = max(routed, key=lambda r: routed[r])
-    hits = (after[f'conveyor_dp_prefix_affinity_hits_total{{replica="{owner}"}}'] -
-            before[f'conveyor_dp_prefix_affinity_hits_total{{replica="{owner}"}}'])
+    hits = (
+        after[f'conveyor_dp_prefix_affinity_hits_total{{replica="{owner}"}}']
+        - before[f'conveyor_dp_prefix_affinity_hits_total{{replica="{owner}"}}']
+    )
     assert hits == len(prompts) - 1
     assert after[f'conveyor_prefix_cache_hit_rate{{replica="{owner}"}}'] > 0  # the replica's cache served them
 
@@ -146,8 +185,9 @@ def _replica_processes(server: ServerProcess) -> list[int]:
     return found
 
 
-def test_a_killed_replica_ends_its_requests_comes_back_and_later_requests_succeed(server: ServerProcess,
-                                                                                  reference: Any) -> None:
+def test_a_killed_replica_ends_its_requests_comes_back_and_later_requests_succeed(
+    server: ServerProcess, reference: Any
+) -> None:
     """16 streams; once one has tokens, its replica's process is killed: streams with tokens on it end with an
     error event, the others complete (on either replica, retried if they had no byte yet), all within 30 s."""
     pids = {r["replica"]: r["pid"] for r in httpx.get(server.url + "/health", timeout=5).json()["replicas"]}
@@ -161,8 +201,15 @@ def test_a_killed_replica_ends_its_requests_comes_back_and_later_requests_succee
     before = _metrics(server)
 
     async def one(client: httpx.AsyncClient, i: int, prompt: list[int]) -> tuple[str, float, int]:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-                "ignore_eos": True, "return_token_ids": True}
+        body = {
+            "model": MODEL,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         count, error = 0, None
         async with client.stream("POST", "/v1/completions", json=body) as response:
             assert response.status_code == 200
@@ -177,7 +224,9 @@ def test_a_killed_replica_ends_its_requests_comes_back_and_later_requests_succee
                 count += sum(len(c.get("token_ids") or []) for c in event["choices"])
                 progress[i] = (replica, count)
         if error is not None:
-            assert "replica" in error["message"] and error["code"] == "replica_lost", error  # tokens or not: no [DONE] came
+            assert "replica" in error["message"] and error["code"] == "replica_lost", (
+                error
+            )  # tokens or not: no [DONE] came
             return "error event", time.monotonic(), replica
         assert count == max_tokens, f"a stream that ended without an error had {count} tokens"
         return "completed", time.monotonic(), replica
@@ -203,8 +252,9 @@ def test_a_killed_replica_ends_its_requests_comes_back_and_later_requests_succee
 
     ends = asyncio.run(run())
     victim, killed_at = killed[0]
-    assert len(ends) == 16 and all(t - killed_at <= 30 for _, t, _ in ends), \
-        [round(t - killed_at, 1) for _, t, _ in ends]
+    assert len(ends) == 16 and all(t - killed_at <= 30 for _, t, _ in ends), [
+        round(t - killed_at, 1) for _, t, _ in ends
+    ]
     errors = [r for kind, _, r in ends if kind == "error event"]
     assert set(errors) <= {victim}, ends  # only the killed replica's streams fail
     after_kill = _metrics(server)
@@ -220,8 +270,9 @@ def test_a_killed_replica_ends_its_requests_comes_back_and_later_requests_succee
         time.sleep(0.3)
     assert health.get("status") == "ok" and health["replicas"][victim]["restarts"] >= 1, health
     new_pid = health["replicas"][victim]["pid"]
-    assert new_pid != pids[victim] and sorted(_replica_processes(server)) == sorted(
-        [new_pid, pids[1 - victim]]), "Ray should have restarted the killed replica in a new process"
+    assert new_pid != pids[victim] and sorted(_replica_processes(server)) == sorted([new_pid, pids[1 - victim]]), (
+        "Ray should have restarted the killed replica in a new process"
+    )
     later = [[rng.randrange(2, 500) for _ in range(10)] for _ in range(6)]
 
     async def after() -> list[tuple[list[int], str | None]]:
@@ -232,8 +283,10 @@ def test_a_killed_replica_ends_its_requests_comes_back_and_later_requests_succee
             await client.close()
 
     assert [t for t, _ in asyncio.run(after())] == _expected(reference, later, [8] * len(later))
-    assert _metrics(server)[f'conveyor_dp_requests_routed_total{{replica="{victim}"}}'] > \
-        after_kill[f'conveyor_dp_requests_routed_total{{replica="{victim}"}}'], "the restarted replica takes work"
+    assert (
+        _metrics(server)[f'conveyor_dp_requests_routed_total{{replica="{victim}"}}']
+        > after_kill[f'conveyor_dp_requests_routed_total{{replica="{victim}"}}']
+    ), "the restarted replica takes work"
 
 
 def test_sigterm_ends_every_process_including_rays(server: ServerProcess) -> None:

@@ -1,4 +1,5 @@
-"""The data-parallel front's relay (conveyor/data_parallel/serving/front.py) against real upstream HTTP servers that fail
+"""The data-parallel front's relay (conveyor/data_parallel/serving/front.py) against real upstream HTTP servers
+that fail
 the way a killed replica does: a connection refused before any byte (the request is sent to the other
 replica), and a stream cut after some events (the client gets them, then an error event and [DONE]).
 No Ray: the replica set is a plain stand-in naming two upstream addresses."""
@@ -10,8 +11,9 @@ import json
 import socket
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -99,8 +101,7 @@ def _closed_port() -> str:
 async def _post(front: Front) -> tuple[int, dict[str, str], list[str]]:
     transport = httpx.ASGITransport(app=build_front_app(front))
     async with httpx.AsyncClient(transport=transport, base_url="http://front") as client:
-        response = await client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4,
-                                                              "stream": True})
+        response = await client.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4, "stream": True})
         events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
         return response.status_code, dict(response.headers), events
 
@@ -112,7 +113,10 @@ def test_a_replica_that_refuses_the_connection_gets_the_request_sent_to_the_othe
     status, headers, events = asyncio.run(_post(front))
     assert status == 200 and headers["x-conveyor-replica"] == "1"
     assert events[-1] == "[DONE]" and [json.loads(e)["choices"][0]["text"] for e in events[:-1]] == list("0123")
-    assert replicas.marked_down == [0] and front.metrics.registry.get_sample_value("conveyor_dp_requests_retried_total") == 1
+    assert (
+        replicas.marked_down == [0]
+        and front.metrics.registry.get_sample_value("conveyor_dp_requests_retried_total") == 1
+    )
     assert front.num_active == 0 and front.router.outstanding == [0, 10]
 
 
@@ -154,10 +158,20 @@ def test_a_client_gone_at_once_still_frees_its_route_and_upstream(upstream: Any)
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 1), "server": ("front", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/completions",
+        "raw_path": b"/v1/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("front", 80),
+    }
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 10))
     assert sent and sent[0]["type"] == "http.response.start"
     assert front.num_active == 0 and front.router.outstanding == [0, 0] and not front._open

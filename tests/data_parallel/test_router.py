@@ -13,8 +13,7 @@ def test_requests_sharing_a_256_token_prefix_go_to_one_replica_and_others_spread
     rng = random.Random(0)
     router = PrefixAffinityRouter(num_replicas=2, block_size=16)
     prefix = [rng.randrange(50000) for _ in range(256)]
-    shared = [router.route(prefix + [rng.randrange(50000) for _ in range(rng.randrange(0, 40))], 32)
-              for _ in range(12)]
+    shared = [router.route(prefix + [rng.randrange(50000) for _ in range(rng.randrange(0, 40))], 32) for _ in range(12)]
     assert len({r.replica for r in shared}) == 1
     assert all(r.matched_blocks == 16 for r in shared[1:])  # the whole 256-token prefix, every time after the first
     for r in shared:

@@ -86,16 +86,18 @@ def extract_blocks(path: pathlib.Path, text: str | None = None) -> list[Block]:
         fence, indent = m.group("fence"), len(m.group("indent"))
         body: list[str] = []
         j = i + 1
-        while j < len(lines) and not (lines[j].strip().startswith(fence[0] * len(fence))
-                                      and lines[j].strip().strip(fence[0]) == ""):
+        while j < len(lines) and not (
+            lines[j].strip().startswith(fence[0] * len(fence)) and lines[j].strip().strip(fence[0]) == ""
+        ):
             body.append(lines[j][indent:] if lines[j][:indent].strip() == "" else lines[j])
             j += 1
         if j == len(lines):
             raise DocError(f"{path}:{i + 1}: a code block that never closes")
         before = next((lines[k] for k in range(i - 1, -1, -1) if lines[k].strip()), "")
         marker = PARSE_ONLY.search(before)
-        blocks.append(Block(path, i + 1, m.group("lang"), "\n".join(body) + "\n",
-                            marker.group("reason") if marker else None))
+        blocks.append(
+            Block(path, i + 1, m.group("lang"), "\n".join(body) + "\n", marker.group("reason") if marker else None)
+        )
         i = j + 1
     return blocks
 
@@ -105,6 +107,7 @@ def all_blocks() -> list[Block]:
 
 
 # ---- bash -------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Command:
@@ -128,8 +131,10 @@ class Command:
             return "python"
         if head in ("curl", "pip", "ray", "export"):
             return head
-        raise DocError(f"{self.block.where}: no check knows the command {head!r} ({self.line.strip()!r}); "
-                       f"teach tests/docs/doc_blocks.py to check it, or use a ```text block")
+        raise DocError(
+            f"{self.block.where}: no check knows the command {head!r} ({self.line.strip()!r}); "
+            f"teach tests/docs/doc_blocks.py to check it, or use a ```text block"
+        )
 
 
 def bash_commands(block: Block) -> list[Command]:
@@ -201,15 +206,19 @@ def parse_conveyor(argv: list[str]) -> None:
     except SystemExit as exc:
         if exc.code == 0 and ("--help" in argv or "-h" in argv):
             return
-        raise DocError(f"`conveyor {shlex.join(argv)}` is refused by the CLI's parser: "
-                       f"{err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else exc}") from None
+        raise DocError(
+            f"`conveyor {shlex.join(argv)}` is refused by the CLI's parser: "
+            f"{err.getvalue().strip().splitlines()[-1] if err.getvalue().strip() else exc}"
+        ) from None
 
 
 def _pyproject_extras() -> set[str]:
     try:
         import tomllib
     except ImportError:  # Python 3.10: the section's keys, read plainly
-        section = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+        section = (
+            (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+        )
         return set(re.findall(r"^([\w-]+)\s*=", section, flags=re.MULTILINE))
     with open(ROOT / "pyproject.toml", "rb") as f:
         return set(tomllib.load(f)["project"].get("optional-dependencies", {}))
@@ -245,8 +254,10 @@ def check_command(cmd: Command, warnings: list[str]) -> None:
     elif kind == "curl":
         urls = [a for a in argv[1:] if a.startswith("http")]
         if len(urls) != 1 or not urls[0].startswith(f"http://127.0.0.1:{DOC_PORT}/"):
-            raise DocError(f"{where}: a curl line must name one URL on http://127.0.0.1:{DOC_PORT}/ "
-                           f"(the full tier runs it against its server): {cmd.line.strip()!r}")
+            raise DocError(
+                f"{where}: a curl line must name one URL on http://127.0.0.1:{DOC_PORT}/ "
+                f"(the full tier runs it against its server): {cmd.line.strip()!r}"
+            )
         for i, a in enumerate(argv):
             if a in ("-d", "--data") and argv[i + 1].lstrip().startswith("{"):
                 json.loads(argv[i + 1])
@@ -269,12 +280,12 @@ def check_command(cmd: Command, warnings: list[str]) -> None:
                 raise DocError(f"{where}: no module {argv[2]}")
         elif len(argv) < 2 or not (ROOT / argv[1]).is_file():
             raise DocError(f"{where}: no file {argv[1:2]}")
-    elif kind == "export":
-        if not all(re.fullmatch(r"[A-Z_][A-Z0-9_]*(=.*)?", a) for a in argv[1:]):
-            raise DocError(f"{where}: a strange export: {cmd.line.strip()!r}")
+    elif kind == "export" and not all(re.fullmatch(r"[A-Z_][A-Z0-9_]*(=.*)?", a) for a in argv[1:]):
+        raise DocError(f"{where}: a strange export: {cmd.line.strip()!r}")
 
 
 # ---- python -----------------------------------------------------------------------------------------------
+
 
 def _known_keywords() -> dict[str, set[str]]:
     from conveyor.config import EngineConfig
@@ -306,11 +317,14 @@ def check_python(block: Block) -> None:
 
 # ---- every block ------------------------------------------------------------------------------------------
 
+
 def check_block(block: Block, warnings: list[str]) -> None:
     """The cheap check of any block; raises DocError."""
     if block.lang not in LANGUAGES:
-        raise DocError(f"{block.where}: a code block needs one of the languages {', '.join(LANGUAGES)} "
-                       f"(got {block.lang or 'none'}); `text` for output and diagrams")
+        raise DocError(
+            f"{block.where}: a code block needs one of the languages {', '.join(LANGUAGES)} "
+            f"(got {block.lang or 'none'}); `text` for output and diagrams"
+        )
     if block.lang == "python":
         check_python(block)
     elif block.lang == "json":

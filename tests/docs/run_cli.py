@@ -26,6 +26,7 @@ def run(argv: list[str], stdin: str) -> dict[str, object]:
                 rc = exc.code if isinstance(exc.code, int) else 1
             except Exception as exc:  # reported as a failure of this command, not of the runner
                 import traceback
+
                 traceback.print_exc()
                 rc = f"raised {type(exc).__name__}: {exc}"
     finally:

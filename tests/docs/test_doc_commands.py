@@ -36,12 +36,15 @@ from docs.doc_blocks import (
     extract_blocks,
 )
 
-OWN_PAGES = ["README.md", *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md"))
-                            if p.name != "performance.md")]
+OWN_PAGES = [
+    "README.md",
+    *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md")) if p.name != "performance.md"),
+]
 """The pages this test also holds to the timeless style (docs/performance.md is the dated record)."""
 
 
 # ---- fast ---------------------------------------------------------------------------------------------------
+
 
 def test_every_block_is_checked() -> None:
     blocks = all_blocks()
@@ -86,9 +89,11 @@ def test_a_planted_mistake_is_caught(name: str) -> None:
 
 
 def test_the_extraction_sees_what_a_reader_sees() -> None:
-    text = ("- a list item:\n\n  ```bash\n  conveyor generate \"a\" \\\n    --max-tokens 4   # a comment\n"
-            "  curl http://127.0.0.1:8000/x -d '{\n    \"a\": 1}' | grep a\n  ```\n\n"
-            "<!-- doc-test: parse-only (needs Ray) -->\n```python\nprint(1)\n```\n")
+    text = (
+        '- a list item:\n\n  ```bash\n  conveyor generate "a" \\\n    --max-tokens 4   # a comment\n'
+        "  curl http://127.0.0.1:8000/x -d '{\n    \"a\": 1}' | grep a\n  ```\n\n"
+        "<!-- doc-test: parse-only (needs Ray) -->\n```python\nprint(1)\n```\n"
+    )
     bash, python = extract_blocks(pathlib.Path("x.md"), text)
     assert (bash.lang, python.lang, python.parse_only) == ("bash", "python", "needs Ray")
     first, second = bash_commands(bash)
@@ -140,13 +145,20 @@ def test_the_readme_is_a_landing_page() -> None:
 def test_pages_are_timeless(page: str) -> None:
     """No development history: session ids, results-file citations, dates of runs (docs/performance.md has those)."""
     text = (ROOT / page).read_text()
-    for pattern in (r"\b[Ss]ession s\d+", r"\bs\d{2}\b(?!\w)", r"RESULTS\.md, \"", r"\b20\d\d-\d\d-\d\d\b",
-                    r"last measured", r"\bre-measured\b"):
+    for pattern in (
+        r"\b[Ss]ession s\d+",
+        r"\bs\d{2}\b(?!\w)",
+        r"RESULTS\.md, \"",
+        r"\b20\d\d-\d\d-\d\d\b",
+        r"last measured",
+        r"\bre-measured\b",
+    ):
         found = re.search(pattern, text)
         assert not found, f"{page}: history in the docs: {found.group(0)!r}"
 
 
 # ---- full tier: run the commands -------------------------------------------------------------------------------
+
 
 def _default_model() -> str:
     from conveyor.model.loader import default_model_path
@@ -200,8 +212,11 @@ def _pages_with_runs() -> list[str]:
     for f in doc_files():
         blocks = extract_blocks(f)
         commands = [c for b in blocks if b.lang == "bash" and not b.parse_only for c in bash_commands(b)]
-        if any(b.lang == "python" and not b.parse_only for b in blocks) or any(_runnable_argv(c) for c in commands) \
-                or _page_server_args(commands) is not None:
+        if (
+            any(b.lang == "python" and not b.parse_only for b in blocks)
+            or any(_runnable_argv(c) for c in commands)
+            or _page_server_args(commands) is not None
+        ):
             pages.append(str(f.relative_to(ROOT)))
     return pages
 
@@ -217,7 +232,9 @@ def servers() -> Any:
     started: dict[tuple[str, ...], Any] = {}
     yield started
     codes = {args: server.stop() for args, server in started.items()}
-    assert all(rc == 0 for rc in codes.values()), f"`conveyor serve` exit status on SIGTERM (the docs promise 0): {codes}"
+    assert all(rc == 0 for rc in codes.values()), (
+        f"`conveyor serve` exit status on SIGTERM (the docs promise 0): {codes}"
+    )
 
 
 @pytest.mark.full
@@ -244,8 +261,11 @@ def test_page_runs(page: str, servers: dict[tuple[str, ...], Any]) -> None:
         def local(text: str) -> str:
             return text.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")
 
-        runs = [{"argv": argv, "stdin": "What is 2 + 2?\n" if argv[0] == "chat" else "", "where": c.block.where}
-                for c in commands if (argv := _runnable_argv(c)) is not None]
+        runs = [
+            {"argv": argv, "stdin": "What is 2 + 2?\n" if argv[0] == "chat" else "", "where": c.block.where}
+            for c in commands
+            if (argv := _runnable_argv(c)) is not None
+        ]
         if runs:
             done = _run([sys.executable, str(ROOT / "tests/docs/run_cli.py")], json.dumps(runs), cwd, 900)
             results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -253,8 +273,10 @@ def test_page_runs(page: str, servers: dict[tuple[str, ...], Any]) -> None:
                 failures.append(f"the CLI runner stopped early:\n{done.stderr[-3000:]}")
             for run, result in zip(runs, results):
                 if result["rc"] != 0:
-                    failures.append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` exited "
-                                    f"{result['rc']}:\n{result['stderr'][-2000:]}")
+                    failures.append(
+                        f"{run['where']}: `conveyor {shlex.join(run['argv'])}` exited "
+                        f"{result['rc']}:\n{result['stderr'][-2000:]}"
+                    )
                 elif run["argv"][0] != "inspect" and "--help" not in run["argv"] and not result["stdout"].strip():
                     failures.append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` printed nothing")
         for c in commands:
@@ -262,8 +284,10 @@ def test_page_runs(page: str, servers: dict[tuple[str, ...], Any]) -> None:
                 line = local(c.line).replace("curl ", "curl --fail-with-body -sS --max-time 120 ", 1)
                 done = _run(["bash", "-o", "pipefail", "-c", line], "", cwd, 180)
                 if done.returncode != 0 or not done.stdout.strip():
-                    failures.append(f"{c.block.where}: {c.line.strip()!r} failed ({done.returncode}): "
-                                    f"{done.stdout[-1000:]} {done.stderr[-1000:]}")
+                    failures.append(
+                        f"{c.block.where}: {c.line.strip()!r} failed ({done.returncode}): "
+                        f"{done.stdout[-1000:]} {done.stderr[-1000:]}"
+                    )
         if python:
             code = [{"where": b.where, "code": local(b.text)} for b in python]
             done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(code), cwd, 900)
@@ -276,12 +300,16 @@ def test_the_full_tier_runs_something_of_each_kind() -> None:
     """The full tier is not empty by accident: it runs Python blocks, CLI lines, a server and curl lines."""
     pages = _pages_with_runs()
     assert "README.md" in pages and "docs/usage.md" in pages and "docs/server.md" in pages
-    commands = [c for f in pages for b in extract_blocks(ROOT / f) if b.lang == "bash" and not b.parse_only
-                for c in bash_commands(b)]
-    kinds = {tuple(_runnable_argv(c) or ("-",))[0] for c in commands}
+    commands = [
+        c
+        for f in pages
+        for b in extract_blocks(ROOT / f)
+        if b.lang == "bash" and not b.parse_only
+        for c in bash_commands(b)
+    ]
+    kinds = {next(iter(_runnable_argv(c) or ("-",))) for c in commands}
     assert {"generate", "chat", "inspect"} <= kinds
     assert any(c.kind == "curl" for c in commands)
-
 
 
 @pytest.mark.full

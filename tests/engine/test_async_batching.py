@@ -10,12 +10,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers.tiny_models import build_tiny_model
-
 from conveyor import LLM, ConfigError, SamplingParams
-from conveyor.engine.engine import Engine
 from conveyor.config import EngineConfig
+from conveyor.engine.engine import Engine
 from conveyor.runtime.async_mode import DeviceInfo, resolve_async_batching
+from helpers.tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -33,20 +32,27 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 PARAMS = {
     "greedy": lambda i: SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True),
     "seeded": lambda i: SamplingParams(max_tokens=20, temperature=0.9, seed=100 + i, ignore_eos=True),
-    "mixed": lambda i: [SamplingParams(max_tokens=5 + 3 * (i % 6), temperature=0.0),
-                        SamplingParams(max_tokens=18, temperature=1.3, top_k=20, seed=i, ignore_eos=True),
-                        SamplingParams(max_tokens=12, temperature=0.7, top_p=0.8, seed=7 * i),
-                        SamplingParams(max_tokens=16, temperature=0.5, top_k=5, top_p=0.9, seed=3,
-                                       stop_token_ids=[17, 99])][i % 4],
+    "mixed": lambda i: [
+        SamplingParams(max_tokens=5 + 3 * (i % 6), temperature=0.0),
+        SamplingParams(max_tokens=18, temperature=1.3, top_k=20, seed=i, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.7, top_p=0.8, seed=7 * i),
+        SamplingParams(max_tokens=16, temperature=0.5, top_k=5, top_p=0.9, seed=3, stop_token_ids=[17, 99]),
+    ][i % 4],
     # history-dependent processors (penalties), min-p, logit bias and n > 1 (forked blocks, copy-on-write)
-    "penalties+n": lambda i: [SamplingParams(max_tokens=16, temperature=0.0, repetition_penalty=1.5,
-                                             ignore_eos=True),
-                              SamplingParams(max_tokens=14, temperature=0.9, seed=i, presence_penalty=1.0,
-                                             frequency_penalty=0.5, min_p=0.05, ignore_eos=True),
-                              SamplingParams(n=3, max_tokens=10, temperature=1.0, seed=i, frequency_penalty=1.0,
-                                             ignore_eos=True),
-                              SamplingParams(max_tokens=12, temperature=0.0, logit_bias={3: 2.0}, min_tokens=4,
-                                             logprobs=2)][i % 4],
+    "penalties+n": lambda i: [
+        SamplingParams(max_tokens=16, temperature=0.0, repetition_penalty=1.5, ignore_eos=True),
+        SamplingParams(
+            max_tokens=14,
+            temperature=0.9,
+            seed=i,
+            presence_penalty=1.0,
+            frequency_penalty=0.5,
+            min_p=0.05,
+            ignore_eos=True,
+        ),
+        SamplingParams(n=3, max_tokens=10, temperature=1.0, seed=i, frequency_penalty=1.0, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.0, logit_bias={3: 2.0}, min_tokens=4, logprobs=2),
+    ][i % 4],
 }
 PRESSURE = {
     "none": dict(block_size=4, max_model_len=128, kv_cache_memory=2**20),
@@ -65,8 +71,13 @@ def _run(folder: str, async_batching: bool, pressure: str, params: str) -> tuple
     assert (llm.engine.runner.num_placeholder_tokens > 0) is async_batching
     llm.engine.check_idle()
     llm.engine.close()
-    return [[(c.token_ids, c.finish_reason, None if c.logprobs is None else [lp.logprob for lp in c.logprobs])
-             for c in o.outputs] for o in outs], stats
+    return [
+        [
+            (c.token_ids, c.finish_reason, None if c.logprobs is None else [lp.logprob for lp in c.logprobs])
+            for c in o.outputs
+        ]
+        for o in outs
+    ], stats
 
 
 def _assert_same(a: list[Any], b: list[Any]) -> None:
@@ -95,12 +106,18 @@ def test_async_matches_sync(tiny_llama: str, pressure: str, params: str) -> None
 
 def test_default_model_async_matches_sync_under_preemption() -> None:
     prompts = [[1] + [(97 * i + 31 * j) % 40000 + 50 for j in range(20 + 9 * i)] for i in range(8)]
-    params = [SamplingParams(max_tokens=24, temperature=0.8 if i % 2 else 0.0, seed=i, ignore_eos=True)
-              for i in range(8)]
+    params = [
+        SamplingParams(max_tokens=24, temperature=0.8 if i % 2 else 0.0, seed=i, ignore_eos=True) for i in range(8)
+    ]
     results = []
     for async_batching in (False, True):
-        llm = LLM(async_batching=async_batching, dtype="float32", max_model_len=160, kv_cache_memory=11 * 16 * 46080,
-                  max_num_batched_tokens=48)
+        llm = LLM(
+            async_batching=async_batching,
+            dtype="float32",
+            max_model_len=160,
+            kv_cache_memory=11 * 16 * 46080,
+            max_num_batched_tokens=48,
+        )
         outs = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.engine.stats()
         assert stats.num_preemptions > 0 and stats.num_partial_prefills > 0
@@ -112,10 +129,14 @@ def test_default_model_async_matches_sync_under_preemption() -> None:
 
 def test_auto_picks_the_pipeline_on_cpu_and_true_works(tiny_llama: str) -> None:
     assert LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=64).engine.async_batching is True
-    assert LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=64,
-               async_batching=True).engine.async_batching is True
-    assert LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=64,
-               async_batching=False).engine.async_batching is False
+    assert (
+        LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=64, async_batching=True).engine.async_batching
+        is True
+    )
+    assert (
+        LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=64, async_batching=False).engine.async_batching
+        is False
+    )
 
 
 def test_explicit_true_on_a_device_without_a_pipeline_is_a_clear_error() -> None:
@@ -172,7 +193,7 @@ def test_output_sink_gets_host_thread_commits_during_the_forward(tiny_llama: str
     finished = []
     for _, out in delivered:
         tokens = out.outputs[0].token_ids
-        assert tokens[:len(last.get(out.request_id, []))] == last.get(out.request_id, [])  # in order
+        assert tokens[: len(last.get(out.request_id, []))] == last.get(out.request_id, [])  # in order
         last[out.request_id] = tokens
         if out.finished:
             finished.append(out.request_id)
@@ -185,10 +206,13 @@ def test_stop_found_one_step_late_is_discarded(tiny_llama: str) -> None:
     that extra token must never reach the output."""
     prompt = _prompts(1, seed=5)[0]
     probe = LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=128, async_batching=False)
-    ref = probe.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
-                         use_tqdm=False)[0].outputs[0].token_ids
+    ref = (
+        probe.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True), use_tqdm=False)[0]
+        .outputs[0]
+        .token_ids
+    )
     stop_at = ref[5]
-    expected = ref[:ref.index(stop_at) + 1]
+    expected = ref[: ref.index(stop_at) + 1]
     llm = LLM(model=tiny_llama, kv_cache_memory=2**20, max_model_len=128, async_batching=True)
     engine = llm.engine
     engine.add_request(prompt, SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=[stop_at]), "r")
@@ -208,8 +232,9 @@ def test_abort_storm_ends_every_request_exactly_once(tiny_llama: str, data: Any)
     live: list[str] = []
     for i in range(n):
         prompt = [data.draw(st.integers(2, 511)) for _ in range(data.draw(st.integers(1, 40)))]
-        params = SamplingParams(max_tokens=data.draw(st.integers(1, 12)),
-                                temperature=data.draw(st.sampled_from([0.0, 1.0])), seed=i)
+        params = SamplingParams(
+            max_tokens=data.draw(st.integers(1, 12)), temperature=data.draw(st.sampled_from([0.0, 1.0])), seed=i
+        )
         live.append(engine.add_request(prompt, params, f"req{i}"))
     steps = 0
     while engine.has_work():
@@ -232,8 +257,16 @@ def test_abort_storm_ends_every_request_exactly_once(tiny_llama: str, data: Any)
 
 
 def _storm_engine(folder: str, async_batching: bool) -> Engine:
-    return Engine(EngineConfig(model=folder, async_batching=async_batching, block_size=4, max_model_len=64,
-                               kv_cache_memory=30 * 4 * 512, max_num_batched_tokens=20))
+    return Engine(
+        EngineConfig(
+            model=folder,
+            async_batching=async_batching,
+            block_size=4,
+            max_model_len=64,
+            kv_cache_memory=30 * 4 * 512,
+            max_num_batched_tokens=20,
+        )
+    )
 
 
 def test_calling_the_engine_during_a_step_is_refused_by_name(tiny_llama: str) -> None:
@@ -261,7 +294,8 @@ def test_calling_the_engine_during_a_step_is_refused_by_name(tiny_llama: str) ->
 
 
 def test_a_slow_engine_thread_never_runs_a_step_whose_masks_need_the_next_turn(
-        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """CPU overlap: the engine thread runs the forwards queued before the host turn began (and those the
     turn waits for). A step the turn itself submits may wait for grammar masks that only the next turn can
     make; had the engine thread counted it (because it started serving after the turn had submitted),
@@ -269,10 +303,9 @@ def test_a_slow_engine_thread_never_runs_a_step_whose_masks_need_the_next_turn(
     host turn always submits first, and check constrained async output equals the synchronous one."""
     import time as time_module
 
-    from helpers.structured_schemas import save_small_tokenizer
-
     import conveyor.model.runner as runner_module
     from conveyor.runtime.cpu_overlap import CpuOverlapExecutor
+    from helpers.structured_schemas import save_small_tokenizer
 
     folder = str(tmp_path / "tiny-tok")
     build_tiny_model("llama", folder, vocab_size=520, eos_token_id=1, bos_token_id=0)
@@ -286,8 +319,10 @@ def test_a_slow_engine_thread_never_runs_a_step_whose_masks_need_the_next_turn(
 
     monkeypatch.setattr(CpuOverlapExecutor, "serve", late_serve)
     prompts = _prompts(6, seed=21)
-    params = [SamplingParams(max_tokens=10, temperature=0.0, structured_outputs={"regex": r"[a-z]{1,8}!"}),
-              SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True)] * 3
+    params = [
+        SamplingParams(max_tokens=10, temperature=0.0, structured_outputs={"regex": r"[a-z]{1,8}!"}),
+        SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True),
+    ] * 3
     options = dict(block_size=4, max_model_len=96, kv_cache_memory=2**20, max_num_batched_tokens=16)
     results = {}
     for async_batching in (False, True):

@@ -53,10 +53,13 @@ def test_window_decoder_equals_the_tokenizers_decode(tokenizer: Any, skip_specia
     windows that include special tokens, for the default model's tokenizer (which takes the direct path)."""
     decode = window_decoder(tokenizer, skip_special_tokens)
     assert decode.__closure__ is not None and any(  # the direct path, not the transformers wrapper
-        cell.cell_contents is tokenizer.backend_tokenizer for cell in decode.__closure__)
+        cell.cell_contents is tokenizer.backend_tokenizer for cell in decode.__closure__
+    )
     rng = random.Random(1)
     special = list(tokenizer.all_special_ids)
     for _ in range(200):
-        ids = [rng.choice(special) if rng.random() < 0.1 else rng.randrange(tokenizer.vocab_size)
-               for _ in range(rng.randrange(0, 12))]
+        ids = [
+            rng.choice(special) if rng.random() < 0.1 else rng.randrange(tokenizer.vocab_size)
+            for _ in range(rng.randrange(0, 12))
+        ]
         assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -31,17 +31,25 @@ def test_per_prompt_params_and_stop_reasons(default_llm: Any) -> None:
     prompt = tok("1, 2, 3, 4,").input_ids
     probe = default_llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0), use_tqdm=False)[0]
     third = probe.outputs[0].token_ids[2]
-    outs = default_llm.generate([prompt, prompt], [SamplingParams(max_tokens=3, temperature=0.0),
-                                                   SamplingParams(max_tokens=6, temperature=0.0,
-                                                                  stop_token_ids=[third])], use_tqdm=False)
+    outs = default_llm.generate(
+        [prompt, prompt],
+        [
+            SamplingParams(max_tokens=3, temperature=0.0),
+            SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=[third]),
+        ],
+        use_tqdm=False,
+    )
     assert outs[0].outputs[0].finish_reason == "length" and len(outs[0].outputs[0].token_ids) == 3
     stopped = outs[1].outputs[0]
     assert stopped.finish_reason == "stop" and stopped.stop_reason == third
     assert stopped.token_ids == probe.outputs[0].token_ids[:3]
     if third not in probe.outputs[0].token_ids[:2]:  # the stop token's text is left out, unless asked for
         assert stopped.text == tok.decode(probe.outputs[0].token_ids[:2])
-        kept = default_llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=[third],
-                                                             include_stop_str_in_output=True), use_tqdm=False)[0]
+        kept = default_llm.generate(
+            [prompt],
+            SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=[third], include_stop_str_in_output=True),
+            use_tqdm=False,
+        )[0]
         assert kept.outputs[0].text == tok.decode(probe.outputs[0].token_ids[:3])
 
 
@@ -50,25 +58,32 @@ def test_vllm_prompt_dicts_and_chat_content_parts(default_llm: Any) -> None:
     tok = default_llm.get_tokenizer()
     text = "The quick brown fox"
     plain = default_llm.generate(text, greedy, use_tqdm=False)[0].outputs[0].token_ids
-    as_dicts = default_llm.generate([{"prompt": text}, {"prompt_token_ids": tok(text).input_ids}], greedy,
-                                    use_tqdm=False)
+    as_dicts = default_llm.generate(
+        [{"prompt": text}, {"prompt_token_ids": tok(text).input_ids}], greedy, use_tqdm=False
+    )
     assert [o.outputs[0].token_ids for o in as_dicts] == [plain, plain]
     assert default_llm.generate({"prompt": text}, greedy, use_tqdm=False)[0].prompt == text
     with pytest.raises(InvalidRequestError, match="'prompt' .* or 'prompt_token_ids'"):
         default_llm.generate({"text": text}, greedy, use_tqdm=False)
     question = [{"role": "user", "content": "Name a color.\nOne word."}]
-    parts = [{"role": "user", "content": [{"type": "text", "text": "Name a color."},
-                                          {"type": "text", "text": "One word."}]}]  # joined with "\n", as vLLM
+    parts = [
+        {"role": "user", "content": [{"type": "text", "text": "Name a color."}, {"type": "text", "text": "One word."}]}
+    ]  # joined with "\n", as vLLM
     assert default_llm.apply_chat_template(parts) == default_llm.apply_chat_template(question)
-    assert default_llm.chat(parts, greedy, use_tqdm=False)[0].outputs[0].token_ids == \
-        default_llm.chat(question, greedy, use_tqdm=False)[0].outputs[0].token_ids
-    empty_system = [{"role": "system", "content": None}] + question
-    assert default_llm.apply_chat_template(empty_system) == \
-        default_llm.apply_chat_template([{"role": "system", "content": ""}] + question)
-    for bad, fragment in (([{"role": "user", "content": 7}], "got a int"),
-                          ([{"role": "user", "content": [{"type": "image_url"}]}], "parts other than text"),
-                          ("hello", "got a str"),
-                          ([{"role": "user"}], "must be a dict with 'role' and 'content'")):
+    assert (
+        default_llm.chat(parts, greedy, use_tqdm=False)[0].outputs[0].token_ids
+        == default_llm.chat(question, greedy, use_tqdm=False)[0].outputs[0].token_ids
+    )
+    empty_system = [{"role": "system", "content": None}, *question]
+    assert default_llm.apply_chat_template(empty_system) == default_llm.apply_chat_template(
+        [{"role": "system", "content": ""}, *question]
+    )
+    for bad, fragment in (
+        ([{"role": "user", "content": 7}], "got a int"),
+        ([{"role": "user", "content": [{"type": "image_url"}]}], "parts other than text"),
+        ("hello", "got a str"),
+        ([{"role": "user"}], "must be a dict with 'role' and 'content'"),
+    ):
         with pytest.raises(InvalidRequestError, match=fragment):
             default_llm.chat(bad, greedy, use_tqdm=False)
 
@@ -87,38 +102,48 @@ def test_eos_ends_with_stop_and_ignore_eos_continues(default_llm: Any) -> None:
     out = default_llm.chat(msgs, SamplingParams(max_tokens=64, temperature=0.0), use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop"
     assert out.token_ids[-1] in default_llm.engine.spec.eos_token_ids
-    longer = default_llm.chat(msgs, SamplingParams(max_tokens=len(out.token_ids) + 5, temperature=0.0,
-                                                    ignore_eos=True), use_tqdm=False)[0].outputs[0]
-    assert longer.finish_reason == "length" and longer.token_ids[:len(out.token_ids)] == out.token_ids
+    longer = default_llm.chat(
+        msgs, SamplingParams(max_tokens=len(out.token_ids) + 5, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
+    assert longer.finish_reason == "length" and longer.token_ids[: len(out.token_ids)] == out.token_ids
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(default_llm: Any) -> None:
     p = SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, top_k=50, seed=123)
     alone = default_llm.generate(["Tell me a story"], p, use_tqdm=False)[0].outputs[0].token_ids
-    crowd = default_llm.generate(["Hello", "Tell me a story", "Why?"],
-                                 [SamplingParams(max_tokens=5, temperature=1.0),
-                                  p, SamplingParams(max_tokens=20, temperature=0.0)], use_tqdm=False)
+    crowd = default_llm.generate(
+        ["Hello", "Tell me a story", "Why?"],
+        [SamplingParams(max_tokens=5, temperature=1.0), p, SamplingParams(max_tokens=20, temperature=0.0)],
+        use_tqdm=False,
+    )
     assert crowd[1].outputs[0].token_ids == alone
     other = default_llm.generate(["Tell me a story"], p.clone(seed=124), use_tqdm=False)[0].outputs[0].token_ids
     assert other != alone
 
 
 def test_chat_many_conversations(default_llm: Any) -> None:
-    convs = [[{"role": "user", "content": "What is the capital of France?"}],
-             [{"role": "system", "content": "You answer in one word."},
-              {"role": "user", "content": "What color is the sky?"}]]
+    convs = [
+        [{"role": "user", "content": "What is the capital of France?"}],
+        [
+            {"role": "system", "content": "You answer in one word."},
+            {"role": "user", "content": "What color is the sky?"},
+        ],
+    ]
     outs = default_llm.chat(convs, SamplingParams(max_tokens=24, temperature=0.0), use_tqdm=False)
     assert len(outs) == 2 and "Paris" in outs[0].outputs[0].text
     assert "<|im_start|>system\nYou answer in one word." in outs[1].prompt
 
 
-@pytest.mark.parametrize("prompts, message", [
-    ([], "no prompts"),
-    ([[1, 2, 10**9]], "not an integer in [0, 49152)"),
-    ([[]], "empty"),
-    ([3.5], "must be a string, a list of token ids or a dict"),
-    ([list(range(1, 1100))], "max_model_len is 1024"),
-])
+@pytest.mark.parametrize(
+    "prompts, message",
+    [
+        ([], "no prompts"),
+        ([[1, 2, 10**9]], "not an integer in [0, 49152)"),
+        ([[]], "empty"),
+        ([3.5], "must be a string, a list of token ids or a dict"),
+        ([list(range(1, 1100))], "max_model_len is 1024"),
+    ],
+)
 def test_bad_prompts_are_refused_clearly(default_llm: Any, prompts: Any, message: str) -> None:
     with pytest.raises(InvalidRequestError, match=None) as info:
         default_llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)
@@ -135,21 +160,24 @@ def test_mismatched_params_list_admits_nothing(default_llm: Any) -> None:
     default_llm.engine.check_idle()
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(max_tokens=0), "max_tokens=0"),
-    (dict(temperature=-0.5), "temperature=-0.5"),
-    (dict(top_p=1.5), "top_p=1.5"),
-    (dict(top_k=-2), "top_k=-2"),
-    (dict(seed=2**63), "seed=9223372036854775808"),  # int64: negative seeds are valid (OpenAI, vLLM)
-    (dict(stop_token_ids=[-3]), "stop_token_ids"),
-    (dict(max_token=5), "no field 'max_token'"),
-    (dict(n=True), "n=True is invalid: must be a whole number, got a bool"),
-    (dict(seed="7"), "seed='7' is invalid: must be a whole number, got a str"),
-    (dict(max_tokens=3.0), "max_tokens=3.0 is invalid: must be a whole number"),
-    (dict(temperature=float("nan")), "temperature=nan is invalid: must be a number, got NaN"),
-    (dict(temperature="0.5"), "must be a number, got a str"),
-    (dict(ignore_eos="yes"), "ignore_eos='yes'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(max_tokens=0), "max_tokens=0"),
+        (dict(temperature=-0.5), "temperature=-0.5"),
+        (dict(top_p=1.5), "top_p=1.5"),
+        (dict(top_k=-2), "top_k=-2"),
+        (dict(seed=2**63), "seed=9223372036854775808"),  # int64: negative seeds are valid (OpenAI, vLLM)
+        (dict(stop_token_ids=[-3]), "stop_token_ids"),
+        (dict(max_token=5), "no field 'max_token'"),
+        (dict(n=True), "n=True is invalid: must be a whole number, got a bool"),
+        (dict(seed="7"), "seed='7' is invalid: must be a whole number, got a str"),
+        (dict(max_tokens=3.0), "max_tokens=3.0 is invalid: must be a whole number"),
+        (dict(temperature=float("nan")), "temperature=nan is invalid: must be a number, got NaN"),
+        (dict(temperature="0.5"), "must be a number, got a str"),
+        (dict(ignore_eos="yes"), "ignore_eos='yes'"),
+    ],
+)
 def test_sampling_params_validation(kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**kwargs)
@@ -178,7 +206,8 @@ def test_final_only_requests_give_one_output_the_same_as_streamed(default_llm: A
     streamed, final = seen[streamed_id], seen[final_id]
     assert len(streamed) > 1 and not any(o.finished for o in streamed[:-1]) and streamed[-1].finished
     assert len(final) == 1 and final[0].finished
-    assert [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in final[0].outputs] == \
-        [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in streamed[-1].outputs]
+    assert [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in final[0].outputs] == [
+        (c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs) for c in streamed[-1].outputs
+    ]
     assert final[0].metrics.keys() == streamed[-1].metrics.keys()
     engine.check_idle()

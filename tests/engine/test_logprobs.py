@@ -12,8 +12,11 @@ from conveyor import SamplingParams
 def test_logprobs_match_transformers_forward(default_llm: Any, hf_default_model: Any) -> None:
     tok = default_llm.get_tokenizer()
     prompt = tok("The three primary colors are red, blue and").input_ids
-    out = default_llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.7, seed=3, logprobs=5,
-                                                        prompt_logprobs=3, ignore_eos=True), use_tqdm=False)[0]
+    out = default_llm.generate(
+        [prompt],
+        SamplingParams(max_tokens=12, temperature=0.7, seed=3, logprobs=5, prompt_logprobs=3, ignore_eos=True),
+        use_tqdm=False,
+    )[0]
     completion = out.outputs[0]
     ids = prompt + completion.token_ids
     with torch.no_grad():
@@ -23,8 +26,10 @@ def test_logprobs_match_transformers_forward(default_llm: Any, hf_default_model:
         row = ref[len(prompt) - 1 + j]
         assert lp.token_id == token
         assert abs(lp.logprob - row[token].item()) < 1e-4
-        assert lp.rank == int((row > row[token]).sum()) + 1 or abs(row.sort(descending=True).values[lp.rank - 1]
-                                                                   - row[token]) < 1e-4
+        assert (
+            lp.rank == int((row > row[token]).sum()) + 1
+            or abs(row.sort(descending=True).values[lp.rank - 1] - row[token]) < 1e-4
+        )
         top_values = row.topk(5).values.tolist()
         assert len(lp.top) == 5
         assert all(abs(a - b) < 1e-4 for (_, a), b in zip(lp.top, top_values))

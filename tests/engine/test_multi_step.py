@@ -7,7 +7,6 @@ import random
 from typing import Any
 
 import pytest
-from helpers.tiny_models import build_tiny_model
 
 from conveyor import SamplingParams
 from conveyor.config import EngineConfig
@@ -16,6 +15,7 @@ from conveyor.core.plan import StepPlan
 from conveyor.core.request import Request
 from conveyor.core.scheduler import Scheduler, SchedulerLimits
 from conveyor.engine.engine import Engine
+from helpers.tiny_models import build_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20)
 
@@ -25,8 +25,9 @@ def _scheduler(max_steps: int = 4, num_blocks: int = 64) -> Scheduler:
 
 
 def _request(rid: str, arrival: int, params: SamplingParams = GREEDY, multi_step: bool = True) -> Request:
-    return Request(rid, [5, 6, 7, 8, 9, 10], params, seed=arrival, arrival_index=arrival, max_model_len=256,
-                   multi_step=multi_step)
+    return Request(
+        rid, [5, 6, 7, 8, 9, 10], params, seed=arrival, arrival_index=arrival, max_model_len=256, multi_step=multi_step
+    )
 
 
 def _commit(scheduler: Scheduler, plan: StepPlan) -> None:
@@ -76,16 +77,26 @@ def test_one_step_per_plan_where_a_request_waits_streams_or_samples() -> None:
 
 @pytest.fixture(scope="module")
 def engines() -> Any:
-    made = {key: Engine(EngineConfig(dtype="bfloat16", async_batching=asyncb, num_scheduler_steps=steps,
-                                     kv_cache_memory="128MiB", max_model_len=512))
-            for key, (steps, asyncb) in {"one": (1, False), "sync": (5, False), "async": (3, True)}.items()}
+    made = {
+        key: Engine(
+            EngineConfig(
+                dtype="bfloat16",
+                async_batching=asyncb,
+                num_scheduler_steps=steps,
+                kv_cache_memory="128MiB",
+                max_model_len=512,
+            )
+        )
+        for key, (steps, asyncb) in {"one": (1, False), "sync": (5, False), "async": (3, True)}.items()
+    }
     yield made
     for engine in made.values():
         engine.close()
 
 
-def _run(engine: Engine, requests: list[tuple[str, SamplingParams]], streamed: int | None = None
-         ) -> tuple[list[Any], list[int]]:
+def _run(
+    engine: Engine, requests: list[tuple[str, SamplingParams]], streamed: int | None = None
+) -> tuple[list[Any], list[int]]:
     """Outputs in request order, and the num_steps of every plan made."""
     plans: list[int] = []
     schedule = engine.scheduler.schedule
@@ -114,18 +125,26 @@ def _summary(outputs: list[Any]) -> list[tuple[Any, ...]]:
 
 
 def test_multi_step_tokens_and_stops_equal_one_step_per_plan(engines: dict[str, Engine]) -> None:
-    prompts = ["Once upon a time", "The capital of France is", "1, 2, 3, 4,", "def fib(n):", "Dear Sir,",
-               "In 1492, Columbus"]
+    prompts = [
+        "Once upon a time",
+        "The capital of France is",
+        "1, 2, 3, 4,",
+        "def fib(n):",
+        "Dear Sir,",
+        "In 1492, Columbus",
+    ]
     plain = [(p, GREEDY.clone(max_tokens=9 + 3 * i, ignore_eos=i % 2 == 0)) for i, p in enumerate(prompts)]
     reference, one_plans = _run(engines["one"], plain)
     assert set(one_plans) == {1}
     tokens = [o.outputs[0].token_ids for o in reference]
     texts = [o.outputs[0].text for o in reference]
     stop_id = tokens[1][6]  # a stop token id and a stop string found inside a later step of a plan
-    stop_text = texts[3][len(texts[3]) // 2:][:3]
-    stopped = [(prompts[1], GREEDY.clone(max_tokens=20, stop_token_ids=[stop_id])),
-               (prompts[3], GREEDY.clone(max_tokens=20, stop=[stop_text])),
-               (prompts[4], GREEDY.clone(max_tokens=20, stop=[stop_text], include_stop_str_in_output=True))]
+    stop_text = texts[3][len(texts[3]) // 2 :][:3]
+    stopped = [
+        (prompts[1], GREEDY.clone(max_tokens=20, stop_token_ids=[stop_id])),
+        (prompts[3], GREEDY.clone(max_tokens=20, stop=[stop_text])),
+        (prompts[4], GREEDY.clone(max_tokens=20, stop=[stop_text], include_stop_str_in_output=True)),
+    ]
     want = _summary(reference) + _summary(_run(engines["one"], stopped)[0])
     for key in ("sync", "async"):
         first, plans = _run(engines[key], plain)
@@ -148,12 +167,26 @@ def test_multi_step_on_torch_kernels_with_several_decode_groups(tmp_path: Any) -
     folder = str(tmp_path / "tiny-llama")
     build_tiny_model("llama", folder)
     rng = random.Random(3)
-    requests = [([rng.randrange(2, 512) for _ in range(rng.randrange(1, 50))],
-                 SamplingParams(temperature=0.0, max_tokens=6 + i % 13, ignore_eos=i % 3 != 0)) for i in range(40)]
+    requests = [
+        (
+            [rng.randrange(2, 512) for _ in range(rng.randrange(1, 50))],
+            SamplingParams(temperature=0.0, max_tokens=6 + i % 13, ignore_eos=i % 3 != 0),
+        )
+        for i in range(40)
+    ]
     results = []
     for steps in (1, 4):
-        engine = Engine(EngineConfig(model=folder, kernels="torch", dtype="float32", num_scheduler_steps=steps,
-                                     async_batching=False, max_model_len=256, block_size=8))
+        engine = Engine(
+            EngineConfig(
+                model=folder,
+                kernels="torch",
+                dtype="float32",
+                num_scheduler_steps=steps,
+                async_batching=False,
+                max_model_len=256,
+                block_size=8,
+            )
+        )
         try:
             outputs, plans = _run(engine, requests)
         finally:

@@ -7,33 +7,47 @@ from typing import Any
 
 import pytest
 import torch
-from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
-                                                    TemperatureLogitsWarper)
-
-from helpers.tiny_models import build_tiny_model
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+)
 
 from conveyor import LLM, InvalidRequestError, SamplingParams
 from conveyor.engine.engine import sample_seed
 from conveyor.model.sampler import PenaltyTensors, SamplingTensors, apply_min_p, apply_penalties, process_logits
+from helpers.tiny_models import build_tiny_model
 
 VOCAB = 64
 
 
-def _penalty_tensors(histories: list[tuple[list[int], list[int]]], presence: list[float], frequency: list[float],
-                     repetition: list[float]) -> PenaltyTensors:
+def _penalty_tensors(
+    histories: list[tuple[list[int], list[int]]], presence: list[float], frequency: list[float], repetition: list[float]
+) -> PenaltyTensors:
     rows, tokens, is_output = [], [], []
     for i, (prompt, output) in enumerate(histories):
         for j, t in enumerate(prompt + output):
             rows.append(i)
             tokens.append(t)
             is_output.append(j >= len(prompt))
-    return PenaltyTensors(torch.tensor(rows), torch.tensor(tokens), torch.tensor(is_output),
-                          torch.tensor(presence), torch.tensor(frequency), torch.tensor(repetition))
+    return PenaltyTensors(
+        torch.tensor(rows),
+        torch.tensor(tokens),
+        torch.tensor(is_output),
+        torch.tensor(presence),
+        torch.tensor(frequency),
+        torch.tensor(repetition),
+    )
 
 
 def _histories(rng: random.Random, rows: int) -> list[tuple[list[int], list[int]]]:
-    return [([rng.randrange(VOCAB) for _ in range(rng.randrange(1, 30))],
-             [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 30))]) for _ in range(rows)]
+    return [
+        (
+            [rng.randrange(VOCAB) for _ in range(rng.randrange(1, 30))],
+            [rng.randrange(VOCAB) for _ in range(rng.randrange(0, 30))],
+        )
+        for _ in range(rows)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -45,8 +59,8 @@ def test_repetition_penalty_matches_transformers(seed: int) -> None:
     penalties = [1.0, 1.3, 0.7, 2.0, 1.05]
     ours = apply_penalties(logits, _penalty_tensors(histories, [0.0] * 5, [0.0] * 5, penalties))
     for i, ((prompt, output), penalty) in enumerate(zip(histories, penalties)):
-        ref = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([prompt + output]), logits[i:i + 1].clone())
-        torch.testing.assert_close(ours[i:i + 1], ref)
+        ref = RepetitionPenaltyLogitsProcessor(penalty)(torch.tensor([prompt + output]), logits[i : i + 1].clone())
+        torch.testing.assert_close(ours[i : i + 1], ref)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -91,11 +105,16 @@ def test_logit_bias_and_suppression_by_hand() -> None:
     torch.manual_seed(3)
     logits = torch.randn(3, VOCAB)
     t = SamplingTensors(
-        temperature=torch.ones(3), top_k=torch.zeros(3, dtype=torch.long), top_p=torch.ones(3),
-        seeds=torch.zeros(3, dtype=torch.long), output_index=torch.zeros(3, dtype=torch.long), all_greedy=False,
+        temperature=torch.ones(3),
+        top_k=torch.zeros(3, dtype=torch.long),
+        top_p=torch.ones(3),
+        seeds=torch.zeros(3, dtype=torch.long),
+        output_index=torch.zeros(3, dtype=torch.long),
+        all_greedy=False,
         any_top_k_or_p=False,
         bias=(torch.tensor([0, 0, 2]), torch.tensor([5, 9, 5]), torch.tensor([3.5, -100.0, 0.25])),
-        suppress=(torch.tensor([1, 1]), torch.tensor([2, 7])))
+        suppress=(torch.tensor([1, 1]), torch.tensor([2, 7])),
+    )
     got = process_logits(logits.clone(), t)
     expected = logits.clone()
     expected[0, 5] += 3.5
@@ -107,6 +126,7 @@ def test_logit_bias_and_suppression_by_hand() -> None:
 
 
 # ---- the engine, on a tiny random Llama ------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: Any) -> tuple[str, Any]:
@@ -130,18 +150,26 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("pressure", ["none", "preemption", "chunked"])
 @pytest.mark.parametrize("async_batching", [False, True])
-def test_greedy_repetition_penalty_matches_transformers_generate(tiny: tuple[str, Any], pressure: str,
-                                                                 async_batching: bool) -> None:
+def test_greedy_repetition_penalty_matches_transformers_generate(
+    tiny: tuple[str, Any], pressure: str, async_batching: bool
+) -> None:
     folder, hf_model = tiny
     prompts = _prompts(8, seed=11)
     llm = LLM(model=folder, async_batching=async_batching, **_engine_options(pressure))
-    outs = llm.generate(prompts, SamplingParams(max_tokens=20, temperature=0.0, repetition_penalty=1.8,
-                                                ignore_eos=True), use_tqdm=False)
+    outs = llm.generate(
+        prompts, SamplingParams(max_tokens=20, temperature=0.0, repetition_penalty=1.8, ignore_eos=True), use_tqdm=False
+    )
     for prompt, out in zip(prompts, outs):
         with torch.no_grad():
-            ref = hf_model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
-                                    repetition_penalty=1.8, eos_token_id=-1, pad_token_id=0)
-        assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
+            ref = hf_model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=20,
+                do_sample=False,
+                repetition_penalty=1.8,
+                eos_token_id=-1,
+                pad_token_id=0,
+            )
+        assert out.outputs[0].token_ids == ref[0, len(prompt) :].tolist()
     stats = llm.engine.stats()
     if pressure == "preemption":
         assert stats.num_preemptions > 0
@@ -209,9 +237,16 @@ def test_n_samples_share_prompt_blocks_and_equal_their_seeded_singles(tiny: tupl
             shared_checked = True
     assert shared_checked and final is not None and final.finished and len(final.outputs) == 4
     assert all(s is not None for s in samples)
-    singles = [llm.generate([prompt], SamplingParams(max_tokens=10, temperature=1.0, seed=sample_seed(77, i),
-                                                     ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
-               for i in range(4)]
+    singles = [
+        llm.generate(
+            [prompt],
+            SamplingParams(max_tokens=10, temperature=1.0, seed=sample_seed(77, i), ignore_eos=True),
+            use_tqdm=False,
+        )[0]
+        .outputs[0]
+        .token_ids
+        for i in range(4)
+    ]
     assert [c.token_ids for c in final.outputs] == singles
     assert len({tuple(s) for s in singles}) > 1
     engine.check_idle()
@@ -223,21 +258,34 @@ def test_min_tokens_holds_back_eos(tiny: tuple[str, Any]) -> None:
     prompt = _prompts(1, seed=3)[0]
     probe = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)[0].outputs[0]
     stop_token = probe.token_ids[1]
-    early = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop_token]),
-                         use_tqdm=False)[0].outputs[0]
-    held = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop_token],
-                                                 min_tokens=5), use_tqdm=False)[0].outputs[0]
+    early = llm.generate(
+        [prompt], SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop_token]), use_tqdm=False
+    )[0].outputs[0]
+    held = llm.generate(
+        [prompt],
+        SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[stop_token], min_tokens=5),
+        use_tqdm=False,
+    )[0].outputs[0]
     assert early.token_ids == probe.token_ids[:2] and early.finish_reason == "stop"
     assert len(held.token_ids) >= 5 and stop_token not in held.token_ids[:5]
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(n=0), "n=0"), (dict(min_p=1.5), "min_p=1.5"), (dict(presence_penalty=3), "presence_penalty=3"),
-    (dict(frequency_penalty=-2.5), "frequency_penalty=-2.5"), (dict(repetition_penalty=0), "repetition_penalty=0"),
-    (dict(logprobs=21), "logprobs=21"), (dict(prompt_logprobs=-1), "prompt_logprobs=-1"),
-    (dict(stop=[""]), "non-empty"), (dict(stop=["x"] * 65), "stop"),
-    (dict(logit_bias={5: 200.0}), "outside [-100, 100]"), (dict(min_tokens=10, max_tokens=5), "min_tokens=10"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(n=0), "n=0"),
+        (dict(min_p=1.5), "min_p=1.5"),
+        (dict(presence_penalty=3), "presence_penalty=3"),
+        (dict(frequency_penalty=-2.5), "frequency_penalty=-2.5"),
+        (dict(repetition_penalty=0), "repetition_penalty=0"),
+        (dict(logprobs=21), "logprobs=21"),
+        (dict(prompt_logprobs=-1), "prompt_logprobs=-1"),
+        (dict(stop=[""]), "non-empty"),
+        (dict(stop=["x"] * 65), "stop"),
+        (dict(logit_bias={5: 200.0}), "outside [-100, 100]"),
+        (dict(min_tokens=10, max_tokens=5), "min_tokens=10"),
+    ],
+)
 def test_new_fields_are_validated(kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**kwargs)

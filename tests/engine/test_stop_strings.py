@@ -27,8 +27,7 @@ def _stream(tokenizer: Any, text: str, params: SamplingParams) -> tuple[Any, lis
     ids = tokenizer(text, add_special_tokens=False).input_ids
     scheduler = Scheduler(SchedulerLimits(4, 64, 4096), BlockManager(64, 16))
     outputs = OutputProcessor(scheduler, tokenizer, eos_token_ids=(2,))
-    request = Request("r", [1, 2, 3], params.clone(max_tokens=len(ids)), seed=0, arrival_index=0,
-                      max_model_len=4096)
+    request = Request("r", [1, 2, 3], params.clone(max_tokens=len(ids)), seed=0, arrival_index=0, max_model_len=4096)
     scheduler.add(request)
     outputs.track("r", None, [request])
     shown, final, i = [], None, 0
@@ -47,7 +46,7 @@ def _expected(full: str, stops: list[str], include: bool) -> tuple[str, str | No
     if not hits:
         return full, None
     index, stop = min(hits)
-    return full[:index + (len(stop) if include else 0)], stop
+    return full[: index + (len(stop) if include else 0)], stop
 
 
 CASES = {
@@ -70,8 +69,9 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_stop_string_table(tokenizer: Any, case: str, include: bool) -> None:
     stops = CASES[case]
-    out, shown = _stream(tokenizer, TEXT, SamplingParams(temperature=0.0, stop=stops,
-                                                         include_stop_str_in_output=include))
+    out, shown = _stream(
+        tokenizer, TEXT, SamplingParams(temperature=0.0, stop=stops, include_stop_str_in_output=include)
+    )
     ids = tokenizer(TEXT, add_special_tokens=False).input_ids
     full = tokenizer.decode(ids, skip_special_tokens=True)
     text, stop = _expected(full, stops, include)
@@ -88,16 +88,17 @@ def test_stop_string_table(tokenizer: Any, case: str, include: bool) -> None:
 def test_stop_strings_ignored_before_min_tokens(tokenizer: Any) -> None:
     out, _ = _stream(tokenizer, TEXT, SamplingParams(temperature=0.0, stop=["Hello", "test"], min_tokens=3))
     full = tokenizer.decode(tokenizer(TEXT, add_special_tokens=False).input_ids)
-    assert out.outputs[0].text == full[:full.find("test")] and out.outputs[0].stop_reason == "test"
+    assert out.outputs[0].text == full[: full.find("test")] and out.outputs[0].stop_reason == "test"
 
 
 @pytest.mark.parametrize("min_tokens, stops", [(2, True), (3, False)])
-def test_a_stop_string_must_end_after_the_first_min_tokens_minus_one_tokens(tokenizer: Any, min_tokens: int,
-                                                                          stops: bool) -> None:
+def test_a_stop_string_must_end_after_the_first_min_tokens_minus_one_tokens(
+    tokenizer: Any, min_tokens: int, stops: bool
+) -> None:
     """Text made before min_tokens cannot stop a request by itself (the answer would be cut to nothing);
     a match that ends in a later token counts, even when it begins earlier."""
     ids = tokenizer(TEXT, add_special_tokens=False).input_ids
-    before = tokenizer.decode(ids[:min_tokens - 1])  # the text no match may end inside
+    before = tokenizer.decode(ids[: min_tokens - 1])  # the text no match may end inside
     stop = "world"
     assert TEXT.count(stop) == 1
     ends = TEXT.find(stop) + len(stop)
@@ -105,6 +106,6 @@ def test_a_stop_string_must_end_after_the_first_min_tokens_minus_one_tokens(toke
     out, _ = _stream(tokenizer, TEXT, SamplingParams(temperature=0.0, stop=[stop], min_tokens=min_tokens))
     full = tokenizer.decode(ids)
     if stops:
-        assert out.outputs[0].text == full[:full.find(stop)] and out.outputs[0].stop_reason == stop
+        assert out.outputs[0].text == full[: full.find(stop)] and out.outputs[0].stop_reason == stop
     else:
         assert out.outputs[0].text == full and out.outputs[0].finish_reason == "length"

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
-CACHE = os.path.join(os.environ.get("CONVEYOR_TEST_CACHE", os.path.expanduser("~/.cache/conveyor-tests")),
-                     "llama-cpp-python-0.3.36")
+CACHE = os.path.join(
+    os.environ.get("CONVEYOR_TEST_CACHE", os.path.expanduser("~/.cache/conveyor-tests")), "llama-cpp-python-0.3.36"
+)
 _VENDOR = "vendor/llama.cpp/"
 _NEEDED = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/")
 
@@ -34,13 +35,28 @@ def converter_dir() -> str:
         return CACHE
     with tempfile.TemporaryDirectory() as download:
         try:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
-                            LLAMA_CPP_PYTHON, "-d", download], check=True,
-                           capture_output=True, timeout=600)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-binary",
+                    ":all:",
+                    "--no-deps",
+                    LLAMA_CPP_PYTHON,
+                    "-d",
+                    download,
+                ],
+                check=True,
+                capture_output=True,
+                timeout=600,
+            )
         except (subprocess.SubprocessError, OSError) as exc:
             stderr = getattr(exc, "stderr", b"") or b""
-            raise ConverterUnavailable(f"pip download {LLAMA_CPP_PYTHON} failed: {exc} "
-                                       f"{stderr.decode(errors='replace')[-500:]}") from None
+            raise ConverterUnavailable(
+                f"pip download {LLAMA_CPP_PYTHON} failed: {exc} {stderr.decode(errors='replace')[-500:]}"
+            ) from None
         archives = [f for f in os.listdir(download) if f.endswith(".tar.gz")]
         if not archives:
             raise ConverterUnavailable(f"pip download {LLAMA_CPP_PYTHON} produced no sdist: {os.listdir(download)}")
@@ -51,7 +67,7 @@ def converter_dir() -> str:
                 _, _, rel = member.name.partition("/")
                 if not rel.startswith(_VENDOR) or not member.isfile():
                     continue
-                inner = rel[len(_VENDOR):]
+                inner = rel[len(_VENDOR) :]
                 if not inner.startswith(_NEEDED):
                     continue
                 target = os.path.join(staging, inner)
@@ -78,8 +94,18 @@ def tiny_sentencepiece_model(vocab_size: int) -> bytes:
     lines = [" ".join(rng.choice(words) for _ in range(12)) for _ in range(2000)]
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=model, vocab_size=vocab_size, model_type="bpe",
-        byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+        sentence_iterator=iter(lines),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        byte_fallback=True,
+        character_coverage=1.0,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        minloglevel=2,
+    )
     return model.getvalue()
 
 
@@ -95,15 +121,23 @@ def convert(folder: str, outfile: str, outtype: str = "f32") -> str:
         with open(os.path.join(staged, "tokenizer.model"), "wb") as f:
             f.write(tiny_sentencepiece_model(vocab_size))
         script = os.path.join(converter_dir(), "convert_hf_to_gguf.py")
-        done = subprocess.run([sys.executable, script, staged, "--outfile", outfile, "--outtype", outtype],
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, script, staged, "--outfile", outfile, "--outtype", outtype],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"convert_hf_to_gguf.py failed on {folder}:\n{done.stderr[-3000:]}")
     return outfile
 
 
-def rewrite(source: str, target: str, metadata: dict[str, Any] | None = None,
-            tensors: dict[str, tuple[np.ndarray, Any]] | None = None) -> str:
+def rewrite(
+    source: str,
+    target: str,
+    metadata: dict[str, Any] | None = None,
+    tensors: dict[str, tuple[np.ndarray, Any]] | None = None,
+) -> str:
     """A copy of a GGUF file with metadata keys set ({key: (value, GGUFValueType)}) and tensors added or
     replaced ({name: (raw array, GGMLQuantizationType)}, raw bytes [rows, bytes per row] for quantized types):
     files with something Conveyor must refuse."""

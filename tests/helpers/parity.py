@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -37,12 +38,18 @@ def hf_greedy(model: Any, prompts: list[list[int]], max_new_tokens: int) -> list
     refs = []
     for ids in prompts:
         with torch.no_grad(), reference_threads():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                                 eos_token_id=-1, pad_token_id=0, output_logits=True,
-                                 return_dict_in_generate=True)
+            out = model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=-1,
+                pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
         logits = torch.stack(out.logits, dim=1)[0].float()  # [new_tokens, vocab]
         top2 = logits.topk(2, dim=-1).values  # [new_tokens, 2]
-        refs.append(Reference(out.sequences[0, len(ids):].tolist(), (top2[:, 0] - top2[:, 1]).tolist()))
+        refs.append(Reference(out.sequences[0, len(ids) :].tolist(), (top2[:, 0] - top2[:, 1]).tolist()))
     return refs
 
 
@@ -59,7 +66,9 @@ def compare(refs: list[Reference], got: list[list[int]], allow_ties: bool, tie_g
         if allow_ties and ref.top2_gap[mismatch] < tie_gap:
             ties += 1
             continue
-        raise AssertionError(f"prompt {i} diverges at generated token {mismatch}: ours {ours[mismatch]}, "
-                             f"reference {ref.token_ids[mismatch]} (reference top-2 gap "
-                             f"{ref.top2_gap[mismatch]:.3g})\nours {ours}\nref  {ref.token_ids}")
+        raise AssertionError(
+            f"prompt {i} diverges at generated token {mismatch}: ours {ours[mismatch]}, "
+            f"reference {ref.token_ids[mismatch]} (reference top-2 gap "
+            f"{ref.top2_gap[mismatch]:.3g})\nours {ours}\nref  {ref.token_ids}"
+        )
     return ties

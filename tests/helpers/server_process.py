@@ -9,7 +9,8 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 
@@ -24,10 +25,22 @@ class ServerProcess:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "conveyor.cli", "serve", "--port", str(self.port),
-               "--kv-cache-memory", "256MiB", "--max-model-len", "2048", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, **(env or {})})
+        cmd = [
+            sys.executable,
+            "-m",
+            "conveyor.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--kv-cache-memory",
+            "256MiB",
+            "--max-model-len",
+            "2048",
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+        )
 
     def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.time() + timeout
@@ -55,7 +68,7 @@ class ServerProcess:
     def metric(self, name: str, headers: dict[str, Any] | None = None) -> float:
         text = httpx.get(self.url + "/metrics", headers=headers, timeout=10).text
         for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
+            if line.startswith((name + " ", name + "{")):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
 

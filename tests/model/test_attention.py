@@ -65,12 +65,12 @@ def test_mixed_ragged_batch_matches_sdpa(seed: int, decode_op: DecodeAttention |
     k_new = torch.cat([h[0][s:] for h, s in zip(history, starts)])  # [n_tokens, kv_heads, d]
     v_new = torch.cat([h[1][s:] for h, s in zip(history, starts)])
     batch = build_attention_batch(starts, lengths, tables, BLOCK)
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5, decode_op)  # [n_tokens, heads * d]
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM**-0.5, decode_op)  # [n_tokens, heads * d]
 
     row = 0
     for (k_hist, v_hist), start, n in zip(history, starts, lengths):
-        expected = _reference(q[row:row + n], k_hist, v_hist, start)
-        torch.testing.assert_close(out[row:row + n], expected, atol=1e-5, rtol=1e-5)
+        expected = _reference(q[row : row + n], k_hist, v_hist, start)
+        torch.testing.assert_close(out[row : row + n], expected, atol=1e-5, rtol=1e-5)
         row += n
     # the step's K/V landed in the right slots
     for (k_hist, _), start, n, table in zip(history, starts, lengths, tables):
@@ -89,12 +89,14 @@ def test_decode_only_batch_matches_sdpa(decode_op: DecodeAttention | None) -> No
     v_new = torch.randn(3, KV_HEADS, HEAD_DIM)
     batch = build_attention_batch([c - 1 for c in contexts], [1, 1, 1], tables, BLOCK)
     assert not batch.prefills and len(batch.decode_groups) == 1
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5, decode_op)
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM**-0.5, decode_op)
     for i, (table, ctx) in enumerate(zip(tables, contexts)):
         k_all = torch.cat([k_cache[b] for b in table])[:ctx]  # [ctx, kv_heads, d] (new token already written)
         v_all = torch.cat([v_cache[b] for b in table])[:ctx]
         torch.testing.assert_close(k_all[-1], k_new[i])
-        torch.testing.assert_close(out[i:i + 1], _reference(q[i:i + 1], k_all, v_all, ctx - 1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            out[i : i + 1], _reference(q[i : i + 1], k_all, v_all, ctx - 1), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_many_decodes_in_length_groups_with_a_prefill_match_sdpa(decode_op: DecodeAttention | None) -> None:
@@ -119,21 +121,21 @@ def test_many_decodes_in_length_groups_with_a_prefill_match_sdpa(decode_op: Deco
     v_new = torch.randn(n_tokens, KV_HEADS, HEAD_DIM)
     batch = build_attention_batch(starts, lengths, tables, BLOCK)
     assert len(batch.decode_groups) >= 2
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM ** -0.5, decode_op)
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, HEAD_DIM**-0.5, decode_op)
     row = 0
     for start, n, table in zip(starts, lengths, tables):
-        k_all = torch.cat([k_cache[b] for b in table])[:start + n]  # after the step's writes
-        v_all = torch.cat([v_cache[b] for b in table])[:start + n]
-        expected = _reference(q[row:row + n], k_all, v_all, start)
-        torch.testing.assert_close(out[row:row + n], expected, atol=1e-5, rtol=1e-5)
+        k_all = torch.cat([k_cache[b] for b in table])[: start + n]  # after the step's writes
+        v_all = torch.cat([v_cache[b] for b in table])[: start + n]
+        expected = _reference(q[row : row + n], k_all, v_all, start)
+        torch.testing.assert_close(out[row : row + n], expected, atol=1e-5, rtol=1e-5)
         row += n
-
 
 
 @dataclass
 class _Bf16Step:
     """A bfloat16 step with a fresh prompt (causal), a chunk behind a cached prefix (masked) and one decode, in a
     paged cache with shuffled blocks."""
+
     q: torch.Tensor  # [tokens, heads, d]
     k: torch.Tensor  # [tokens, kv_heads, d]
     v: torch.Tensor  # [tokens, kv_heads, d]
@@ -151,21 +153,33 @@ class _Bf16Step:
         rng.shuffle(free)
         seqs = [(0, 37), (21, 18), (30, 1)]
         n_tokens = sum(n for _, n in seqs)
-        return _Bf16Step(q=torch.randn(n_tokens, heads, head_dim).bfloat16(),
-                         k=torch.randn(n_tokens, kv_heads, head_dim).bfloat16(),
-                         v=torch.randn(n_tokens, kv_heads, head_dim).bfloat16(),
-                         k_cache=torch.randn(num_blocks, BLOCK, kv_heads, head_dim).bfloat16(),
-                         v_cache=torch.randn(num_blocks, BLOCK, kv_heads, head_dim).bfloat16(),
-                         seqs=seqs, tables=[[free.pop() for _ in range(-(-(c + n) // BLOCK))] for c, n in seqs])
+        return _Bf16Step(
+            q=torch.randn(n_tokens, heads, head_dim).bfloat16(),
+            k=torch.randn(n_tokens, kv_heads, head_dim).bfloat16(),
+            v=torch.randn(n_tokens, kv_heads, head_dim).bfloat16(),
+            k_cache=torch.randn(num_blocks, BLOCK, kv_heads, head_dim).bfloat16(),
+            v_cache=torch.randn(num_blocks, BLOCK, kv_heads, head_dim).bfloat16(),
+            seqs=seqs,
+            tables=[[free.pop() for _ in range(-(-(c + n) // BLOCK))] for c, n in seqs],
+        )
 
-    def attend(self, heads: slice, kv_heads: slice, window: int | None = None,
-               prefill_op: PrefillAttention | None = None) -> torch.Tensor:
+    def attend(
+        self, heads: slice, kv_heads: slice, window: int | None = None, prefill_op: PrefillAttention | None = None
+    ) -> torch.Tensor:
         """paged_attention over the given heads only, as one tensor-parallel rank holds them -> [tokens, n, d]."""
         batch = build_attention_batch([c for c, _ in self.seqs], [n for _, n in self.seqs], self.tables, BLOCK)
         q = self.q[:, heads].contiguous()  # [tokens, n, d]
-        out = paged_attention(q, self.k[:, kv_heads].contiguous(), self.v[:, kv_heads].contiguous(),
-                              self.k_cache[:, :, kv_heads].clone(), self.v_cache[:, :, kv_heads].clone(), batch,
-                              q.shape[-1] ** -0.5, window=window, prefill_op=prefill_op)  # [tokens, n * d]
+        out = paged_attention(
+            q,
+            self.k[:, kv_heads].contiguous(),
+            self.v[:, kv_heads].contiguous(),
+            self.k_cache[:, :, kv_heads].clone(),
+            self.v_cache[:, :, kv_heads].clone(),
+            batch,
+            q.shape[-1] ** -0.5,
+            window=window,
+            prefill_op=prefill_op,
+        )  # [tokens, n * d]
         return out.view(q.shape)
 
 
@@ -185,25 +199,28 @@ def test_bf16_prefill_takes_the_fused_kernel_and_matches_float32_math(window: in
         ctx = cached + new
         k_all = torch.cat([step.k_cache[b] for b in table])[:ctx].clone()  # [ctx, kv_heads, d]: cached prefix ...
         v_all = torch.cat([step.v_cache[b] for b in table])[:ctx].clone()
-        k_all[cached:], v_all[cached:] = step.k[row:row + new], step.v[row:row + new]  # ... and this step's
+        k_all[cached:], v_all[cached:] = step.k[row : row + new], step.v[row : row + new]  # ... and this step's
         q_pos = torch.arange(cached, ctx)[:, None]  # [new, 1]
         k_pos = torch.arange(ctx)[None, :]  # [1, ctx]
         valid = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window is not None else True)  # [new, ctx]
         with sdpa_kernel([SDPBackend.MATH]):
             expected = F.scaled_dot_product_attention(
-                step.q[row:row + new].float().transpose(0, 1),  # [heads, new, d]
+                step.q[row : row + new].float().transpose(0, 1),  # [heads, new, d]
                 k_all.float().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1),  # [heads, ctx, d]
                 v_all.float().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1),
-                attn_mask=valid, scale=head_dim ** -0.5).transpose(0, 1)  # [new, heads, d]
+                attn_mask=valid,
+                scale=head_dim**-0.5,
+            ).transpose(0, 1)  # [new, heads, d]
         # bfloat16 probabilities and output: a few units of bfloat16's 2^-8 relative step
-        torch.testing.assert_close(out[row:row + new].float(), expected, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(out[row : row + new].float(), expected, atol=2e-2, rtol=2e-2)
         row += new
 
 
 @pytest.mark.parametrize("prefill", ["torch", "native"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_prefill_gives_a_head_the_same_bits_whatever_other_heads_share_the_call(threads: int, prefill: str,
-                                                                                request: pytest.FixtureRequest) -> None:
+def test_prefill_gives_a_head_the_same_bits_whatever_other_heads_share_the_call(
+    threads: int, prefill: str, request: pytest.FixtureRequest
+) -> None:
     """Tensor parallelism gives each rank a slice of the query and KV heads: a head's attention output may not
     depend on how many heads are in the call (nor on the thread count each rank runs with). Bit for bit, bfloat16,
     over prefills with and without a cached prefix and a decode; torch's fused kernel and the native (AMX) one."""
@@ -222,9 +239,9 @@ def test_prefill_gives_a_head_the_same_bits_whatever_other_heads_share_the_call(
         torch.set_num_threads(threads)
         for rank in range(2):  # two ranks: half the query heads and their KV heads each
             got = step.attend(slice(rank * 4, rank * 4 + 4), slice(rank * 2, rank * 2 + 2), prefill_op=prefill_op)
-            assert torch.equal(got, full[:, rank * 4:rank * 4 + 4]), f"rank {rank} of 2 on {threads} thread(s)"
+            assert torch.equal(got, full[:, rank * 4 : rank * 4 + 4]), f"rank {rank} of 2 on {threads} thread(s)"
         for group in range(kv_heads):  # one KV head and its query heads per call
             got = step.attend(slice(group * 2, group * 2 + 2), slice(group, group + 1), prefill_op=prefill_op)
-            assert torch.equal(got, full[:, group * 2:group * 2 + 2]), f"KV group {group} on {threads} thread(s)"
+            assert torch.equal(got, full[:, group * 2 : group * 2 + 2]), f"KV group {group} on {threads} thread(s)"
     finally:
         torch.set_num_threads(before)

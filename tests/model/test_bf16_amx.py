@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.tiny_models import build_tiny_model
-from helpers.parity import Reference, compare
-
 from conveyor import LLM, SamplingParams
 from conveyor.model.layers import Projection, SiluGateProjection, interleave_gate_up, pack_bf16_tiles, unpack_bf16_tiles
+from helpers.parity import Reference, compare
+from helpers.tiny_models import build_tiny_model
 
 BF16_TIE_GAP = 0.5  # as in test_parity_bf16: bfloat16 activations against a float32 reference
 NEW_TOKENS = 24
@@ -37,13 +36,14 @@ def _within_float64(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) ->
     exact = x.double() @ weight.double().t()  # [rows, out]
     rounded = exact.bfloat16().double()
     magnitude = x.double().abs() @ weight.double().abs().t()  # [rows, out]
-    return bool(((got.double() - rounded).abs() <= rounded.abs() * 2 ** -8 + magnitude * 2 ** -16).all())
+    return bool(((got.double() - rounded).abs() <= rounded.abs() * 2**-8 + magnitude * 2**-16).all())
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16, 17, 64, 100, 260])
 @pytest.mark.parametrize("out_features,in_features", [(37, 64), (50, 32), (96, 2048 + 96)])
-def test_product_matches_float64_over_the_bfloat16_weights(rows: int, out_features: int, in_features: int,
-                                                           amx: Any) -> None:
+def test_product_matches_float64_over_the_bfloat16_weights(
+    rows: int, out_features: int, in_features: int, amx: Any
+) -> None:
     """Row counts around the 16-row tiles and 32-row pairs, and past the 256 from which y is written with
     non-temporal stores; output widths that fill no 16- or 32-row block (37, 50) or do (96); one 32-column tile;
     two 2048-column panels, the last short."""
@@ -87,7 +87,7 @@ def test_a_wide_output_written_past_the_caches_holds_the_same_values(rows: int, 
     tiles = pack_bf16_tiles(weight)
     x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, 64]
     whole = amx.bf16_linear_amx(x, tiles, out_features)  # [rows, out]
-    pieces = [amx.bf16_linear_amx(x[a:a + 4].contiguous(), tiles, out_features) for a in range(0, rows, 4)]
+    pieces = [amx.bf16_linear_amx(x[a : a + 4].contiguous(), tiles, out_features) for a in range(0, rows, 4)]
     assert 4 * out_features * 2 < 1 << 20 <= rows * out_features * 2  # the pieces' outputs stay in the cache
     assert torch.equal(whole, torch.cat(pieces))
 
@@ -108,8 +108,9 @@ def test_tiles_unpack_to_the_weights_and_pick_single_weights(out_features: int, 
 
 @pytest.mark.parametrize("rows", [1, 17, 64, 200, 260])
 @pytest.mark.parametrize("inner,in_features", [(16, 64), (48, 96), (64, 2048 + 96)])
-def test_silu_gate_product_is_the_product_then_silu_and_mul_bit_for_bit(rows: int, inner: int, in_features: int,
-                                                                        amx: Any) -> None:
+def test_silu_gate_product_is_the_product_then_silu_and_mul_bit_for_bit(
+    rows: int, inner: int, in_features: int, amx: Any
+) -> None:
     """The gated MLP's product with the activation applied to its accumulators gives the bits of the plain
     product followed by the silu_and_mul op: one, two and three gate/up tile pairs (inner 16, 48, 64), one and two
     2048-column panels, rows around the tiles and past the plain product's non-temporal threshold."""
@@ -171,11 +172,12 @@ def test_tiny_bf16_model_matches_float32_and_onednn_token_for_token(tmp_path: An
     build_tiny_model("llama", folder, tie_word_embeddings=True)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(2, 512, size=n).tolist() for n in (5, 17, 40, 64)]
-    common: dict[str, Any] = dict(model=folder, kv_cache_memory="16MiB", max_model_len=256,
-                                  max_num_batched_tokens=48)
+    common: dict[str, Any] = dict(model=folder, kv_cache_memory="16MiB", max_model_len=256, max_num_batched_tokens=48)
     reference = LLM(dtype="float32", kernels="torch", **common)
-    refs = [Reference(o.token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.logprobs or []])
-            for o in _greedy(reference, prompts, logprobs=2)]
+    refs = [
+        Reference(o.token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.logprobs or []])
+        for o in _greedy(reference, prompts, logprobs=2)
+    ]
     ours = LLM(dtype="bfloat16", kernels="native", **common)
     model = ours.engine.runner.model
     assert model.layers[0].qkv.tiles is not None and model.lm_head.tiles is not None
@@ -196,8 +198,9 @@ def test_tiny_bf16_model_matches_float32_and_onednn_token_for_token(tmp_path: An
 
 @pytest.mark.parametrize("rows", [1, 3, 17, 64, 100, 260])
 @pytest.mark.parametrize("out_features,in_features", [(37, 64), (50, 32), (96, 2048 + 96), (4099, 576)])
-def test_argmax_product_is_the_argmax_of_the_bfloat16_product(rows: int, out_features: int, in_features: int,
-                                                              amx: Any) -> None:
+def test_argmax_product_is_the_argmax_of_the_bfloat16_product(
+    rows: int, out_features: int, in_features: int, amx: Any
+) -> None:
     """bf16_linear_argmax_amx against torch's max(dim=-1).indices over bf16_linear_amx's output, on one thread and
     two: small integer weights and inputs (the products are exact, so most rows hold many equal maxima: the first
     must win), a weight row repeated far away (equal outputs in every row), and, where wide enough, columns of
@@ -234,8 +237,14 @@ def test_greedy_steps_take_the_argmax_from_the_lm_head_product(tmp_path: Any, am
     build_tiny_model("llama", folder, tie_word_embeddings=True)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(2, 512, size=n).tolist() for n in (5, 17, 40, 64)]
-    llm = LLM(model=folder, dtype="bfloat16", kernels="native", kv_cache_memory="16MiB", max_model_len=256,
-              max_num_batched_tokens=48)
+    llm = LLM(
+        model=folder,
+        dtype="bfloat16",
+        kernels="native",
+        kv_cache_memory="16MiB",
+        max_model_len=256,
+        max_num_batched_tokens=48,
+    )
     model = llm.engine.runner.model
     assert model.lm_head.computes_argmax
     calls = {"fused": 0}

@@ -14,22 +14,25 @@ from conveyor.config import parse_memory_size
 from conveyor.model.gguf_loader import unpermute_rows
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    (dict(dtype="float64"), "dtype='float64' is not supported"),
-    (dict(device="tpu"), "device='tpu'"),
-    (dict(block_size=0), "block_size=0"),
-    (dict(max_num_seqs=-1), "max_num_seqs=-1"),
-    (dict(kv_cache_memory="lots"), "kv_cache_memory='lots'"),
-    (dict(kv_cache_memory=-5), "must be positive"),
-    (dict(async_batching="maybe"), "async_batching='maybe'"),
-    (dict(max_model_len=1), "max_model_len=1"),
-    (dict(kv_cache_memory=float("nan")), "kv_cache_memory=nan"),
-    (dict(kv_cache_memory=float("inf")), "kv_cache_memory=inf"),
-    (dict(kv_cache_memory="0"), "must be positive"),
-    (dict(kv_cache_memory="0GiB"), "must be positive"),
-    (dict(seed=-1), "seed=-1"),
-    (dict(enable_prefix_caching="no"), "enable_prefix_caching='no'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        (dict(dtype="float64"), "dtype='float64' is not supported"),
+        (dict(device="tpu"), "device='tpu'"),
+        (dict(block_size=0), "block_size=0"),
+        (dict(max_num_seqs=-1), "max_num_seqs=-1"),
+        (dict(kv_cache_memory="lots"), "kv_cache_memory='lots'"),
+        (dict(kv_cache_memory=-5), "must be positive"),
+        (dict(async_batching="maybe"), "async_batching='maybe'"),
+        (dict(max_model_len=1), "max_model_len=1"),
+        (dict(kv_cache_memory=float("nan")), "kv_cache_memory=nan"),
+        (dict(kv_cache_memory=float("inf")), "kv_cache_memory=inf"),
+        (dict(kv_cache_memory="0"), "must be positive"),
+        (dict(kv_cache_memory="0GiB"), "must be positive"),
+        (dict(seed=-1), "seed=-1"),
+        (dict(enable_prefix_caching="no"), "enable_prefix_caching='no'"),
+    ],
+)
 def test_bad_engine_options(kwargs: dict[str, Any], fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         EngineConfig(**kwargs)
@@ -75,8 +78,15 @@ def test_unknown_architecture_lists_supported(tmp_path: Any) -> None:
 def test_sliding_window_is_read_per_layer(tmp_path: Any) -> None:
     from conveyor.model.hf_loader import read_hf_config
 
-    config = {"architectures": ["MistralForCausalLM"], "sliding_window": 4096, "vocab_size": 32,
-              "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2}
+    config = {
+        "architectures": ["MistralForCausalLM"],
+        "sliding_window": 4096,
+        "vocab_size": 32,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     spec = read_hf_config(str(tmp_path))
     assert spec.layer_windows == (4096, 4096) and spec.kv_window == 4096
@@ -91,8 +101,14 @@ def test_sliding_window_is_read_per_layer(tmp_path: Any) -> None:
 
 
 def test_folder_without_weights(tmp_path: Any) -> None:
-    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 8, "intermediate_size": 16,
-              "num_hidden_layers": 1, "num_attention_heads": 2}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 32,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="no \\*.safetensors files"):
         LLM(model=str(tmp_path))

@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.tiny_models import build_tiny_model
-
 from conveyor import LLM, SamplingParams
 from conveyor.model.decode_stack import DecodeStack
+from helpers.tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -29,10 +28,10 @@ def _generate(llm: LLM, prompts: list[list[int]]) -> list[tuple[list[int], list[
     return [(o.outputs[0].token_ids, [lp.top[0][1] for lp in o.outputs[0].logprobs or []]) for o in outputs]
 
 
-@pytest.mark.parametrize(("num_threads", "kv_cache_dtype"), [(None, "auto"), (1, "auto"), (3, "auto"),
-                                                             (None, "int8")])
-def test_the_decode_stack_gives_the_python_loops_tokens_and_logprobs(num_threads: int | None, kv_cache_dtype: str,
-                                                                     tmp_path: Any, amx: Any) -> None:
+@pytest.mark.parametrize(("num_threads", "kv_cache_dtype"), [(None, "auto"), (1, "auto"), (3, "auto"), (None, "int8")])
+def test_the_decode_stack_gives_the_python_loops_tokens_and_logprobs(
+    num_threads: int | None, kv_cache_dtype: str, tmp_path: Any, amx: Any
+) -> None:
     """Several requests at once (their decode steps are pure decodes in one group), greedy with logprobs: the
     native stack against the Python loop over the same loaded weights, bit for bit; the stack did run. With plain
     caches the stack runs as one team of threads (one, torch's default, or more threads than cores), with an int8
@@ -40,8 +39,15 @@ def test_the_decode_stack_gives_the_python_loops_tokens_and_logprobs(num_threads
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder)
     threads_before = torch.get_num_threads()
-    llm = LLM(model=folder, dtype="bfloat16", kernels="native", kv_cache_memory="16MiB", max_model_len=256,
-              num_threads=num_threads, kv_cache_dtype=kv_cache_dtype)
+    llm = LLM(
+        model=folder,
+        dtype="bfloat16",
+        kernels="native",
+        kv_cache_memory="16MiB",
+        max_model_len=256,
+        num_threads=num_threads,
+        kv_cache_dtype=kv_cache_dtype,
+    )
     model = llm.engine.runner.model
     stack = model.decode_stack
     assert stack is not None
@@ -92,16 +98,36 @@ def test_the_decode_stack_refuses_a_block_or_slot_outside_the_cache(tmp_path: An
     assert stack is not None
     spec = model.spec
     num_blocks, block_size = 4, 16
-    caches = [torch.zeros(num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype=torch.bfloat16)
-              for _ in range(2 * spec.num_layers)]
+    caches = [
+        torch.zeros(num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype=torch.bfloat16)
+        for _ in range(2 * spec.num_layers)
+    ]
 
     def run(block_tables: list[list[int]], slots: list[int], context_lens: list[int]) -> torch.Tensor:
         hidden = torch.randn(2, spec.hidden_size).to(torch.bfloat16)  # [tokens, hidden]
         return stack.kernels.decode_layers(
-            hidden, stack.input_norms, stack.qkv_tiles, stack.o_tiles, stack.post_norms, stack.gate_up_tiles,
-            stack.down_tiles, caches[0::2], caches[1::2], model.rotary.cos, model.rotary.sin,
-            torch.tensor([0, 0]), torch.tensor(slots), torch.tensor(block_tables), torch.tensor(context_lens),
-            stack.heads, stack.kv_heads, stack.head_dim, stack.inner, stack.eps, stack.scale)
+            hidden,
+            stack.input_norms,
+            stack.qkv_tiles,
+            stack.o_tiles,
+            stack.post_norms,
+            stack.gate_up_tiles,
+            stack.down_tiles,
+            caches[0::2],
+            caches[1::2],
+            model.rotary.cos,
+            model.rotary.sin,
+            torch.tensor([0, 0]),
+            torch.tensor(slots),
+            torch.tensor(block_tables),
+            torch.tensor(context_lens),
+            stack.heads,
+            stack.kv_heads,
+            stack.head_dim,
+            stack.inner,
+            stack.eps,
+            stack.scale,
+        )
 
     assert run([[0], [1]], [0, 16], [1, 1]).shape == (2, spec.hidden_size)
     with pytest.raises(RuntimeError, match=r"block_tables\[1\]\[0\] is 7"):

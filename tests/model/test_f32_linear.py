@@ -29,7 +29,7 @@ def _error_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     magnitude = x.double().abs() @ weight.double().abs().T  # [rows, out]
     if bias is not None:
         magnitude = magnitude + bias.double().abs()
-    return chain * 2.0 ** -24 * magnitude + 1e-30
+    return chain * 2.0**-24 * magnitude + 1e-30
 
 
 def test_packing_follows_the_documented_layout() -> None:
@@ -47,8 +47,9 @@ def test_packing_follows_the_documented_layout() -> None:
 @pytest.mark.parametrize("out_features,in_features", [(32, 7), (50, 64), (96, 300), (1000, 576), (64, 1536)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 12, 13, 25, 64, 130])
 @pytest.mark.parametrize("bias", [False, True])
-def test_native_product_is_within_the_float32_bound(native_kernels: Any, out_features: int, in_features: int,
-                                                    rows: int, bias: bool) -> None:
+def test_native_product_is_within_the_float32_bound(
+    native_kernels: Any, out_features: int, in_features: int, rows: int, bias: bool
+) -> None:
     kernels = _vectorized(native_kernels)
     gen = torch.Generator().manual_seed(out_features * 7 + in_features + rows)
     weight = torch.randn(out_features, in_features, generator=gen)  # [out, in]
@@ -83,8 +84,7 @@ def test_empty_batches_and_outputs(native_kernels: Any) -> None:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_batches_above_the_native_limit_use_torch_gemm_over_the_same_weights(native_kernels: Any,
-                                                                               bias: bool) -> None:
+def test_batches_above_the_native_limit_use_torch_gemm_over_the_same_weights(native_kernels: Any, bias: bool) -> None:
     kernels = _vectorized(native_kernels)
     gen = torch.Generator().manual_seed(9)
     weight = torch.randn(80, 48, generator=gen)  # [out, in]

@@ -69,8 +69,12 @@ def test_reader_matches_the_gguf_package(tmp_path: pathlib.Path, alignment: int 
     assert len(ours.tensors) == len(theirs.tensors) == 8
     for mine, reference in zip(ours.tensors, theirs.tensors):
         assert (mine.name, mine.tensor_type, mine.shape, mine.n_bytes, mine.data_offset) == (
-            reference.name, reference.tensor_type, tuple(int(d) for d in reference.shape), int(reference.n_bytes),
-            int(reference.data_offset))
+            reference.name,
+            reference.tensor_type,
+            tuple(int(d) for d in reference.shape),
+            int(reference.n_bytes),
+            int(reference.data_offset),
+        )
         assert mine.data.dtype == reference.data.dtype and mine.data.shape == reference.data.shape, mine.name
         assert np.array_equal(mine.data, reference.data), mine.name
 

@@ -11,17 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.tiny_models import build_tiny_model
-from helpers.gguf_convert import ConverterUnavailable, convert, rewrite
-from helpers.parity import Reference, compare
-
 from conveyor import LLM, SamplingParams
 from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
 from conveyor.model import gguf_projection
 from conveyor.model.gguf_projection import PACKED_ROWS_MIN, ROWS_MAX, GGUFProjection, GGUFSiluGate
-from conveyor.model.layers import interleave_gate_up, pack_bf16_tiles
 from conveyor.model.gguf_quant import FORMATS, INT8_DOT_TYPES, QuantizedWeight, RowStack, cat_rows, quantize
+from conveyor.model.layers import interleave_gate_up, pack_bf16_tiles
+from helpers.gguf_convert import ConverterUnavailable, convert, rewrite
+from helpers.parity import Reference, compare
+from helpers.tiny_models import build_tiny_model
 
 BF16_TIE_GAP = 0.5  # as in test_parity_bf16: bfloat16 activations against a float32 reference
 F32_TIE_GAP = 1e-3  # float32 both sides, sums in another order
@@ -43,7 +42,7 @@ def random_blocks(kind: str, rows: int, in_features: int, seed: int) -> Quantize
     halves = {"Q6_K": (208,), "Q4_0": (0,), "Q5_0": (0,), "Q8_0": (0,)}.get(kind, (0, 2))  # d (and m / dmin)
     for offset in halves:
         scale = (rng.standard_normal(raw.shape[:2]) * 0.02).astype(np.float16)  # [rows, blocks]
-        raw[:, :, offset:offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
+        raw[:, :, offset : offset + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
     return QuantizedWeight(kind, torch.from_numpy(raw.reshape(rows, -1)), in_features)
 
 
@@ -59,8 +58,9 @@ def test_native_dequantization_is_the_reference_one(kind: str, request: pytest.F
 @pytest.mark.parametrize("kind", list(FORMATS))
 @pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 33, 100])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_products_match_float64_over_the_dequantized_weights(kind: str, rows: int, dtype: torch.dtype,
-                                                             request: pytest.FixtureRequest) -> None:
+def test_products_match_float64_over_the_dequantized_weights(
+    kind: str, rows: int, dtype: torch.dtype, request: pytest.FixtureRequest
+) -> None:
     """Both kernels at every row count (the projection picks one by ROWS_MAX), odd output widths, input widths
     of an odd number of blocks; bias added."""
     kernels = _kernels(request)
@@ -83,14 +83,16 @@ def test_products_match_float64_over_the_dequantized_weights(kind: str, rows: in
             group = INT8_DOT_TYPES[kind]
             step = x.double().reshape(rows, -1, group).abs().amax(-1) / 127  # [rows, in / group]
             rounding = (step.repeat_interleave(group, dim=1) / 2) @ w.abs().t()  # [rows, out]: half a step each
-            assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + rounding * 1.001 + magnitude * 2 ** -16
-                    ).all(), name
+            assert (
+                (got.double() - exact).abs() <= exact.abs() * 2**-8 + rounding * 1.001 + magnitude * 2**-16
+            ).all(), name
         elif name == "gguf_linear_rows":  # exact products, float32 sums, one bfloat16 rounding
-            assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all(), name
+            assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + magnitude * 2**-16).all(), name
         else:  # the tile's weights rounded to bfloat16 first
             assert _within_bf16_weights(got, x, weight), name
-    direct = kernels.gguf_linear_rows if rows <= ROWS_MAX else \
-        kernels.gguf_linear_amx if amx else kernels.gguf_linear_tiles
+    direct = (
+        kernels.gguf_linear_rows if rows <= ROWS_MAX else kernels.gguf_linear_amx if amx else kernels.gguf_linear_tiles
+    )
     assert torch.equal(projection(x), direct(x, weight.blocks, weight.type_id, in_features) + bias)
 
 
@@ -100,7 +102,7 @@ def _within_bf16_weights(got: torch.Tensor, x: torch.Tensor, weight: QuantizedWe
     w = weight.dequantize().bfloat16().double()  # [out, in]
     rounded = x.double() @ w.t()  # [rows, out]
     magnitude = x.double().abs() @ w.abs().t()  # [rows, out]
-    return bool(((got.double() - rounded).abs() <= rounded.abs() * 2 ** -8 + magnitude * 2 ** -16).all())
+    return bool(((got.double() - rounded).abs() <= rounded.abs() * 2**-8 + magnitude * 2**-16).all())
 
 
 def _amx(request: pytest.FixtureRequest) -> Any:
@@ -112,8 +114,9 @@ def _amx(request: pytest.FixtureRequest) -> Any:
 
 @pytest.mark.parametrize("kind", list(FORMATS))
 @pytest.mark.parametrize("rows", [5, 16, 17, 64, 300])
-def test_amx_products_match_float64_over_the_bfloat16_weights(kind: str, rows: int,
-                                                              request: pytest.FixtureRequest) -> None:
+def test_amx_products_match_float64_over_the_bfloat16_weights(
+    kind: str, rows: int, request: pytest.FixtureRequest
+) -> None:
     """The AMX kernel at row counts around its 16-row tiles and 32-row pairs of tiles, output widths that fill
     no 16- or 32-row weight block, input widths of an odd number of 32-column tiles, wider than one panel at 64
     and 300 rows (300: two chunks of packed activations, the last partial); equal to float64 over the weights
@@ -134,8 +137,7 @@ def test_amx_products_match_float64_over_the_bfloat16_weights(kind: str, rows: i
 
 
 @pytest.mark.parametrize("in_features", [512, 4096])
-def test_amx_products_do_not_depend_on_how_the_work_is_split(in_features: int,
-                                                             request: pytest.FixtureRequest) -> None:
+def test_amx_products_do_not_depend_on_how_the_work_is_split(in_features: int, request: pytest.FixtureRequest) -> None:
     """300 weight rows (10 blocks of 32: several units of work, the last partial) by 300 activation rows (two
     chunks at 2048-column panels), one panel or two: within the float64 bound, and each row's output the same
     when its rows are multiplied alone or with others (units taken by whichever thread is free, each thread
@@ -145,15 +147,17 @@ def test_amx_products_do_not_depend_on_how_the_work_is_split(in_features: int,
     x = torch.randn(300, in_features, generator=torch.Generator().manual_seed(3)).bfloat16()  # [300, in]
     got = kernels.gguf_linear_amx(x, weight.blocks, weight.type_id, in_features)  # [300, 300]
     assert _within_bf16_weights(got, x, weight)
-    pieces = [kernels.gguf_linear_amx(x[a:b].contiguous(), weight.blocks, weight.type_id, in_features)
-              for a, b in ((0, 7), (7, 150), (150, 300))]
+    pieces = [
+        kernels.gguf_linear_amx(x[a:b].contiguous(), weight.blocks, weight.type_id, in_features)
+        for a, b in ((0, 7), (7, 150), (150, 300))
+    ]
     assert torch.equal(got, torch.cat(pieces))
 
 
 @pytest.mark.parametrize("in_features", [2048, 8192])
-def test_prompt_sized_products_take_the_packed_path_from_its_row_count(in_features: int,
-                                                                       monkeypatch: pytest.MonkeyPatch,
-                                                                       request: pytest.FixtureRequest) -> None:
+def test_prompt_sized_products_take_the_packed_path_from_its_row_count(
+    in_features: int, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     """The projection dequantizes a stack once into packed tiles from packed_rows_min rows (fewer for an input wider
     than one 2048-column panel, which the per-chunk product would dequantize once per chunk of 256 rows), not one row
     before; either way the per-chunk product's bits, within the float64 bound (a stack of Q4_K, Q6_K and Q5_K's
@@ -170,6 +174,7 @@ def test_prompt_sized_products_take_the_packed_path_from_its_row_count(in_featur
     def counted(*args: Any) -> torch.Tensor:
         packs.append(args[-1])
         return original(*args)
+
     monkeypatch.setattr(gguf_projection, "packed_tiles", counted)
     w = torch.cat([p.dequantize() for p in parts]).bfloat16().double()  # [2085, in]
     for rows in (first - 1, first):
@@ -180,7 +185,7 @@ def test_prompt_sized_products_take_the_packed_path_from_its_row_count(in_featur
         assert torch.equal(got, kernels.gguf_linear_amx_parts(x, blocks, kinds, in_features))
         exact = x.double() @ w.t()  # [rows, 2085]
         magnitude = x.double().abs() @ w.abs().t()
-        assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()
+        assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + magnitude * 2**-16).all()
 
 
 def test_packed_tiles_are_the_dequantized_weights_in_the_bf16_layout(request: pytest.FixtureRequest) -> None:
@@ -189,9 +194,19 @@ def test_packed_tiles_are_the_dequantized_weights_in_the_bf16_layout(request: py
     interleaved (interleave_gate_up); a tiles tensor of the wrong shape is refused by name."""
     kernels = _amx(request)
     in_features = 512
-    parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in
-             (("Q4_K", 40), ("Q6_K", 24), ("Q8_0", 16), ("Q4_0", 15), ("Q4_1", 17), ("Q5_0", 9), ("Q5_1", 23),
-              ("Q5_K", 16))]
+    parts = [
+        random_blocks(kind, n, in_features, seed=n)
+        for kind, n in (
+            ("Q4_K", 40),
+            ("Q6_K", 24),
+            ("Q8_0", 16),
+            ("Q4_0", 15),
+            ("Q4_1", 17),
+            ("Q5_0", 9),
+            ("Q5_1", 23),
+            ("Q5_K", 16),
+        )
+    ]
     assert {p.kind for p in parts} == set(FORMATS)
     blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
     dense = torch.cat([p.dequantize() for p in parts]).bfloat16()  # [160, in]
@@ -233,8 +248,7 @@ def test_busy_decode_steps_fuse_the_silu_gate_into_the_block_product(request: py
     gate and up halves each span two parts, an odd number of 32-row blocks, and inputs of one and of two panels."""
     kernels = _amx(request)
     for in_features in (512, 2048 + 256):
-        parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in (("Q4_K", 40), ("Q6_K", 24),
-                                                                             ("Q8_0", 32))]
+        parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in (("Q4_K", 40), ("Q6_K", 24), ("Q8_0", 32))]
         blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
         gate = GGUFSiluGate(GGUFProjection(RowStack(tuple(parts)), None, kernels))  # type: ignore[arg-type]
         assert gate.inner == 48
@@ -249,33 +263,40 @@ def test_busy_decode_steps_fuse_the_silu_gate_into_the_block_product(request: py
         kernels.gguf_silu_gate_amx_parts(x, [random_blocks("Q8_0", 48, 512, seed=1).blocks], [8], 512)
 
 
-def test_engine_prompt_steps_on_packed_tiles_give_the_per_chunk_tokens(tiny_f32_gguf: str, tmp_path: Any,
-                                                                       monkeypatch: pytest.MonkeyPatch,
-                                                                       request: pytest.FixtureRequest) -> None:
+def test_engine_prompt_steps_on_packed_tiles_give_the_per_chunk_tokens(
+    tiny_f32_gguf: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
     """A Q4_K_M-style file (Q4_K and Q6_K) in bfloat16 with one prompt step of ~900 tokens (the packed path for every
     projection) against the same engine with that path switched off: the same tokens and the same logprobs."""
     _amx(request)
     path = _quantized_file(tiny_f32_gguf, _MIXED, str(tmp_path))
     rng = np.random.default_rng(11)
     prompts = [rng.integers(2, 512, size=n).tolist() for n in (200, 230, 250, 221)]
-    common: dict[str, Any] = dict(model=path, kv_cache_memory="32MiB", max_model_len=512, dtype="bfloat16",
-                                  kernels="native", gguf_weights="compact")
+    common: dict[str, Any] = dict(
+        model=path,
+        kv_cache_memory="32MiB",
+        max_model_len=512,
+        dtype="bfloat16",
+        kernels="native",
+        gguf_weights="compact",
+    )
     packs: list[bool] = []  # gate_up of each packing, to see that the path ran
     original = gguf_projection.packed_tiles
 
     def counted(*args: Any) -> torch.Tensor:
         packs.append(args[-1])
         return original(*args)
+
     monkeypatch.setattr(gguf_projection, "packed_tiles", counted)
     results = []
-    for packed_from in (PACKED_ROWS_MIN, 10 ** 9):
+    for packed_from in (PACKED_ROWS_MIN, 10**9):
         monkeypatch.setattr(gguf_projection, "packed_rows_min", lambda in_features, rows=packed_from: rows)
         llm = LLM(**common)
         results.append([(o.token_ids, [lp.top for lp in o.logprobs or []]) for o in _greedy(llm, prompts, logprobs=2)])
         llm.engine.check_idle()
         layers = len(llm.engine.runner.model.layers)
         # the first run: one prompt step of all prompts, every layer's QKV, O and down plain, gate/up fused
-        assert (packs.count(False), packs.count(True)) == ((3 * layers, layers) if packed_from < 10 ** 9 else (0, 0))
+        assert (packs.count(False), packs.count(True)) == ((3 * layers, layers) if packed_from < 10**9 else (0, 0))
         packs.clear()
     assert results[0] == results[1]
 
@@ -309,8 +330,9 @@ def test_amx_product_refuses_what_it_cannot_multiply(request: pytest.FixtureRequ
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3])
-def test_stacked_parts_in_one_call_equal_each_part_alone(dtype: torch.dtype, rows: int,
-                                                        request: pytest.FixtureRequest) -> None:
+def test_stacked_parts_in_one_call_equal_each_part_alone(
+    dtype: torch.dtype, rows: int, request: pytest.FixtureRequest
+) -> None:
     """A fused QKV of mixed types (as in Q4_K_M files) and a type without int8 dot products: one call over the
     stack (x quantized once) gives exactly the separate products side by side, and within the rounding bound of
     float64 over the dequantized weights; the projection uses it for few rows."""
@@ -324,7 +346,7 @@ def test_stacked_parts_in_one_call_equal_each_part_alone(dtype: torch.dtype, row
     w = torch.cat([p.dequantize() for p in parts]).double()  # [56, in]
     exact = x.double() @ w.t()  # [rows, 56]
     magnitude = x.double().abs() @ w.abs().t()
-    assert ((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 0.02).all()
+    assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + magnitude * 0.02).all()
     projection = GGUFProjection(RowStack(tuple(parts)), None, kernels)  # type: ignore[arg-type]
     assert torch.equal(projection(x), got)
     with pytest.raises(RuntimeError, match="one type id per block matrix"):
@@ -332,8 +354,9 @@ def test_stacked_parts_in_one_call_equal_each_part_alone(dtype: torch.dtype, row
 
 
 @pytest.mark.parametrize("rows, in_features", [(37, 512), (16, 2048 + 256)])
-def test_amx_stacked_parts_in_one_call_equal_each_part_alone(rows: int, in_features: int,
-                                                            request: pytest.FixtureRequest) -> None:
+def test_amx_stacked_parts_in_one_call_equal_each_part_alone(
+    rows: int, in_features: int, request: pytest.FixtureRequest
+) -> None:
     """Many rows of a mixed-type stack (Q4_K / Q6_K as in a Q4_K_M file's fused QKV, and Q5_K's float path) on
     AMX tiles in one call: a 32-row weight block spanning all three parts, one and two column panels; exactly the
     parts' own products side by side (no torch.cat), and what the projection gives for many bfloat16 rows."""
@@ -384,8 +407,11 @@ def test_config_names_the_quantizations() -> None:
 
 
 def test_compact_weights_need_the_native_kernels() -> None:
-    with pytest.raises(ConfigError, match="gguf_weights='compact' was requested, but the native kernels are not "
-                                          "in use.*use gguf_weights='auto' or 'dequantize'"):
+    with pytest.raises(
+        ConfigError,
+        match="gguf_weights='compact' was requested, but the native kernels are not "
+        "in use.*use gguf_weights='auto' or 'dequantize'",
+    ):
         LLM(kernels="torch", gguf_weights="compact", kv_cache_memory="16MiB", max_model_len=256)
 
 
@@ -426,8 +452,10 @@ def _quantized_file(source: str, kind: str, folder: str) -> str:
         if len(t.shape) == 2:
             values = np.asarray(t.data, dtype=np.float32)  # [rows, cols]
             target = _type_of(t.name, kind)
-            tensors[t.name] = (quantize(torch.from_numpy(values.copy()), target).blocks.numpy(),
-                               gguf.GGMLQuantizationType[target])
+            tensors[t.name] = (
+                quantize(torch.from_numpy(values.copy()), target).blocks.numpy(),
+                gguf.GGMLQuantizationType[target],
+            )
     return rewrite(source, os.path.join(folder, f"model-{kind}.gguf"), tensors=tensors)
 
 
@@ -437,9 +465,9 @@ def _greedy(llm: Any, prompts: list[list[int]], logprobs: int | None = None) -> 
 
 
 @pytest.mark.parametrize("kind", [*FORMATS, _MIXED])
-def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(kind: str, tiny_f32_gguf: str,
-                                                                        tmp_path: Any,
-                                                                        request: pytest.FixtureRequest) -> None:
+def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(
+    kind: str, tiny_f32_gguf: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
     """Ours with the weights kept compact (bfloat16 and float32 activations) against kernels='torch', where
     the same file is dequantized at load by the `gguf` package and run in float32: token for token, near-ties
     excepted. One request alone (the row kernel) and all at once with prefill chunks (the tile kernel; with
@@ -450,22 +478,24 @@ def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(kind: st
     prompts = [rng.integers(2, 512, size=n).tolist() for n in (5, 17, 40, 64)]
     common: dict[str, Any] = dict(model=path, kv_cache_memory="16MiB", max_model_len=256)
     reference = LLM(dtype="float32", kernels="torch", **common)
-    refs = [Reference(o.token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.logprobs or []])
-            for o in _greedy(reference, prompts, logprobs=2)]
+    refs = [
+        Reference(o.token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.logprobs or []])
+        for o in _greedy(reference, prompts, logprobs=2)
+    ]
     for dtype, gap in (("float32", F32_TIE_GAP), ("bfloat16", BF16_TIE_GAP)):
         ours = LLM(dtype=dtype, kernels="native", gguf_weights="compact", **common)
         model = ours.engine.runner.model
         assert isinstance(model.embed, QuantizedWeight) and isinstance(model.layers[0].silu_gate, GGUFSiluGate)
         assert all(isinstance(p, QuantizedWeight) for p in model.layers[0].qkv.parts)  # no float copy
-        got = [_greedy(ours, [p])[0].token_ids for p in prompts[:2]] + \
-            [o.token_ids for o in _greedy(ours, prompts)[2:]]
+        got = [_greedy(ours, [p])[0].token_ids for p in prompts[:2]] + [o.token_ids for o in _greedy(ours, prompts)[2:]]
         ties = compare(refs, got, allow_ties=True, tie_gap=gap)
         print(f"{kind} {dtype}: {ties} of {len(prompts)} sequences diverged at a reference near-tie")
         ours.engine.check_idle()
 
 
-def test_hf_folder_quantized_at_load_keeps_the_blocks(tiny_f32_gguf: str, tmp_path: Any,
-                                                      request: pytest.FixtureRequest) -> None:
+def test_hf_folder_quantized_at_load_keeps_the_blocks(
+    tiny_f32_gguf: str, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
     """quantization='q4_k' on a checkpoint folder: compact decoder weights and a Q8_0 LM head, generating."""
     _kernels(request)
     folder = str(tmp_path / "hf")

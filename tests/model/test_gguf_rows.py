@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from test_gguf_quant import _kernels, random_blocks
 
 from conveyor.model.gguf_quant import INT8_DOT_TYPES, QuantizedWeight
@@ -26,11 +25,11 @@ def _within_int8_rounding(got: torch.Tensor, x: torch.Tensor, parts: list[Quanti
         group = INT8_DOT_TYPES.get(p.kind)  # None: the exact float path
         if group is not None:
             step = x.double().reshape(x.shape[0], -1, group).abs().amax(-1) / 127  # [rows, in / group]
-            rounding[:, first:first + p.shape[0]] = (step.repeat_interleave(group, dim=1) / 2) @ \
-                p.dequantize().double().abs().t()
+            rounding[:, first : first + p.shape[0]] = (
+                step.repeat_interleave(group, dim=1) / 2
+            ) @ p.dequantize().double().abs().t()
         first += p.shape[0]
-    return bool(((got.double() - exact).abs() <= exact.abs() * 2 ** -8 + rounding * 1.001 + magnitude * 2 ** -16
-                 ).all())
+    return bool(((got.double() - exact).abs() <= exact.abs() * 2**-8 + rounding * 1.001 + magnitude * 2**-16).all())
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
@@ -43,8 +42,9 @@ def test_rows_at_once_equal_each_row_alone(kind: str, rows: int, request: pytest
         weight = random_blocks(kind, 29, in_features, seed=rows)
         x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]
         got = kernels.gguf_linear_rows(x, weight.blocks, weight.type_id, in_features)  # [rows, 29]
-        alone = torch.cat([kernels.gguf_linear_rows(x[m:m + 1], weight.blocks, weight.type_id, in_features)
-                           for m in range(rows)])
+        alone = torch.cat(
+            [kernels.gguf_linear_rows(x[m : m + 1], weight.blocks, weight.type_id, in_features) for m in range(rows)]
+        )
         assert torch.equal(got, alone)
         assert _within_int8_rounding(got, x, [weight])
 
@@ -56,8 +56,10 @@ def test_mixed_stack_split_by_bytes_equals_one_thread(rows: int, request: pytest
     floats as on one thread and as each part alone, within the int8 rounding bound of float64."""
     kernels = _kernels(request)
     in_features = 512
-    parts = [random_blocks(kind, n, in_features, seed=n)
-             for kind, n in (("Q4_K", 251), ("Q6_K", 61), ("Q8_0", 20), ("Q4_K", 3), ("Q6_K", 1), ("Q5_K", 7))]
+    parts = [
+        random_blocks(kind, n, in_features, seed=n)
+        for kind, n in (("Q4_K", 251), ("Q6_K", 61), ("Q8_0", 20), ("Q4_K", 3), ("Q6_K", 1), ("Q5_K", 7))
+    ]
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).bfloat16()  # [rows, in]
     blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
     before = torch.get_num_threads()

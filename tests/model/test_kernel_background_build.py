@@ -35,7 +35,8 @@ def _wait_for(path: Path, timeout: float = 60.0) -> None:
 
 
 def test_auto_with_an_empty_cache_uses_torch_and_starts_one_background_build(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     if native_build.cpu_flags() == "" or not Path("/proc/cpuinfo").exists():
         pytest.skip("needs Linux's /proc/cpuinfo")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
@@ -74,8 +75,9 @@ def test_auto_with_an_empty_cache_uses_torch_and_starts_one_background_build(
     assert (tmp_path / "builds.txt").read_text() == "built\n"
 
 
-def test_explicit_native_kernels_without_a_toolchain_fail_loudly(tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_explicit_native_kernels_without_a_toolchain_fail_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """kernels='native' builds in the foreground: with no build and no compiler it raises (no background build)."""
     from conveyor.errors import ConfigError
 
@@ -91,14 +93,16 @@ def test_explicit_native_kernels_without_a_toolchain_fail_loudly(tmp_path: Path,
     assert not list(tmp_path.glob("*.log"))
 
 
-AVX2 = set("fpu sse sse2 ssse3 sse4_1 sse4_2 avx avx2 fma f16c bmi2".split())
-ZEN4 = AVX2 | set("avx512f avx512bw avx512vl avx512dq avx512_bf16 avx512_vnni avx512cd".split())
-SAPPHIRE_RAPIDS = ZEN4 | set("amx_tile amx_bf16 amx_int8".split())
+AVX2 = {"fpu", "sse", "sse2", "ssse3", "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}
+ZEN4 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16", "avx512_vnni", "avx512cd"}
+SAPPHIRE_RAPIDS = ZEN4 | {"amx_tile", "amx_bf16", "amx_int8"}
 
 
 def test_sources_are_chosen_by_the_cpus_flags() -> None:
-    names = {flags_name: {s.name for s in native.selected_sources(flags)}
-             for flags_name, flags in (("avx2", AVX2), ("zen4", ZEN4), ("spr", SAPPHIRE_RAPIDS))}
+    names = {
+        flags_name: {s.name for s in native.selected_sources(flags)}
+        for flags_name, flags in (("avx2", AVX2), ("zen4", ZEN4), ("spr", SAPPHIRE_RAPIDS))
+    }
     amx = {"amx_product.cpp", "gguf_amx.cpp", "prefill_attention.cpp", "decode_layers.cpp"}
     avx512 = {"f32_linear.cpp", "quant_linear.cpp", "gguf_vnni.cpp", "gguf_bf16.cpp"}
     assert not (amx | avx512) & names["avx2"]

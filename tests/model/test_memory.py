@@ -12,23 +12,30 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO_ROOT
 from conveyor.config import EngineConfig
 from conveyor.model import runner
 from conveyor.runtime.async_mode import DeviceInfo
+from helpers import REPO_ROOT
 
 CPU = DeviceInfo(torch.device("cpu"), False, "cpu")
 
 
-def _bf16_checkpoint(folder: Path, hidden: int = 64, intermediate: int = 128, layers: int = 2,
-                     vocab: int = 512) -> int:
+def _bf16_checkpoint(folder: Path, hidden: int = 64, intermediate: int = 128, layers: int = 2, vocab: int = 512) -> int:
     """A random-weight Llama saved in bfloat16 (as real checkpoints are); returns its tensor bytes."""
     import transformers
 
-    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
-                                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                      max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=1,
-                                      bos_token_id=0)
+    config = transformers.LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        eos_token_id=1,
+        bos_token_id=0,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(folder)
@@ -100,12 +107,14 @@ def test_resident_memory_after_load_is_one_copy_of_the_weights(tmp_path: Path) -
     cache + 32 MiB. Before the map was released, the packed weights and the file's pages were both resident (2x)."""
     weight_bytes = _bf16_checkpoint(tmp_path, hidden=512, intermediate=2048, layers=8, vocab=8192)
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    done = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(tmp_path)], capture_output=True, text=True,
-                          timeout=600, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", _RSS_SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=600, env=env
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     growth = json.loads(done.stdout.strip().splitlines()[-1])["growth"]
-    assert growth <= 1.1 * weight_bytes + 2**20 + 32 * 2**20, \
+    assert growth <= 1.1 * weight_bytes + 2**20 + 32 * 2**20, (
         f"resident memory grew by {growth / 2**20:.0f} MiB for {weight_bytes / 2**20:.0f} MiB of weights"
+    )
 
 
 def _plan(monkeypatch: pytest.MonkeyPatch, free: int, **options: object) -> int:
@@ -125,8 +134,9 @@ def test_default_kv_cache_holds_max_num_seqs_typical_requests(monkeypatch: pytes
 
 def test_default_kv_cache_is_capped_by_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _plan(monkeypatch, 2 * 2**30, max_model_len=2048) == int(0.2 * 2 * 2**30) // (32 * 2**10) // 16 * 16
-    assert _plan(monkeypatch, 64 * 2**30, max_model_len=2048, max_num_seqs=1024) == \
-        runner.DEFAULT_CPU_CAP // (32 * 2**10)
+    assert _plan(monkeypatch, 64 * 2**30, max_model_len=2048, max_num_seqs=1024) == runner.DEFAULT_CPU_CAP // (
+        32 * 2**10
+    )
 
 
 def test_explicit_kv_cache_memory_wins(monkeypatch: pytest.MonkeyPatch) -> None:

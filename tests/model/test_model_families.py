@@ -9,19 +9,31 @@ from typing import Any
 
 import pytest
 
-from helpers.tiny_models import build_tiny_model
-from helpers.gguf_convert import (ConverterUnavailable, convert, converter_dir, dequantized_reference, llama_cpp_quantize,
-                          quantization_roundtrip_reference, rewrite)
-from helpers.parity import compare, hf_greedy
-
 from conveyor import LLM, ModelLoadError, SamplingParams
+from helpers.gguf_convert import (
+    ConverterUnavailable,
+    convert,
+    converter_dir,
+    dequantized_reference,
+    llama_cpp_quantize,
+    quantization_roundtrip_reference,
+    rewrite,
+)
+from helpers.parity import compare, hf_greedy
+from helpers.tiny_models import build_tiny_model
 
 NEW_TOKENS = 12
 PROMPT_LENGTHS = (3, 40, 150)
 """Past every original context used below (64), so the rope scaling matters, and over 3x every window (16)."""
 
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
 LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
 GEMMA3_LAYER_TYPES = ["sliding_attention"] * 5 + ["full_attention"]
@@ -33,9 +45,13 @@ def _longrope(rotary_dim: int, partial: float = 1.0) -> dict[str, Any]:
     """Phi-3 128k / Phi-3.5 (partial 1) and Phi-4-mini (partial 0.75) style rope: short factors near 1, long ones
     up to 5, one per rotating pair, so the set used changes every token."""
     rng = random.Random(rotary_dim)
-    return {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": partial,
-            "short_factor": [round(1 + rng.random() * 0.5, 3) for _ in range(rotary_dim // 2)],
-            "long_factor": [round(1 + rng.random() * 4, 3) for _ in range(rotary_dim // 2)]}
+    return {
+        "rope_type": "longrope",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": partial,
+        "short_factor": [round(1 + rng.random() * 0.5, 3) for _ in range(rotary_dim // 2)],
+        "long_factor": [round(1 + rng.random() * 4, 3) for _ in range(rotary_dim // 2)],
+    }
 
 
 FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
@@ -50,11 +66,21 @@ FAMILIES: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     # fused qkv_proj and gate_up_proj, a window on every layer (blocks freed as it moves)
     "phi3-window": ("phi3", dict(sliding_window=16), ("f32",)),
     # longrope (short and long factors, attention factor from max_position_embeddings / original), fused qkv
-    "phi3.5-longrope": ("phi3", dict(rope_parameters=_longrope(16), original_max_position_embeddings=LONGROPE_ORIGINAL),
-                        ("f32", "q8_0")),
+    "phi3.5-longrope": (
+        "phi3",
+        dict(rope_parameters=_longrope(16), original_max_position_embeddings=LONGROPE_ORIGINAL),
+        ("f32", "q8_0"),
+    ),
     # Phi-4-mini: longrope on the first 12 of 16 dimensions per head (partial_rotary_factor 0.75)
-    "phi4-mini-partial-rotary": ("phi3", dict(rope_parameters=_longrope(12, 0.75), partial_rotary_factor=0.75,
-                                              original_max_position_embeddings=LONGROPE_ORIGINAL), ("f32",)),
+    "phi4-mini-partial-rotary": (
+        "phi3",
+        dict(
+            rope_parameters=_longrope(12, 0.75),
+            partial_rotary_factor=0.75,
+            original_max_position_embeddings=LONGROPE_ORIGINAL,
+        ),
+        ("f32",),
+    ),
     # q/k norms, local layers with their own rope base, a global layer with linear scaling; six layers, as the
     # GGUF stores no layer pattern and llama.cpp reads Gemma 3's (five local, then one global)
     "gemma3-text": ("gemma3", dict(num_hidden_layers=6, layer_types=GEMMA3_LAYER_TYPES), ("f32", "q8_0")),
@@ -112,10 +138,19 @@ def _generate(source: str, prompts: list[list[int]], short_context: int | None =
     tokens: dict[int, list[int]] = {}
     for max_model_len, indices in groups.items():
         # block_size 4 and a 64-token budget: prompts span many blocks and long ones are prefilled in chunks
-        llm = LLM(model=source, dtype="float32", block_size=4, max_model_len=max_model_len, kv_cache_memory=2**22,
-                  max_num_batched_tokens=64)
-        outs = llm.generate([prompts[i] for i in indices],
-                            SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        llm = LLM(
+            model=source,
+            dtype="float32",
+            block_size=4,
+            max_model_len=max_model_len,
+            kv_cache_memory=2**22,
+            max_num_batched_tokens=64,
+        )
+        outs = llm.generate(
+            [prompts[i] for i in indices],
+            SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+            use_tqdm=False,
+        )
         llm.engine.check_idle()
         tokens.update({i: o.outputs[0].token_ids for i, o in zip(indices, outs)})
     return [tokens[i] for i in range(len(prompts))]
@@ -131,25 +166,32 @@ def _short_context(name: str) -> int | None:
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_hf_folder_matches_transformers(name: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any) -> None:
     family = _family(name, built, tmp_path_factory)
-    compare(family["refs"], _generate(family["folder"], family["prompts"], _short_context(name)), allow_ties=True,
-            tie_gap=1e-3)
+    compare(
+        family["refs"],
+        _generate(family["folder"], family["prompts"], _short_context(name)),
+        allow_ties=True,
+        tie_gap=1e-3,
+    )
 
 
 @pytest.mark.parametrize("name, outtype", [(name, t) for name, (_, _, types) in FAMILIES.items() for t in types])
-def test_gguf_from_llama_cpp_converter_matches_transformers(name: str, outtype: str, llama_cpp_converter: str,
-                                                            built: dict[str, dict[str, Any]],
-                                                            tmp_path_factory: Any) -> None:
+def test_gguf_from_llama_cpp_converter_matches_transformers(
+    name: str, outtype: str, llama_cpp_converter: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any
+) -> None:
     family = _family(name, built, tmp_path_factory)
     path = _gguf(family, outtype, tmp_path_factory)
-    refs = family["refs"] if outtype == "f32" else hf_greedy(
-        quantization_roundtrip_reference(family["model"], path), family["prompts"], NEW_TOKENS)
+    refs = (
+        family["refs"]
+        if outtype == "f32"
+        else hf_greedy(quantization_roundtrip_reference(family["model"], path), family["prompts"], NEW_TOKENS)
+    )
     compare(refs, _generate(path, family["prompts"], _short_context(name)), allow_ties=True, tie_gap=1e-3)
 
 
 @pytest.mark.parametrize("weight_type", ["F16", "BF16", "Q4_0", "Q5_1"])
-def test_gguf_weight_types_match_transformers_on_the_same_weights(weight_type: str, llama_cpp_converter: str,
-                                                                  built: dict[str, dict[str, Any]],
-                                                                  tmp_path_factory: Any) -> None:
+def test_gguf_weight_types_match_transformers_on_the_same_weights(
+    weight_type: str, llama_cpp_converter: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any
+) -> None:
     """The converter's F32 file with every matrix re-encoded in another weight type by the `gguf` package:
     greedy tokens equal transformers running the same values."""
     import gguf
@@ -158,15 +200,19 @@ def test_gguf_weight_types_match_transformers_on_the_same_weights(weight_type: s
     family = _family("llama3.x", built, tmp_path_factory)
     source = gguf.GGUFReader(_gguf(family, "f32", tmp_path_factory))
     kind = gguf.GGMLQuantizationType[weight_type]
-    tensors = {t.name: (gguf.quants.quantize(np.asarray(t.data, dtype=np.float32), kind), kind)
-               for t in source.tensors if len(t.data.shape) == 2}
+    tensors = {
+        t.name: (gguf.quants.quantize(np.asarray(t.data, dtype=np.float32), kind), kind)
+        for t in source.tensors
+        if len(t.data.shape) == 2
+    }
     path = rewrite(family["ggufs"]["f32"], str(tmp_path_factory.mktemp(weight_type) / "model.gguf"), tensors=tensors)
     refs = hf_greedy(quantization_roundtrip_reference(family["model"], path), family["prompts"], NEW_TOKENS)
     compare(refs, _generate(path, family["prompts"]), allow_ties=True, tie_gap=1e-3)
 
 
-def test_q4_k_m_from_llama_model_quantize_matches_transformers_on_the_same_weights(llama_cpp_converter: str,
-                                                                                   tmp_path: Any) -> None:
+def test_q4_k_m_from_llama_model_quantize_matches_transformers_on_the_same_weights(
+    llama_cpp_converter: str, tmp_path: Any
+) -> None:
     """A Q4_K_M file made as users make them (llama.cpp's converter, then llama.cpp's own quantizer through
     llama-cpp-python): Q4_K and Q6_K matrices (a Qwen2.5 model 256 wide, as K-quants need rows of 256), greedy
     tokens equal transformers running the file's dequantized weights."""
@@ -187,9 +233,9 @@ def test_q4_k_m_from_llama_model_quantize_matches_transformers_on_the_same_weigh
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_inspect_describes_each_family_from_folder_and_gguf(name: str, llama_cpp_converter: str,
-                                                            built: dict[str, dict[str, Any]], tmp_path_factory: Any,
-                                                            capsys: Any) -> None:
+def test_inspect_describes_each_family_from_folder_and_gguf(
+    name: str, llama_cpp_converter: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any, capsys: Any
+) -> None:
     from conveyor.cli import main
 
     family = _family(name, built, tmp_path_factory)
@@ -223,17 +269,18 @@ def test_inspect_refuses_an_unsupported_family_without_loading_it(tmp_path: Any,
 
     from conveyor.cli import main
 
-    config = transformers.GPTNeoXConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                        num_attention_heads=2)
+    config = transformers.GPTNeoXConfig(
+        vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2
+    )
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(str(tmp_path))
     assert main(["inspect", str(tmp_path)]) == 1
     text = capsys.readouterr().out
     assert "GPTNeoXForCausalLM" in text and "refuses it" in text and "is not supported" in text
 
 
-def test_gemma3_gguf_layer_pattern_key_is_honoured_or_refused(llama_cpp_converter: str,
-                                                               built: dict[str, dict[str, Any]],
-                                                               tmp_path_factory: Any) -> None:
+def test_gemma3_gguf_layer_pattern_key_is_honoured_or_refused(
+    llama_cpp_converter: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any
+) -> None:
     """llama.cpp's converter writes no Gemma 3 layer pattern (llama.cpp assumes a period of 6); a file that carries
     gemma3.attention.sliding_window_pattern gets it honoured (a period, or one flag per layer), and a malformed one
     is refused by name; an attention soft-cap key (Gemma 3 has none) is refused."""
@@ -243,11 +290,15 @@ def test_gemma3_gguf_layer_pattern_key_is_honoured_or_refused(llama_cpp_converte
 
     source = _gguf(_family("gemma3-text", built, tmp_path_factory), "f32", tmp_path_factory)
     key = "gemma3.attention.sliding_window_pattern"
-    cases = [({key: (2, gguf.GGUFValueType.UINT32)}, (16, None, 16, None, 16, None)),
-             ({key: ([False, True, True, False, True, True], gguf.GGUFValueType.ARRAY)}, (None, 16, 16, None, 16, 16)),
-             ({key: ([True, False], gguf.GGUFValueType.ARRAY)}, "sliding_window_pattern has 2 flags for 6 layers"),
-             ({"gemma3.attn_logit_softcapping": (50.0, gguf.GGUFValueType.FLOAT32)},
-              "gemma3.attn_logit_softcapping=50.0 is not supported for gemma3")]
+    cases = [
+        ({key: (2, gguf.GGUFValueType.UINT32)}, (16, None, 16, None, 16, None)),
+        ({key: ([False, True, True, False, True, True], gguf.GGUFValueType.ARRAY)}, (None, 16, 16, None, 16, 16)),
+        ({key: ([True, False], gguf.GGUFValueType.ARRAY)}, "sliding_window_pattern has 2 flags for 6 layers"),
+        (
+            {"gemma3.attn_logit_softcapping": (50.0, gguf.GGUFValueType.FLOAT32)},
+            "gemma3.attn_logit_softcapping=50.0 is not supported for gemma3",
+        ),
+    ]
     for i, (metadata, expected) in enumerate(cases):
         path = rewrite(source, str(tmp_path_factory.mktemp(f"gemma3-pattern-{i}") / "model.gguf"), metadata=metadata)
         reader = open_gguf(path)

@@ -10,19 +10,26 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.tiny_models import build_tiny_model
 from conveyor import LLM
 from conveyor.errors import ConfigError
 from conveyor.model import native
 from conveyor.model.attention import write_kv
 from conveyor.model.layers import apply_rotary, rms_norm, silu_and_mul
-from conveyor.model.rope import RotaryEmbedding
 from conveyor.model.model_spec import RopeSpec
 from conveyor.model.native import NoToolchain, resolve_kernels
+from conveyor.model.rope import RotaryEmbedding
+from helpers.tiny_models import build_tiny_model
 
 
-def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor,
-               lens: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+def _reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """Per sequence: its first ctx cached tokens, plain SDPA with GQA, in `dtype`."""
     kv_heads = k_cache.shape[2]
     out = []
@@ -40,11 +47,13 @@ def _reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, ta
 # groups 1..4 its leaner variant (groups 3, 1, 4, 2 here); head_dim 8 and group 9 take the portable one; float16
 # always the portable one.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 2, 64), (4, 2, 64), (8, 1, 128),
-                                                     (6, 2, 8), (9, 1, 64)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 64), (8, 2, 64), (4, 2, 64), (8, 1, 128), (6, 2, 8), (9, 1, 64)]
+)
 @pytest.mark.parametrize("block_size", [1, 4, 5, 16])
-def test_kernel_matches_float64_reference(native_kernels: native.NativeKernels, dtype: torch.dtype, heads: int,
-                                          kv_heads: int, head_dim: int, block_size: int) -> None:
+def test_kernel_matches_float64_reference(
+    native_kernels: native.NativeKernels, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, block_size: int
+) -> None:
     gen = torch.Generator().manual_seed(heads * 1000 + head_dim + block_size)
     num_blocks, seqs = 96, 7
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
@@ -55,7 +64,7 @@ def test_kernel_matches_float64_reference(native_kernels: native.NativeKernels, 
     # q as a strided view (a slice of a wider tensor), the way the model hands it over
     wide = torch.randn(seqs, heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
     q = wide[:, :heads]  # [seqs, heads, head_dim]
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     got = native_kernels.decode_attention(q, k_cache, v_cache, tables, lens, scale)
     exact = _reference(q, k_cache, v_cache, tables, lens, scale, torch.float64)
     same_dtype = _reference(q, k_cache, v_cache, tables, lens, scale, dtype)  # SDPA in the same dtype
@@ -70,9 +79,9 @@ def test_kernel_matches_float64_reference(native_kernels: native.NativeKernels, 
 # range, libmvec's scalar path) and one key takes nearly all the weight.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 1, 128), (6, 2, 8)])
-def test_kernel_matches_float64_reference_when_the_softmax_underflows(native_kernels: native.NativeKernels,
-                                                                      dtype: torch.dtype, heads: int, kv_heads: int,
-                                                                      head_dim: int) -> None:
+def test_kernel_matches_float64_reference_when_the_softmax_underflows(
+    native_kernels: native.NativeKernels, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int
+) -> None:
     gen = torch.Generator().manual_seed(heads + head_dim)
     num_blocks, block_size, seqs = 64, 16, 5
     k_cache = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=gen).to(dtype)
@@ -80,7 +89,7 @@ def test_kernel_matches_float64_reference_when_the_softmax_underflows(native_ker
     lens = torch.tensor([1, 17, 100, 211, 256])  # [seqs]
     tables = torch.stack([torch.randperm(num_blocks, generator=gen)[:16] for _ in range(seqs)])
     q = (40 * torch.randn(seqs, heads, head_dim, generator=gen)).to(dtype)  # scores ~ +-40 sqrt(head_dim) apart
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     got = native_kernels.decode_attention(q, k_cache, v_cache, tables, lens, scale)
     exact = _reference(q, k_cache, v_cache, tables, lens, scale, torch.float64)
     same_dtype = _reference(q, k_cache, v_cache, tables, lens, scale, dtype)
@@ -92,8 +101,9 @@ def test_kernel_matches_float64_reference_when_the_softmax_underflows(native_ker
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (8, 1)])
-def test_kernel_gives_the_same_bits_however_many_threads_split_the_sequences(native_kernels: native.NativeKernels,
-                                                                              heads: int, kv_heads: int) -> None:
+def test_kernel_gives_the_same_bits_however_many_threads_split_the_sequences(
+    native_kernels: native.NativeKernels, heads: int, kv_heads: int
+) -> None:
     """The items (sequence x KV head) are split into ranges of about equal length, so the split moves with the
     thread count and the contexts (here 1 to 300 tokens); each item's result must not."""
     gen = torch.Generator().manual_seed(heads)
@@ -225,7 +235,7 @@ def test_silu_and_mul_matches_torch(native_kernels: native.NativeKernels, dtype:
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     else:  # silu rounded before it multiplies up, as in torch; exp differs from torch's by an ulp at most
-        assert (got.float() - want.float()).abs().max().item() <= (want.float().abs() * 2 ** -6).max().item()
+        assert (got.float() - want.float()).abs().max().item() <= (want.float().abs() * 2**-6).max().item()
         assert (got == want).float().mean().item() > 0.98
 
 
@@ -242,18 +252,28 @@ def test_rotary_and_cache_matches_torch_bit_for_bit(native_kernels: native.Nativ
     slots = torch.randperm(8 * block, generator=gen)[:tokens]
     k_cache = torch.zeros(8, block, kv_heads, head_dim, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
-    got = native_kernels.rotary_and_cache(qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache, slots,
-                                   heads, kv_heads)
-    qk = qkv[:, :(heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
+    got = native_kernels.rotary_and_cache(
+        qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache, slots, heads, kv_heads
+    )
+    qk = qkv[:, : (heads + kv_heads) * head_dim].view(tokens, heads + kv_heads, head_dim)
     want = apply_rotary(qk, cos, sin)  # [tokens, heads + kv_heads, head_dim]
     assert torch.equal(got, want)
     k_want, v_want = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
-    write_kv(want[:, heads:], qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim), k_want,
-             v_want, slots)
+    write_kv(
+        want[:, heads:], qkv[:, (heads + kv_heads) * head_dim :].view(tokens, kv_heads, head_dim), k_want, v_want, slots
+    )
     assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        native_kernels.rotary_and_cache(qkv, cos.view(tokens, -1), sin.view(tokens, -1), k_cache, v_cache,
-                                 torch.full((tokens,), 8 * block), heads, kv_heads)
+        native_kernels.rotary_and_cache(
+            qkv,
+            cos.view(tokens, -1),
+            sin.view(tokens, -1),
+            k_cache,
+            v_cache,
+            torch.full((tokens,), 8 * block),
+            heads,
+            kv_heads,
+        )
 
 
 def test_small_ops_give_the_same_bits_on_one_thread_and_split(native_kernels: native.NativeKernels) -> None:
@@ -266,12 +286,14 @@ def test_small_ops_give_the_same_bits_on_one_thread_and_split(native_kernels: na
     weight = (1 + 0.3 * torch.randn(576, generator=gen)).to(dtype)
     split_h = h.clone()
     split = native_kernels.add_rms_norm(split_h, delta, weight, 1e-5)
-    pieces = [(h[i:i + chunk].clone(), delta[i:i + chunk]) for i in range(0, rows, chunk)]
+    pieces = [(h[i : i + chunk].clone(), delta[i : i + chunk]) for i in range(0, rows, chunk)]
     inline = torch.cat([native_kernels.add_rms_norm(p, d, weight, 1e-5) for p, d in pieces])
     assert torch.equal(split, inline) and torch.equal(split_h, torch.cat([p for p, _ in pieces]))
     gate_up = (torch.randn(rows, 2 * 1536, generator=gen) * 4).to(dtype)
-    assert torch.equal(native_kernels.silu_and_mul(gate_up),
-                       torch.cat([native_kernels.silu_and_mul(gate_up[i:i + chunk]) for i in range(0, rows, chunk)]))
+    assert torch.equal(
+        native_kernels.silu_and_mul(gate_up),
+        torch.cat([native_kernels.silu_and_mul(gate_up[i : i + chunk]) for i in range(0, rows, chunk)]),
+    )
     heads, kv_heads, head_dim, block = 9, 3, 64, 16
     qkv = (torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen) * 2).to(dtype)
     rotary = RotaryEmbedding(RopeSpec(theta=10000.0), head_dim, 4096, torch.device("cpu"))
@@ -279,8 +301,20 @@ def test_small_ops_give_the_same_bits_on_one_thread_and_split(native_kernels: na
     slots = torch.randperm(32 * block, generator=gen)[:rows]
     caches = [torch.zeros(32, block, kv_heads, head_dim, dtype=dtype) for _ in range(4)]
     split_qk = native_kernels.rotary_and_cache(qkv, cos, sin, caches[0], caches[1], slots, heads, kv_heads)
-    inline_qk = torch.cat([native_kernels.rotary_and_cache(qkv[i:i + chunk], cos[i:i + chunk], sin[i:i + chunk],
-                                                           caches[2], caches[3], slots[i:i + chunk], heads, kv_heads)
-                           for i in range(0, rows, chunk)])
+    inline_qk = torch.cat(
+        [
+            native_kernels.rotary_and_cache(
+                qkv[i : i + chunk],
+                cos[i : i + chunk],
+                sin[i : i + chunk],
+                caches[2],
+                caches[3],
+                slots[i : i + chunk],
+                heads,
+                kv_heads,
+            )
+            for i in range(0, rows, chunk)
+        ]
+    )
     assert torch.equal(split_qk, inline_qk)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])

@@ -13,8 +13,10 @@ import pytest
 
 import conveyor
 
-pytestmark = pytest.mark.skipif(sys.platform != "linux" or shutil.which("c++") is None,
-                                reason="building an extension needs Linux and a C++ compiler (c++)")
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or shutil.which("c++") is None,
+    reason="building an extension needs Linux and a C++ compiler (c++)",
+)
 
 BUILD_LINE = "compiling"  # the WARNING that cached_extension logs when (and only when) it builds
 
@@ -59,8 +61,7 @@ def _run(args: list[str], cache: Path, cwd: Path, pythonpath: Path | None = None
         env["PYTHONPATH"] = str(pythonpath)
     bin_dir = str(Path(sys.executable).parent)  # ninja is installed beside the venv's python
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600,
-                            cwd=cwd)
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600, cwd=cwd)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
@@ -89,10 +90,22 @@ def test_changed_source_builds_anew(tmp_path: Path) -> None:
 def test_concurrent_first_starts_build_once(tmp_path: Path) -> None:
     cache = tmp_path / "extensions"
     sources = [_checkout(tmp_path, f"clone-{i}") for i in range(3)]
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache),
-           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    procs = [subprocess.Popen([sys.executable, "-c", LOAD_TINY, str(s)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path) for s in sources]
+    env = {
+        **os.environ,
+        "TORCH_EXTENSIONS_DIR": str(cache),
+        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", LOAD_TINY, str(s)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for s in sources
+    ]
     outputs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), outputs
     assert all("answer 42" in out for out, _ in outputs)
@@ -127,10 +140,12 @@ def test_real_kernels_from_two_package_copies_share_one_build(tmp_path: Path) ->
         copies.append(tmp_path / name)
     from conveyor.model.native_build import cache_root
 
-    script = ("import logging, sys; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s')\n"
-              "import conveyor; assert conveyor.__file__.startswith(sys.argv[1]), conveyor.__file__\n"
-              "from conveyor.model.native import load_kernels, NoToolchain\n"
-              "load_kernels(); print('loaded')\n")
+    script = (
+        "import logging, sys; logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s')\n"
+        "import conveyor; assert conveyor.__file__.startswith(sys.argv[1]), conveyor.__file__\n"
+        "from conveyor.model.native import load_kernels, NoToolchain\n"
+        "load_kernels(); print('loaded')\n"
+    )
     runs = [_run(["-c", script, str(copy)], cache_root(), tmp_path, pythonpath=copy) for copy in copies * 2]
     assert all(run.stdout.strip() == "loaded" for run in runs)
     logs = [run.stderr for run in runs]

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import copy
 import os
+import pathlib
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.parity import Reference, compare, hf_greedy, reference_threads
-
 from conveyor import LLM, SamplingParams
 from conveyor.model.layers import Projection, native_bf16_cpu
+from helpers.parity import Reference, compare, hf_greedy, reference_threads
 
 BF16_TIE_GAP = 0.5
 """bfloat16 logits of magnitude 32-64 (this model's top logits) are spaced 0.25 apart, and
@@ -36,7 +36,7 @@ def test_projection_bf16_equals_f_linear(rows: int, bias: bool) -> None:
 
 
 def test_projection_packs_on_a_bf16_cpu() -> None:
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    flags = pathlib.Path("/proc/cpuinfo").read_text() if os.path.exists("/proc/cpuinfo") else ""
     if "avx512_bf16" not in flags and "amx_bf16" not in flags:
         pytest.skip("this CPU has no native bfloat16; packing is off by design")
     assert native_bf16_cpu()
@@ -50,30 +50,43 @@ def hf_bf16(hf_default_model: Any) -> Any:
 @pytest.fixture(scope="module")
 def bf16_case(hf_bf16: Any, default_llm: Any) -> tuple[list[list[int]], list[Reference], Any]:
     tok = default_llm.get_tokenizer()
-    questions = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
-                 "Why is the sky blue?"]
-    raw = ["1, 2, 3, 4,", "The quick brown fox", "def fibonacci(n):\n",
-           "Once upon a time, in a small village by the mountains, there lived an old clockmaker who"]
-    chat = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-            for q in questions]
+    questions = [
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "List three prime numbers.",
+        "Why is the sky blue?",
+    ]
+    raw = [
+        "1, 2, 3, 4,",
+        "The quick brown fox",
+        "def fibonacci(n):\n",
+        "Once upon a time, in a small village by the mountains, there lived an old clockmaker who",
+    ]
+    chat = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
     prompts = [tok(p).input_ids for p in chat + raw]
     llm = LLM(dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=512)
     return prompts, hf_greedy(hf_bf16, prompts, NEW_TOKENS), llm
 
 
-def test_default_model_bf16_greedy_matches_transformers_bf16(bf16_case: tuple[list[list[int]], list[Reference],
-                                                                               Any]) -> None:
+def test_default_model_bf16_greedy_matches_transformers_bf16(
+    bf16_case: tuple[list[list[int]], list[Reference], Any],
+) -> None:
     """Identical until a bfloat16 near-tie (greedy bf16 decoding of a 135M model meets one often)."""
     prompts, refs, llm = bf16_case
-    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
-                        use_tqdm=False)
+    outs = llm.generate(
+        prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
     ties = compare(refs, [o.outputs[0].token_ids for o in outs], allow_ties=True, tie_gap=BF16_TIE_GAP)
     print(f"bfloat16: {ties} of {len(prompts)} sequences diverged at a reference near-tie")
     llm.engine.check_idle()
 
 
 def test_default_model_bf16_is_as_accurate_as_transformers_bf16(
-        bf16_case: tuple[list[list[int]], list[Reference], Any], hf_default_model: Any, hf_bf16: Any) -> None:
+    bf16_case: tuple[list[list[int]], list[Reference], Any], hf_default_model: Any, hf_bf16: Any
+) -> None:
     """Teacher-forced over prompt + reference continuation: our bfloat16 logprobs of the actual next
     tokens are as close to transformers' float32 ones as transformers' own bfloat16 are."""
     prompts, refs, llm = bf16_case
@@ -93,6 +106,8 @@ def test_default_model_bf16_is_as_accurate_as_transformers_bf16(
             ours_err.append(abs(ours.logprob - exact[pos - 1, token].item()))
             hf_err.append(abs(theirs[pos - 1, token].item() - exact[pos - 1, token].item()))
     ours_mean, hf_mean = sum(ours_err) / len(ours_err), sum(hf_err) / len(hf_err)
-    print(f"mean |logprob - float32 logprob| over {len(ours_err)} tokens: ours bf16 {ours_mean:.4f}, "
-          f"transformers bf16 {hf_mean:.4f}")
+    print(
+        f"mean |logprob - float32 logprob| over {len(ours_err)} tokens: ours bf16 {ours_mean:.4f}, "
+        f"transformers bf16 {hf_mean:.4f}"
+    )
     assert ours_mean <= 1.5 * hf_mean + 1e-3, (ours_mean, hf_mean)

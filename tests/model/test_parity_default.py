@@ -6,9 +6,8 @@ from typing import Any
 
 import pytest
 
-from helpers.parity import Reference, compare, hf_greedy
-
 from conveyor import LLM, SamplingParams
+from helpers.parity import Reference, compare, hf_greedy
 
 NEW_TOKENS = 64
 QUESTIONS = [
@@ -41,8 +40,10 @@ RAW = [
 @pytest.fixture(scope="module")
 def prompts(default_llm: Any) -> list[list[int]]:
     tok = default_llm.get_tokenizer()
-    chat = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-            for q in QUESTIONS]
+    chat = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in QUESTIONS
+    ]
     return [tok(p).input_ids for p in chat + RAW]
 
 
@@ -59,16 +60,18 @@ def test_prompts_are_varied(prompts: list[list[int]]) -> None:
     assert len(prompts) >= 16 and lengths[0] < 16 and lengths[-1] > 3 * 16, lengths  # within one block .. 3+ blocks
 
 
-def test_default_model_batch_matches_transformers(default_llm: Any, prompts: list[list[int]],
-                                                  references: list[Reference]) -> None:
+def test_default_model_batch_matches_transformers(
+    default_llm: Any, prompts: list[list[int]], references: list[Reference]
+) -> None:
     outs = default_llm.generate(prompts, GREEDY, use_tqdm=False)
     compare(references, [o.outputs[0].token_ids for o in outs], allow_ties=False)
     default_llm.engine.check_idle()
 
 
 @pytest.mark.parametrize("case", ["preemption", "chunked"])
-def test_default_model_under_pressure_matches_transformers(prompts: list[list[int]], references: list[Reference],
-                                                           case: str) -> None:
+def test_default_model_under_pressure_matches_transformers(
+    prompts: list[list[int]], references: list[Reference], case: str
+) -> None:
     n, new = 8, 32
     if case == "preemption":  # 13 blocks of 16 tokens: room for one 200-token request, not for eight
         llm = LLM(dtype="float32", max_model_len=200, kv_cache_memory=13 * 16 * 46080, max_num_seqs=8)
@@ -87,7 +90,10 @@ def test_default_model_under_pressure_matches_transformers(prompts: list[list[in
 
 
 def test_chat_answers_capital_of_france(default_llm: Any) -> None:
-    out = default_llm.chat([{"role": "user", "content": "What is the capital of France?"}],
-                           SamplingParams(max_tokens=32, temperature=0.0), use_tqdm=False)[0]
+    out = default_llm.chat(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        SamplingParams(max_tokens=32, temperature=0.0),
+        use_tqdm=False,
+    )[0]
     assert "Paris" in out.outputs[0].text
     assert out.outputs[0].finish_reason == "stop"

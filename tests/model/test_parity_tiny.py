@@ -7,18 +7,24 @@ from typing import Any
 
 import pytest
 
-from helpers.tiny_models import build_tiny_model
-from helpers.parity import compare, hf_greedy
-
 from conveyor import LLM, SamplingParams
+from helpers.parity import compare, hf_greedy
+from helpers.tiny_models import build_tiny_model
 
 NEW_TOKENS = 24
 ARCHS = {
     "llama": {},
-    "llama-tied-llama3-rope": dict(tie_word_embeddings=True,
-                                   rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                    "original_max_position_embeddings": 64}),
+    "llama-tied-llama3-rope": dict(
+        tie_word_embeddings=True,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
     "mistral": {},
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3": {},

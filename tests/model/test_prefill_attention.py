@@ -20,8 +20,9 @@ def kernels(native_kernels: Any) -> Any:
     return native_kernels
 
 
-def _random_step(heads: int, kv_heads: int, head_dim: int, block_size: int, seqs: list[tuple[int, int]],
-                 seed: int, sharpness: float) -> dict[str, Any]:
+def _random_step(
+    heads: int, kv_heads: int, head_dim: int, block_size: int, seqs: list[tuple[int, int]], seed: int, sharpness: float
+) -> dict[str, Any]:
     """A paged bfloat16 cache holding every sequence's context (blocks shuffled, garbage elsewhere), q for the new
     tokens of each (cached, new) sequence; q scaled by `sharpness` so that softmax is peaked, not flat."""
     torch.manual_seed(seed)
@@ -35,26 +36,35 @@ def _random_step(heads: int, kv_heads: int, head_dim: int, block_size: int, seqs
         q=(torch.randn(tokens, heads, head_dim) * sharpness).bfloat16(),
         k_cache=torch.randn(num_blocks, block_size, kv_heads, head_dim).bfloat16(),
         v_cache=torch.randn(num_blocks, block_size, kv_heads, head_dim).bfloat16(),
-        tables=tables, seqs=seqs, block_size=block_size)
+        tables=tables,
+        seqs=seqs,
+        block_size=block_size,
+    )
 
 
-def _reference(step: dict[str, Any], row: int, cached: int, new: int, table: list[int], dtype: torch.dtype,
-               window: int = 0) -> torch.Tensor:
+def _reference(
+    step: dict[str, Any], row: int, cached: int, new: int, table: list[int], dtype: torch.dtype, window: int = 0
+) -> torch.Tensor:
     """Causal attention of one chunk over its context (within a sliding window if given) in `dtype` (float64: exact;
     bfloat16: torch's SDPA)."""
     heads, kv_heads = step["q"].shape[1], step["k_cache"].shape[2]
     ctx = cached + new
     k = torch.cat([step["k_cache"][b] for b in table])[:ctx]  # [ctx, kv_heads, d]
     v = torch.cat([step["v_cache"][b] for b in table])[:ctx]
-    q = step["q"][row:row + new]  # [new, heads, d]
+    q = step["q"][row : row + new]  # [new, heads, d]
     k_pos, q_pos = torch.arange(ctx)[None, :], torch.arange(cached, ctx)[:, None]
     valid = (k_pos <= q_pos) & ((k_pos > q_pos - window) if window else True)  # [new, ctx]
     if dtype == torch.float64:
         k = k.double().repeat_interleave(heads // kv_heads, dim=1)
         v = v.double().repeat_interleave(heads // kv_heads, dim=1)
         q = q.double()
-    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                       attn_mask=valid, enable_gqa=k.shape[1] != heads)  # [1, heads, new, d]
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None],
+        k.transpose(0, 1)[None],
+        v.transpose(0, 1)[None],
+        attn_mask=valid,
+        enable_gqa=k.shape[1] != heads,
+    )  # [1, heads, new, d]
     return o[0].transpose(0, 1)  # [new, heads, d]
 
 
@@ -86,17 +96,19 @@ def test_native_prefill_is_as_exact_as_torchs_fused_kernel(kernels: Any, case: i
         spans = torch.tensor([[first, n, c + n] for first, (c, n) in zip(firsts, seqs)])
         width = max(len(t) for t in step["tables"])
         tables = torch.tensor([t + [0] * (width - len(t)) for t in step["tables"]])
-        kernels.prefill_attention(step["q"], step["k_cache"], step["v_cache"], tables, spans, head_dim ** -0.5,
-                                  window, out)
+        kernels.prefill_attention(
+            step["q"], step["k_cache"], step["v_cache"], tables, spans, head_dim**-0.5, window, out
+        )
         assert torch.all(out[:2] == 5.0), "rows outside every chunk were written"
         row = 2
         for (cached, new), table in zip(seqs, step["tables"]):
             exact = _reference(step, row, cached, new, table, torch.float64, window)
-            ours = (out[row:row + new].double() - exact).abs().max().item()
-            theirs = (_reference(step, row, cached, new, table, torch.bfloat16, window).double()
-                      - exact).abs().max().item()
+            ours = (out[row : row + new].double() - exact).abs().max().item()
+            theirs = (
+                (_reference(step, row, cached, new, table, torch.bfloat16, window).double() - exact).abs().max().item()
+            )
             scale = exact.abs().max().item()
-            assert ours <= theirs + 2 ** -10 * scale, (sharpness, cached, new, ours, theirs)
+            assert ours <= theirs + 2**-10 * scale, (sharpness, cached, new, ours, theirs)
             row += new
 
 
@@ -116,24 +128,64 @@ def test_paged_attention_takes_the_native_prefill_for_every_chunk_in_one_call(ke
     q = step["q"][:56]
     k_new = torch.randn(56, kv_heads, head_dim).bfloat16()
     v_new = torch.randn(56, kv_heads, head_dim).bfloat16()
-    native = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
-                             kernels.decode_attention, prefill_op=counting)  # [56, heads * d]
+    native = paged_attention(
+        q,
+        k_new,
+        v_new,
+        step["k_cache"],
+        step["v_cache"],
+        batch,
+        head_dim**-0.5,
+        kernels.decode_attention,
+        prefill_op=counting,
+    )  # [56, heads * d]
     assert calls == [(37, 18, 0)]
-    torch_path = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
-                                 kernels.decode_attention)
+    torch_path = paged_attention(
+        q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim**-0.5, kernels.decode_attention
+    )
     torch.testing.assert_close(native.float(), torch_path.float(), atol=2e-2, rtol=2e-2)
     assert torch.equal(native[55], torch_path[55]), "the decode row must come from the decode kernel either way"
-    windowed = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
-                               kernels.decode_attention, window=8, prefill_op=counting)
+    windowed = paged_attention(
+        q,
+        k_new,
+        v_new,
+        step["k_cache"],
+        step["v_cache"],
+        batch,
+        head_dim**-0.5,
+        kernels.decode_attention,
+        window=8,
+        prefill_op=counting,
+    )
     assert calls[-1] == (37, 18, 8)
-    torch_windowed = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
-                                     kernels.decode_attention, window=8)
+    torch_windowed = paged_attention(
+        q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim**-0.5, kernels.decode_attention, window=8
+    )
     torch.testing.assert_close(windowed.float(), torch_windowed.float(), atol=2e-2, rtol=2e-2)
-    paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch, head_dim ** -0.5,
-                    kernels.decode_attention, softcap=30.0, prefill_op=counting)
+    paged_attention(
+        q,
+        k_new,
+        v_new,
+        step["k_cache"],
+        step["v_cache"],
+        batch,
+        head_dim**-0.5,
+        kernels.decode_attention,
+        softcap=30.0,
+        prefill_op=counting,
+    )
     fresh = build_attention_batch([c for c, _ in seqs], [n for _, n in seqs], step["tables"], block_size)
-    paged_attention(q.float(), k_new.float(), v_new.float(), step["k_cache"].float(), step["v_cache"].float(), fresh,
-                    head_dim ** -0.5, kernels.decode_attention, prefill_op=counting)
+    paged_attention(
+        q.float(),
+        k_new.float(),
+        v_new.float(),
+        step["k_cache"].float(),
+        step["v_cache"].float(),
+        fresh,
+        head_dim**-0.5,
+        kernels.decode_attention,
+        prefill_op=counting,
+    )
     assert len(calls) == 2
 
 
@@ -150,8 +202,16 @@ def test_native_prefill_refuses_what_it_cannot_compute(kernels: Any) -> None:
     with pytest.raises(RuntimeError, match="do not fit"):
         kernels.prefill_attention(qb, cb, cb, tables, torch.tensor([[0, 8, 20]]), 0.125, 0, torch.empty_like(qb))
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        kernels.prefill_attention(qb[..., :48].contiguous(), cb[..., :48].contiguous(), cb[..., :48].contiguous(),
-                                  tables, spans, 0.125, 0, torch.empty(8, 4, 48, dtype=torch.bfloat16))
+        kernels.prefill_attention(
+            qb[..., :48].contiguous(),
+            cb[..., :48].contiguous(),
+            cb[..., :48].contiguous(),
+            tables,
+            spans,
+            0.125,
+            0,
+            torch.empty(8, 4, 48, dtype=torch.bfloat16),
+        )
     with pytest.raises(RuntimeError, match="window must be >= 0"):
         kernels.prefill_attention(qb, cb, cb, tables, spans, 0.125, -1, torch.empty_like(qb))
 
@@ -164,8 +224,11 @@ def test_chunks_with_long_contexts_keep_torchs_kernel_beside_native_ones(kernels
     seqs = [(0, 30), (0, long_new), (NATIVE_PREFILL_MAX_CONTEXT - 20, 30), (12, 20)]
     step = _random_step(heads, kv_heads, head_dim, block_size, seqs, seed=4, sharpness=2.0)
     tokens = sum(n for _, n in seqs)
-    q, k_new, v_new = step["q"][:tokens], torch.randn(tokens, kv_heads, head_dim).bfloat16(), \
-        torch.randn(tokens, kv_heads, head_dim).bfloat16()
+    q, k_new, v_new = (
+        step["q"][:tokens],
+        torch.randn(tokens, kv_heads, head_dim).bfloat16(),
+        torch.randn(tokens, kv_heads, head_dim).bfloat16(),
+    )
     calls: list[list[int]] = []
 
     def counting(q: torch.Tensor, *args: Any) -> None:
@@ -175,10 +238,12 @@ def test_chunks_with_long_contexts_keep_torchs_kernel_beside_native_ones(kernels
     def batch() -> Any:
         return build_attention_batch([c for c, _ in seqs], [n for _, n in seqs], step["tables"], block_size)
 
-    native = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch(), head_dim ** -0.5,
-                             prefill_op=counting)  # [tokens, heads * d]
+    native = paged_attention(
+        q, k_new, v_new, step["k_cache"], step["v_cache"], batch(), head_dim**-0.5, prefill_op=counting
+    )  # [tokens, heads * d]
     assert calls == [[30, 20]], "the long chunk and the one behind a long prefix must not reach the native op"
-    reference = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch(), head_dim ** -0.5)
+    reference = paged_attention(q, k_new, v_new, step["k_cache"], step["v_cache"], batch(), head_dim**-0.5)
     torch.testing.assert_close(native.float(), reference.float(), atol=2e-2, rtol=2e-2)
-    assert torch.equal(native[30:30 + long_new + 30], reference[30:30 + long_new + 30]), \
+    assert torch.equal(native[30 : 30 + long_new + 30], reference[30 : 30 + long_new + 30]), (
         "chunks past the native limit take exactly torch's path"
+    )

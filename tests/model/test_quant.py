@@ -9,14 +9,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.parity import Reference, compare
-
 from conveyor import LLM, SamplingParams
 from conveyor.errors import ConfigError
 from conveyor.model.layers import Projection
-from conveyor.model.quant import (GROUP_SIZE, LM_HEAD_INT8_ROWS, LM_HEAD_INT8_ROWS_NATIVE, SMALL_BATCH_ROWS,
-                                  Int4Projection, Int8Projection, dequantize_int4, dequantize_int8, make_lm_head,
-                                  make_projection, pack_int4_blocks, pack_int8_rows, quantize_int4)
+from conveyor.model.quant import (
+    GROUP_SIZE,
+    LM_HEAD_INT8_ROWS,
+    LM_HEAD_INT8_ROWS_NATIVE,
+    SMALL_BATCH_ROWS,
+    Int4Projection,
+    Int8Projection,
+    dequantize_int4,
+    dequantize_int8,
+    make_lm_head,
+    make_projection,
+    pack_int4_blocks,
+    pack_int8_rows,
+    quantize_int4,
+)
+from helpers.parity import Reference, compare
 
 NEW_TOKENS = 32
 BF16_TIE_GAP = 0.5  # as in test_parity_bf16: int4 runs with bfloat16 activations
@@ -28,14 +39,14 @@ def test_round_trip_error_is_within_half_a_step() -> None:
     codes, scale, zero = quantize_int4(w)
     assert codes.min() >= 0 and codes.max() <= 15
     err = (dequantize_int4(codes, scale, zero) - w).abs().reshape(48, 4, GROUP_SIZE).amax(-1)  # [out, groups]
-    assert (err <= scale.float() * 0.5 + scale.float().abs() * 2 ** -7 * 8 + 1e-6).all()
+    assert (err <= scale.float() * 0.5 + scale.float().abs() * 2**-7 * 8 + 1e-6).all()
 
 
 def test_q4_1_style_grid_is_recovered_exactly() -> None:
     """Weights on a min + q * step grid (as GGUF Q4_1 dequantizes them, both ends used) come back unchanged."""
     gen = torch.Generator().manual_seed(1)
     groups = 32 * 3
-    step = torch.tensor([2.0 ** -e for e in torch.randint(4, 9, (groups,), generator=gen).tolist()])  # bf16-exact
+    step = torch.tensor([2.0**-e for e in torch.randint(4, 9, (groups,), generator=gen).tolist()])  # bf16-exact
     low = -8 * step  # a bf16-exact minimum
     q = torch.randint(0, 16, (groups, GROUP_SIZE), generator=gen)
     q[:, 0], q[:, 1] = 0, 15
@@ -57,8 +68,9 @@ def _kernels(backend: str, request: pytest.FixtureRequest) -> Any:
 @pytest.mark.parametrize("backend", ["torch", "native"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, SMALL_BATCH_ROWS, SMALL_BATCH_ROWS + 1, 200])
 @pytest.mark.parametrize("bias", [False, True])
-def test_int4_projection_multiplies_by_the_dequantized_weights(rows: int, bias: bool, backend: str,
-                                                                request: pytest.FixtureRequest) -> None:
+def test_int4_projection_multiplies_by_the_dequantized_weights(
+    rows: int, bias: bool, backend: str, request: pytest.FixtureRequest
+) -> None:
     torch.manual_seed(rows)
     w = torch.randn(64, 3 * GROUP_SIZE) / 10  # [out, in]
     b = torch.randn(64) if bias else None  # [out]
@@ -80,16 +92,18 @@ def test_int4_projection_multiplies_by_the_dequantized_weights(rows: int, bias: 
 
 @pytest.mark.parametrize("backend", ["torch", "native"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 64])
-def test_int8_lm_head_multiplies_by_its_dequantized_weights(rows: int, backend: str,
-                                                            request: pytest.FixtureRequest) -> None:
+def test_int8_lm_head_multiplies_by_its_dequantized_weights(
+    rows: int, backend: str, request: pytest.FixtureRequest
+) -> None:
     torch.manual_seed(rows)
     w = (torch.randn(320, 96) / 10).to(torch.bfloat16)  # [vocab, hidden]
     head = make_lm_head(w, "int4_latency", _kernels(backend, request))
     assert isinstance(head, Int8Projection) and head.codes.dtype == torch.int8
     assert head.max_rows == (LM_HEAD_INT8_ROWS if backend == "torch" else LM_HEAD_INT8_ROWS_NATIVE)
     deq = head.dequantized()  # [vocab, hidden] float32
-    assert torch.equal(deq, dequantize_int8(torch.round(w.float() / head.scale.float()[:, None]).to(torch.int8),
-                                            head.scale))
+    assert torch.equal(
+        deq, dequantize_int8(torch.round(w.float() / head.scale.float()[:, None]).to(torch.int8), head.scale)
+    )
     assert ((deq - w.float()).abs() <= head.scale.float()[:, None] / 2 + 1e-6).all()  # within half a step
     x = torch.randn(rows, 96).to(torch.bfloat16)
     got = head(x)
@@ -105,7 +119,9 @@ def test_int8_lm_head_multiplies_by_its_dequantized_weights(rows: int, backend: 
 
 
 def test_shapes_the_kernel_cannot_take_stay_unquantized() -> None:
-    assert isinstance(make_projection(torch.randn(40, 64), None, "int4_latency"), Projection)  # out not a multiple of 16
+    assert isinstance(
+        make_projection(torch.randn(40, 64), None, "int4_latency"), Projection
+    )  # out not a multiple of 16
     assert isinstance(make_projection(torch.randn(64, 48), None, "int4_latency"), Projection)  # in not whole groups
     assert isinstance(make_projection(torch.randn(64, 64), None, None), Projection)
 
@@ -122,8 +138,10 @@ def int4_case(default_llm: Any) -> tuple[list[list[int]], Any, Any]:
     tok = default_llm.get_tokenizer()
     questions = ["What is the capital of France?", "Write a haiku about the sea.", "Why is the sky blue?"]
     raw = ["1, 2, 3, 4,", "The quick brown fox", "def fibonacci(n):\n"]
-    chat = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-            for q in questions]
+    chat = [
+        tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
     prompts = [tok(p).input_ids for p in chat + raw]
     ours = LLM(dtype="bfloat16", quantization="int4", kv_cache_memory="64MiB", max_model_len=512)
     reference = LLM(dtype="float32", kv_cache_memory="64MiB", max_model_len=512)
@@ -138,8 +156,9 @@ def int4_case(default_llm: Any) -> tuple[list[list[int]], Any, Any]:
 
 
 def _greedy(llm: Any, prompts: list[list[int]]) -> list[list[int]]:
-    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
-                        use_tqdm=False)
+    outs = llm.generate(
+        prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True), use_tqdm=False
+    )
     return [o.outputs[0].token_ids for o in outs]
 
 
@@ -147,10 +166,13 @@ def test_default_model_int4_greedy_matches_its_reference(int4_case: tuple[list[l
     prompts, ours, reference = int4_case
     # batch of 1 (int4 kernel) and a batch of 6 with prefill chunks (bf16 copy for >8 rows)
     got = [_greedy(ours, [p])[0] for p in prompts[:2]] + _greedy(ours, prompts)[2:]
-    ref_outs = reference.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
-                                                          logprobs=2), use_tqdm=False)
-    refs = [Reference(o.outputs[0].token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.outputs[0].logprobs or []])
-            for o in ref_outs]
+    ref_outs = reference.generate(
+        prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=2), use_tqdm=False
+    )
+    refs = [
+        Reference(o.outputs[0].token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.outputs[0].logprobs or []])
+        for o in ref_outs
+    ]
     ties = compare(refs, got, allow_ties=True, tie_gap=BF16_TIE_GAP)
     print(f"int4: {ties} of {len(prompts)} sequences diverged at a reference near-tie")
     ours.engine.check_idle()
@@ -163,8 +185,10 @@ def test_default_model_int4_adds_no_error_beyond_bf16(int4_case: tuple[list[list
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
     bf16 = LLM(dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=512)
     plain32 = LLM(dtype="float32", kv_cache_memory="64MiB", max_model_len=512)
-    runs = {name: llm.generate(sequences, params, use_tqdm=False)
-            for name, llm in (("int4", ours), ("ref", reference), ("bf16", bf16), ("fp32", plain32))}
+    runs = {
+        name: llm.generate(sequences, params, use_tqdm=False)
+        for name, llm in (("int4", ours), ("ref", reference), ("bf16", bf16), ("fp32", plain32))
+    }
     int4_err, bf16_err = [], []
     for i, (seq, prompt) in enumerate(zip(sequences, prompts)):
         for pos in range(len(prompt), len(seq)):
@@ -172,15 +196,18 @@ def test_default_model_int4_adds_no_error_beyond_bf16(int4_case: tuple[list[list
             int4_err.append(abs(lp["int4"] - lp["ref"]))
             bf16_err.append(abs(lp["bf16"] - lp["fp32"]))
     int4_mean, bf16_mean = sum(int4_err) / len(int4_err), sum(bf16_err) / len(bf16_err)
-    print(f"mean |logprob error| over {len(int4_err)} tokens: int4 vs its float32 reference {int4_mean:.4f}, "
-          f"bfloat16 vs float32 {bf16_mean:.4f}")
+    print(
+        f"mean |logprob error| over {len(int4_err)} tokens: int4 vs its float32 reference {int4_mean:.4f}, "
+        f"bfloat16 vs float32 {bf16_mean:.4f}"
+    )
     assert int4_mean <= 1.5 * bf16_mean + 1e-3, (int4_mean, bf16_mean)
 
 
 @pytest.mark.parametrize("shape", [(960, 576), (576, 1536), (48, 32)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 9])
-def test_native_int4_is_exact_up_to_output_rounding(shape: tuple[int, int], rows: int,
-                                                    request: pytest.FixtureRequest) -> None:
+def test_native_int4_is_exact_up_to_output_rounding(
+    shape: tuple[int, int], rows: int, request: pytest.FixtureRequest
+) -> None:
     """Against float64 over the same dequantized weights: products exact, sums in float32, one bfloat16
     rounding at the end; every row count, including those past the register-blocked 4 (the kernel takes
     rows in fours) and those the projection would send to the bfloat16 copy."""
@@ -195,7 +222,7 @@ def test_native_int4_is_exact_up_to_output_rounding(shape: tuple[int, int], rows
     deq = dequantize_int4(codes, scale, zero).double()  # [out, in]
     exact = x.double() @ deq.t()  # [rows, out]
     magnitude = x.double().abs() @ deq.abs().t()  # [rows, out]: bounds every partial sum
-    assert ((got - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()
+    assert ((got - exact).abs() <= exact.abs() * 2**-8 + magnitude * 2**-16).all()
 
 
 def test_native_quant_products_reject_bad_inputs_with_reasons(request: pytest.FixtureRequest) -> None:
@@ -236,8 +263,9 @@ def test_int4_packing_follows_the_documented_layout() -> None:
             byte = raw[b][g][32 * t + 2 * r + p]
             assert (byte >> 4 if high else byte & 15) == codes[n, k]
         for g in range(in_features // GROUP_SIZE):
-            as_bf16 = torch.tensor(raw[b][g][256 + 2 * r:258 + 2 * r] + raw[b][g][288 + 2 * r:290 + 2 * r],
-                                   dtype=torch.uint8).view(torch.bfloat16)
+            as_bf16 = torch.tensor(
+                raw[b][g][256 + 2 * r : 258 + 2 * r] + raw[b][g][288 + 2 * r : 290 + 2 * r], dtype=torch.uint8
+            ).view(torch.bfloat16)
             assert as_bf16[0] == scale[n, g] and as_bf16[1] == zero[n, g]
 
 
@@ -255,4 +283,4 @@ def test_native_int8_head_is_exact_up_to_output_rounding(rows: int, request: pyt
     deq = head.dequantized().double()  # [vocab, hidden]
     exact = x.double() @ deq.t()
     magnitude = x.double().abs() @ deq.abs().t()
-    assert ((got - exact).abs() <= exact.abs() * 2 ** -8 + magnitude * 2 ** -16).all()
+    assert ((got - exact).abs() <= exact.abs() * 2**-8 + magnitude * 2**-16).all()

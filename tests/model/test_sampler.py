@@ -4,18 +4,20 @@ distribution (chi-square), counter-based determinism, and the noise itself."""
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from conveyor.model.sampler import sample as sample_output
 from conveyor.model.sampler import SamplingTensors, apply_top_k_top_p, uniform_noise
+from conveyor.model.sampler import sample as sample_output
 
 
 def sample_tokens(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
     return sample_output(logits, t).tokens
+
 
 try:
     from scipy.stats import chi2 as _scipy_chi2
@@ -28,8 +30,11 @@ def chi2_sf(statistic: float, df: int) -> float:
     upper incomplete gamma function Q(df/2, statistic/2), which is that survival function."""
     if _scipy_chi2 is not None:
         return float(_scipy_chi2.sf(statistic, df))
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
-                                         torch.tensor(statistic / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(df / 2, dtype=torch.float64), torch.tensor(statistic / 2, dtype=torch.float64)
+        )
+    )
 
 
 def test_chi2_sf_helper() -> None:
@@ -40,17 +45,26 @@ def test_chi2_sf_helper() -> None:
     assert chi2_sf(30.58, 15) == pytest.approx(0.01, rel=2e-3)  # textbook table: chi2(15) 99th percentile
 
 
-def tensors(temperature: Sequence[float] | torch.Tensor, top_k: Sequence[int] | torch.Tensor,
-            top_p: Sequence[float] | torch.Tensor, seeds: Sequence[int] | torch.Tensor,
-            output_index: Sequence[int] | torch.Tensor) -> SamplingTensors:
+def tensors(
+    temperature: Sequence[float] | torch.Tensor,
+    top_k: Sequence[int] | torch.Tensor,
+    top_p: Sequence[float] | torch.Tensor,
+    seeds: Sequence[int] | torch.Tensor,
+    output_index: Sequence[int] | torch.Tensor,
+) -> SamplingTensors:
     """SamplingTensors for a batch, one entry per row (as the model runner would build them)."""
     t = torch.as_tensor(temperature, dtype=torch.float32)
     k = torch.as_tensor(top_k, dtype=torch.int64)
     p = torch.as_tensor(top_p, dtype=torch.float32)
-    return SamplingTensors(temperature=t, top_k=k, top_p=p,
-                           seeds=torch.as_tensor(seeds, dtype=torch.int64),
-                           output_index=torch.as_tensor(output_index, dtype=torch.int64),
-                           all_greedy=bool((t == 0).all()), any_top_k_or_p=bool((k > 0).any() or (p < 1).any()))
+    return SamplingTensors(
+        temperature=t,
+        top_k=k,
+        top_p=p,
+        seeds=torch.as_tensor(seeds, dtype=torch.int64),
+        output_index=torch.as_tensor(output_index, dtype=torch.int64),
+        all_greedy=bool((t == 0).all()),
+        any_top_k_or_p=bool((k > 0).any() or (p < 1).any()),
+    )
 
 
 def hf_reference(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
@@ -91,8 +105,7 @@ def test_top_k_top_p_matches_transformers(vocab: int) -> None:
 
 
 def test_top_k_keeps_ties_with_the_kth_largest() -> None:
-    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 2.0, 0.0],
-                           [5.0, 5.0, 5.0, 1.0, 1.0, 1.0]])
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0, 2.0, 0.0], [5.0, 5.0, 5.0, 1.0, 1.0, 1.0]])
     ks = [2, 1]
     got = apply_top_k_top_p(logits, torch.tensor(ks), torch.ones(2))
     assert torch.equal(got, hf_reference(logits, ks, [1.0, 1.0]))
@@ -127,7 +140,6 @@ def test_greedy_rows_are_exact_argmax_in_a_mixed_batch() -> None:
     assert torch.equal(sample_tokens(logits, all_greedy), argmax)
 
 
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_plain_greedy_in_the_model_dtype_picks_the_float32_ids(dtype: torch.dtype) -> None:
     """A batch of plain greedy rows is argmaxed in the model's dtype; the ids must be those of the
@@ -148,6 +160,7 @@ def test_plain_greedy_in_the_model_dtype_picks_the_float32_ids(dtype: torch.dtyp
     assert torch.equal(with_logprobs.tokens, reference)
     assert with_logprobs.top_logprobs is not None and with_logprobs.top_logprobs.dtype == torch.float32
 
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_native_argmax_rows_is_torchs_max_indices(native_kernels: Any, dtype: torch.dtype) -> None:
     """csrc/argmax_rows.cpp against torch's max(dim=-1).indices on every vector tail length, exact ties (the first
@@ -167,7 +180,7 @@ def test_native_argmax_rows_is_torchs_max_indices(native_kernels: Any, dtype: to
         got = native_kernels.argmax_rows(logits)
         assert got.dtype == torch.int64 and torch.equal(got, logits.max(dim=-1).indices), vocab
         wide = torch.randn(rows, vocab + 5, generator=g).to(dtype)
-        view = wide[:, 2:vocab + 2]  # rows vocab + 5 apart
+        view = wide[:, 2 : vocab + 2]  # rows vocab + 5 apart
         assert torch.equal(native_kernels.argmax_rows(view), view.max(dim=-1).indices), vocab
     assert native_kernels.argmax_rows(torch.empty(0, 10, dtype=dtype)).shape == (0,)
     with pytest.raises(RuntimeError, match="contiguous rows"):
@@ -185,8 +198,9 @@ def test_sampling_with_the_native_argmax_gives_torchs_ids(native_kernels: Any, d
     logits = (torch.randn(rows, vocab, generator=g) * 4).to(dtype)
     logits[9, 100] = logits[9, 30000] = logits[9].max() + 1
     greedy = tensors([0.0] * rows, [0] * rows, [1.0] * rows, list(range(rows)), [0] * rows)
-    assert torch.equal(sample_output(logits, greedy, kernels=native_kernels).tokens,
-                       sample_output(logits, greedy).tokens)
+    assert torch.equal(
+        sample_output(logits, greedy, kernels=native_kernels).tokens, sample_output(logits, greedy).tokens
+    )
     temperature = torch.rand(rows, generator=g) + 0.5
     temperature[::3] = 0.0
     mixed = tensors(temperature, [50] * rows, [0.9] * rows, list(range(rows)), [4] * rows)
@@ -198,8 +212,9 @@ def test_sampling_with_the_native_argmax_gives_torchs_ids(native_kernels: Any, d
 # ---- (c) the sampled distribution -------------------------------------------------------
 
 
-def draw_counts(logits: torch.Tensor, temperature: float, n: int, top_k: int = 0, top_p: float = 1.0,
-                vary: str = "index") -> torch.Tensor:
+def draw_counts(
+    logits: torch.Tensor, temperature: float, n: int, top_k: int = 0, top_p: float = 1.0, vary: str = "index"
+) -> torch.Tensor:
     """Counts of n samples from one row of logits; draws differ by output index (or by seed)."""
     vocab = logits.shape[-1]
     idx = torch.arange(n, dtype=torch.int64)
@@ -275,14 +290,22 @@ def test_a_rows_sample_depends_only_on_seed_and_output_index() -> None:
     extra = 20
     other = torch.randn(extra, vocab, generator=g)
     mixed_logits = torch.cat([logits[perm], other])
-    mixed = sample_tokens(mixed_logits, tensors(
-        [temperature[i] for i in perm] + [0.0] * (extra // 2) + [1.3] * (extra // 2),
-        [top_k[i] for i in perm] + [5] * extra, [top_p[i] for i in perm] + [0.5] * extra,
-        [seeds[i] for i in perm] + list(range(extra)), [index[i] for i in perm] + [0] * extra))
+    mixed = sample_tokens(
+        mixed_logits,
+        tensors(
+            [temperature[i] for i in perm] + [0.0] * (extra // 2) + [1.3] * (extra // 2),
+            [top_k[i] for i in perm] + [5] * extra,
+            [top_p[i] for i in perm] + [0.5] * extra,
+            [seeds[i] for i in perm] + list(range(extra)),
+            [index[i] for i in perm] + [0] * extra,
+        ),
+    )
     assert mixed[:rows].tolist() == [base[i].item() for i in perm]
 
     for i in (0, 7, 31):  # alone in its batch
-        alone = sample_tokens(logits[i:i + 1], tensors([temperature[i]], [top_k[i]], [top_p[i]], [seeds[i]], [index[i]]))
+        alone = sample_tokens(
+            logits[i : i + 1], tensors([temperature[i]], [top_k[i]], [top_p[i]], [seeds[i]], [index[i]])
+        )
         assert alone.item() == base[i].item()
 
 
@@ -291,6 +314,7 @@ def test_draws_change_with_output_index_and_seed() -> None:
 
     def draw(seed: int, index: int) -> int:
         return sample_tokens(logits, tensors([1.0], [0], [1.0], [seed], [index])).item()
+
     by_index = {draw(42, i) for i in range(200)}
     by_seed = {draw(s, 0) for s in range(200)}
     assert len(by_index) > 40 and len(by_seed) > 40
@@ -362,6 +386,7 @@ def test_top_k_1_equals_greedy_even_where_the_noise_is_extreme() -> None:
     vocab = EXTREME_VOCAB
     logits = torch.linspace(0, 10, vocab).expand(EXTREME_ROWS, vocab).contiguous()  # argmax: last token
     rows = EXTREME_ROWS
-    got = sample_tokens(logits, tensors([1.0] * rows, [1] * rows, [1.0] * rows, [EXTREME_SEED] * rows,
-                                 list(range(rows))))
+    got = sample_tokens(
+        logits, tensors([1.0] * rows, [1] * rows, [1.0] * rows, [EXTREME_SEED] * rows, list(range(rows)))
+    )
     assert got.tolist() == [vocab - 1] * rows, f"top_k=1 sampled {sorted(set(got.tolist()))}, not only the argmax"

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from typing import Any
 
 import pytest
 
-from helpers.tiny_models import build_tiny_model
-
 from conveyor import LLM, SamplingParams
 from conveyor.runtime.timeline import DEVICE_LANE, HOST_LANE, StepTimeline
+from helpers.tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_reads_while_another_thread_adds() -> None:
         for _ in range(2000):
             spans = timeline.since(-1.0)
             assert len(spans) <= 64
-            assert all(a.step < b.step for a, b in zip(spans, spans[1:]))  # one writer: in order, none torn
+            assert all(a.step < b.step for a, b in itertools.pairwise(spans))  # one writer: in order, none torn
     finally:
         stop.set()
         thread.join()
@@ -64,13 +64,20 @@ def test_reads_while_another_thread_adds() -> None:
 
 @pytest.mark.parametrize("async_batching", [False, True], ids=["sync", "async"])
 def test_engine_records_every_step(tiny_llama: str, async_batching: bool) -> None:
-    llm = LLM(model=tiny_llama, async_batching=async_batching, block_size=4, max_model_len=128,
-              kv_cache_memory=2**20, max_num_batched_tokens=24)
+    llm = LLM(
+        model=tiny_llama,
+        async_batching=async_batching,
+        block_size=4,
+        max_model_len=128,
+        kv_cache_memory=2**20,
+        max_num_batched_tokens=24,
+    )
     rng = random.Random(3)
     prompts = [[rng.randrange(2, 512) for _ in range(rng.randrange(5, 40))] for _ in range(6)]
     lengths = [5 + 2 * i for i in range(6)]
-    outs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths],
-                        use_tqdm=False)
+    outs = llm.generate(
+        prompts, [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths], use_tqdm=False
+    )
     engine = llm.engine
     spans = engine.timeline.since(-1.0)
     device = [s for s in spans if s.lane == DEVICE_LANE]
@@ -94,9 +101,11 @@ def test_preempted_requests_are_counted_while_they_wait(tiny_llama: str) -> None
     llm = LLM(model=tiny_llama, block_size=4, max_model_len=96, kv_cache_memory=26 * 4 * 512, max_num_seqs=12)
     engine = llm.engine
     rng = random.Random(5)
-    for i in range(12):
-        engine.add_request([rng.randrange(2, 512) for _ in range(rng.randrange(10, 40))],
-                           SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    for _i in range(12):
+        engine.add_request(
+            [rng.randrange(2, 512) for _ in range(rng.randrange(10, 40))],
+            SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
+        )
     seen = []
     while engine.has_work():
         engine.step()

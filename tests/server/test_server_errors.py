@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -55,8 +56,12 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     (CHAT, {"messages": MSG, "top_logprobs": 50, "logprobs": True}, 400, "top_logprobs"),
     (CHAT, {"messages": MSG, "seed": 2**63}, 400, "seed"),  # int64 (negative seeds are valid, as in OpenAI)
     (CHAT, {"messages": MSG, "frobnicate": True}, 400, "frobnicate"),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
-     "messages.0.content"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        400,
+        "messages.0.content",
+    ),
     (COMPLETIONS, {"prompt": [1, 2, 999999]}, 400, "prompt"),
     (COMPLETIONS, {"prompt": [-1, 5]}, 400, "prompt"),
     (COMPLETIONS, {"prompt": ""}, 400, "prompt"),
@@ -69,34 +74,89 @@ CASES: list[tuple[str, Any, int, str | None]] = [
     (COMPLETIONS, {"prompt": {"nested": "object"}}, 400, "prompt"),
     (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
     (COMPLETIONS, {"prompt": [True, False]}, 400, "prompt"),
-    (CHAT, {"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
-                                                  {"type": "objekt"}}}}, 400, "response_format"),
+    (
+        CHAT,
+        {
+            "messages": MSG,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}},
+        },
+        400,
+        "response_format",
+    ),
     (CHAT, {"messages": MSG, "response_format": {"type": "yaml"}}, 400, "response_format"),
-    (COMPLETIONS, {"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {
-        "type": "array", "minItems": 3, "maxItems": 1}}}}, 400, "response_format"),
+    (
+        COMPLETIONS,
+        {
+            "prompt": "x",
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"schema": {"type": "array", "minItems": 3, "maxItems": 1}},
+            },
+        },
+        400,
+        "response_format",
+    ),
     (COMPLETIONS, {"prompt": "x", "guided_regex": "(unclosed"}, 400, "guided_regex"),
     (CHAT, {"messages": MSG, "response_format": {"type": "json_object"}, "guided_regex": "a+"}, 400, "guided_regex"),
     (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"nom": "f"}}]}, 400, "tools"),
     (CHAT, {"messages": MSG, "tool_choice": "auto"}, 400, "tool_choice"),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice"),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
-            "response_format": {"type": "json_object"}}, 400, "response_format"),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}],
-            "response_format": {"type": "json_object"}}, 400, "response_format"),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "objekt"}}}], "tool_choice": "required"}, 400, "tools"),
+    (
+        CHAT,
+        {
+            "messages": MSG,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        400,
+        "tool_choice",
+    ),
+    (
+        CHAT,
+        {
+            "messages": MSG,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": "required",
+            "response_format": {"type": "json_object"},
+        },
+        400,
+        "response_format",
+    ),
+    (
+        CHAT,
+        {
+            "messages": MSG,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "response_format": {"type": "json_object"},
+        },
+        400,
+        "response_format",
+    ),
+    (
+        CHAT,
+        {
+            "messages": MSG,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}],
+            "tool_choice": "required",
+        },
+        400,
+        "tools",
+    ),
     (CHAT, {"messages": MSG, "stream_options": {"include_usage": True}}, 400, None),  # without stream
     (CHAT, b"", 400, None),
-    (CHAT, {"messages": MSG + [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]}, 400,
-     "messages.1"),
+    (
+        CHAT,
+        {"messages": [*MSG, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]},
+        400,
+        "messages.1",
+    ),
     (COMPLETIONS, b"x" * 70000, 413, None),
     ("/v1/nonexistent", {}, 404, None),
 ]
 
 
-@pytest.mark.parametrize("route, body, status, param", CASES, ids=[f"{i}-{c[0].split('/')[-1]}-{c[2]}"
-                                                                   for i, c in enumerate(CASES)])
+@pytest.mark.parametrize(
+    "route, body, status, param", CASES, ids=[f"{i}-{c[0].split('/')[-1]}-{c[2]}" for i, c in enumerate(CASES)]
+)
 def test_bad_request_table(server: ServerProcess, route: str, body: Any, status: int, param: str | None) -> None:
     if isinstance(body, bytes):
         r = httpx.post(server.url + route, content=body, headers={"Content-Type": "application/json"}, timeout=30)
@@ -119,11 +179,13 @@ def _no_internals(message: str) -> None:
 
 def test_one_bad_request_does_not_disturb_another(server: ServerProcess) -> None:
     import concurrent.futures as cf
+
     good = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 8, "temperature": 0}
     with cf.ThreadPoolExecutor(8) as pool:
         goods = [pool.submit(httpx.post, server.url + COMPLETIONS, json=good, timeout=60) for _ in range(2)]
-        bads = [pool.submit(httpx.post, server.url + COMPLETIONS, json={"prompt": [10**8]}, timeout=60)
-                for _ in range(6)]
+        bads = [
+            pool.submit(httpx.post, server.url + COMPLETIONS, json={"prompt": [10**8]}, timeout=60) for _ in range(6)
+        ]
         answers = [f.result() for f in goods]
         assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
         texts = {r.json()["choices"][0]["text"] for r in answers}
@@ -133,6 +195,7 @@ def test_one_bad_request_does_not_disturb_another(server: ServerProcess) -> None
 
 def test_queue_full_gives_503_with_retry_after(server: ServerProcess) -> None:
     import concurrent.futures as cf
+
     body = {"model": MODEL, "prompt": "Story:", "max_tokens": 16, "ignore_eos": True}
     with cf.ThreadPoolExecutor(40) as pool:
         results = list(pool.map(lambda _: httpx.post(server.url + COMPLETIONS, json=body, timeout=120), range(40)))
@@ -218,13 +281,19 @@ def test_server_value_bounds_are_sampling_params_own() -> None:
     range, SamplingParams accepts too, and one step past it both refuse."""
     import pydantic
 
+    from conveyor.errors import InvalidRequestError
     from conveyor.params import SamplingParams
     from conveyor.server.protocol import ChatCompletionRequest, bounds
 
     messages = [{"role": "user", "content": "hi"}]
-    for name, body_name in (("temperature", "temperature"), ("top_p", "top_p"), ("min_p", "min_p"),
-                            ("presence_penalty", "presence_penalty"), ("repetition_penalty", "repetition_penalty"),
-                            ("logprobs", "top_logprobs")):
+    for name, body_name in (
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("min_p", "min_p"),
+        ("presence_penalty", "presence_penalty"),
+        ("repetition_penalty", "repetition_penalty"),
+        ("logprobs", "top_logprobs"),
+    ):
         limits = bounds(name)
         top = limits.get("le")
         assert top is not None, name
@@ -233,5 +302,5 @@ def test_server_value_bounds_are_sampling_params_own() -> None:
         past = top + 1
         with pytest.raises(pydantic.ValidationError):
             ChatCompletionRequest(messages=messages, **{body_name: past})
-        with pytest.raises(Exception):
+        with pytest.raises(InvalidRequestError, match=name):
             SamplingParams(**{name: past})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -48,13 +48,15 @@ def test_completion_offsets_count_characters_where_they_complete(tokenizer: Any)
     halves = TextOffsets()
     halves.chars = 7
     cut = 3  # after " \\xf0\\x9f\\x98", inside the first emoji: a streamed chunk can end there
-    split = completion_logprobs(tokens, entries[:cut], halves)["text_offset"] + \
-        completion_logprobs(tokens, entries[cut:], halves)["text_offset"]
+    split = (
+        completion_logprobs(tokens, entries[:cut], halves)["text_offset"]
+        + completion_logprobs(tokens, entries[cut:], halves)["text_offset"]
+    )
     assert split == offsets
     assert offsets[0] == 7 and offsets == sorted(offsets)
     ascii_prefix = tokenizer("Repeat:", add_special_tokens=False)["input_ids"]
     expected = [7 + len(tokenizer.decode(ascii_prefix[:k])) for k in range(len(ascii_prefix))]
-    assert offsets[:len(ascii_prefix)] == expected
+    assert offsets[: len(ascii_prefix)] == expected
     last_raw = tokens.of(ids[-1])[0]
     assert offsets[-1] == 7 + len(TEXT) - len(last_raw.decode("utf-8"))
     assert lp["top_logprobs"][0] == {tokens.of(ids[0])[1]: -1.0}
@@ -74,8 +76,8 @@ def test_echoed_prompt_positions() -> None:
 class _SentencePieceVocab:
     """The two calls TokenBytes makes of a SentencePiece tokenizer with byte fallback (Llama 2 style)."""
 
-    pieces = {0: "<s>", 1: "\u2581the", 2: "<0xE6>", 3: "<0x97>", 4: "<0xA5>", 5: "ly"}
-    added_tokens_decoder = {0: "<s>"}
+    pieces: ClassVar[dict[int, str]] = {0: "<s>", 1: "\u2581the", 2: "<0xE6>", 3: "<0x97>", 4: "<0xA5>", 5: "ly"}
+    added_tokens_decoder: ClassVar[dict[int, str]] = {0: "<s>"}
 
     def convert_ids_to_tokens(self, token_id: int) -> str:
         return self.pieces[token_id]

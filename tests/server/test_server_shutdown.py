@@ -27,8 +27,10 @@ def test_sigterm_drains_then_exits_zero() -> None:
         short: list[str] = []
         long: list[str] = []
         base = {"prompt": "Count:", "temperature": 0, "ignore_eos": True, "stream": True}
-        threads = [threading.Thread(target=_stream, args=(server.url, base | {"max_tokens": 40}, short)),
-                   threading.Thread(target=_stream, args=(server.url, base | {"max_tokens": 1900}, long))]
+        threads = [
+            threading.Thread(target=_stream, args=(server.url, base | {"max_tokens": 40}, short)),
+            threading.Thread(target=_stream, args=(server.url, base | {"max_tokens": 1900}, long)),
+        ]
         for t in threads:
             t.start()
         while len(long) < 3:

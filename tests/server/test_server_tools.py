@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import jsonschema
@@ -15,14 +16,31 @@ from helpers.server_process import ServerProcess, running_server
 
 MODEL = "SmolLM2-135M-Instruct"
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 10}},
-                                       "required": ["zone"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 10}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
 TOOLS = [WEATHER, TIME]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -47,8 +65,12 @@ class City(BaseModel):
 
 def test_parse_with_a_pydantic_model_returns_the_object(client: openai.OpenAI) -> None:
     reply = client.chat.completions.parse(
-        model=MODEL, messages=[{"role": "user", "content": "Describe Paris as JSON."}], response_format=City,
-        max_tokens=60, temperature=0)
+        model=MODEL,
+        messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+        response_format=City,
+        max_tokens=60,
+        temperature=0,
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "stop"
     assert isinstance(choice.message.parsed, City)
@@ -56,24 +78,47 @@ def test_parse_with_a_pydantic_model_returns_the_object(client: openai.OpenAI) -
 
 
 def test_json_object_and_schema_on_completions(server: ServerProcess) -> None:
-    schema = {"type": "object", "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 100}},
-              "required": ["answer"], "additionalProperties": False}
-    r = httpx.post(server.url + "/v1/completions", timeout=600, json={
-        "prompt": "2 + 2 =", "max_tokens": 30, "temperature": 0,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}})
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer", "minimum": 0, "maximum": 100}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    r = httpx.post(
+        server.url + "/v1/completions",
+        timeout=600,
+        json={
+            "prompt": "2 + 2 =",
+            "max_tokens": 30,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+        },
+    )
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "stop"
     jsonschema.validate(json.loads(choice["text"]), schema)
-    r = httpx.post(server.url + "/v1/chat/completions", timeout=600, json={
-        "messages": ASK, "max_tokens": 60, "temperature": 0.7, "seed": 3, "n": 2,
-        "response_format": {"type": "json_object"}})
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        timeout=600,
+        json={
+            "messages": ASK,
+            "max_tokens": 60,
+            "temperature": 0.7,
+            "seed": 3,
+            "n": 2,
+            "response_format": {"type": "json_object"},
+        },
+    )
     assert r.status_code == 200, r.text
     for choice in r.json()["choices"]:
         if choice["finish_reason"] == "stop":
             assert isinstance(json.loads(choice["message"]["content"]), dict)
-    r = httpx.post(server.url + "/v1/completions", timeout=600, json={
-        "prompt": "Pick a colour:", "max_tokens": 10, "guided_choice": ["red", "green"], "temperature": 0})
+    r = httpx.post(
+        server.url + "/v1/completions",
+        timeout=600,
+        json={"prompt": "Pick a colour:", "max_tokens": 10, "guided_choice": ["red", "green"], "temperature": 0},
+    )
     assert r.json()["choices"][0]["text"] in ("red", "green")
 
 
@@ -86,19 +131,34 @@ def _check_calls(calls: list[Any], allowed: set[str]) -> None:
 
 
 def test_tool_choice_required_gives_valid_calls(client: openai.OpenAI) -> None:
-    reply = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                           max_tokens=60, temperature=0)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=60, temperature=0
+    )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
     _check_calls(choice.message.tool_calls, {"get_weather", "get_time"})
-    single = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                            parallel_tool_calls=False, max_tokens=60, temperature=0.8, seed=5)
+    single = client.chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_tokens=60,
+        temperature=0.8,
+        seed=5,
+    )
     assert len(single.choices[0].message.tool_calls) == 1
 
 
 def test_named_tool_choice_streamed_and_reassembled(client: openai.OpenAI) -> None:
-    kwargs: dict[str, Any] = dict(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=60, temperature=0,
-                                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    kwargs: dict[str, Any] = dict(
+        model=MODEL,
+        messages=ASK,
+        tools=TOOLS,
+        max_tokens=60,
+        temperature=0,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     full = client.chat.completions.create(**kwargs)
     _check_calls(full.choices[0].message.tool_calls, {"get_weather"})
     calls: dict[int, dict[str, str]] = {}
@@ -112,20 +172,26 @@ def test_named_tool_choice_streamed_and_reassembled(client: openai.OpenAI) -> No
                 entry["name"] += delta.function.name or "" if delta.function else ""
                 entry["arguments"] += delta.function.arguments or "" if delta.function else ""
     assert [r for r in reasons if r] == ["tool_calls"]
-    assert [(c["name"], c["arguments"]) for c in calls.values()] == \
-        [(c.function.name, c.function.arguments) for c in full.choices[0].message.tool_calls]
+    assert [(c["name"], c["arguments"]) for c in calls.values()] == [
+        (c.function.name, c.function.arguments) for c in full.choices[0].message.tool_calls
+    ]
     with client.chat.completions.stream(**{**kwargs, "tool_choice": "required"}) as stream:
         final = stream.get_final_completion()
     _check_calls(final.choices[0].message.tool_calls, {"get_weather", "get_time"})
 
 
 def test_conversation_with_a_tool_result_continues(client: openai.OpenAI) -> None:
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
-    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                     {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'}]
-    reply = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=30,
-                                           temperature=0)
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+    }
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21, "sky": "clear"}'},
+    ]
+    reply = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, max_tokens=30, temperature=0)
     choice = reply.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
     assert choice.message.content or choice.message.tool_calls

@@ -6,20 +6,20 @@ from __future__ import annotations
 import re
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from helpers.server_process import ServerProcess
-
-from helpers import REPO_ROOT
 from conveyor.config import EngineConfig
 from conveyor.engine.async_engine import AsyncEngine
 from conveyor.server.app import build_app
 from conveyor.server.state import ServerOptions, ServerState
 from conveyor.server.ui import STATIC_DIR
+from helpers import REPO_ROOT
+from helpers.server_process import ServerProcess
 
 KEY = "ui-key-42"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -67,8 +67,12 @@ def test_no_ui_serves_no_page_and_keeps_the_api() -> None:
 
 def test_status_parameters_are_validated() -> None:
     client = _app(ui=True)
-    for query, param in (("window=0", "window"), ("window=61", "window"), ("since=-1", "since"),
-                         ("since=abc", "since")):
+    for query, param in (
+        ("window=0", "window"),
+        ("window=61", "window"),
+        ("since=-1", "since"),
+        ("since=abc", "since"),
+    ):
         r = client.get(f"/v1/engine/status?{query}")
         assert r.status_code == 400, query
         assert r.json()["error"]["param"] == param and r.json()["error"]["message"]
@@ -103,8 +107,7 @@ def test_status_during_and_after_a_burst(server: ServerProcess) -> None:
     replies: list[httpx.Response] = []
 
     def one(i: int) -> None:
-        body = {"prompt": f"Request {i}: count slowly", "max_tokens": max_tokens, "ignore_eos": True,
-                "temperature": 0}
+        body = {"prompt": f"Request {i}: count slowly", "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0}
         replies.append(httpx.post(server.url + "/v1/completions", json=body, headers=AUTH, timeout=300))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(burst)]

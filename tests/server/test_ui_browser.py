@@ -15,8 +15,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -24,8 +25,16 @@ import pytest
 from helpers.server_process import ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 KEY = "browser-key-7"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SCREENSHOTS = os.environ.get("CONVEYOR_UI_SCREENSHOTS")
@@ -39,8 +48,10 @@ def browser() -> Iterator[Any]:
     except ImportError:
         pytest.skip("browser tests need Playwright for Python: pip install playwright (scripts/test.sh installs it)")
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"browser tests need Debian's chromium at {CHROMIUM}: apt-get install -y chromium "
-                    f"(scripts/test.sh installs it when run as root with apt)")
+        pytest.skip(
+            f"browser tests need Debian's chromium at {CHROMIUM}: apt-get install -y chromium "
+            f"(scripts/test.sh installs it when run as root with apt)"
+        )
     with sync_playwright() as p:
         try:
             instance = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
@@ -63,8 +74,9 @@ def server(browser: Any) -> Iterator[ServerProcess]:
 class Page:
     """A fresh browser context on the server's page, with its console errors collected."""
 
-    def __init__(self, browser: Any, server: ServerProcess, key: str | None, width: int = 1400,
-                 height: int = 900) -> None:
+    def __init__(
+        self, browser: Any, server: ServerProcess, key: str | None, width: int = 1400, height: int = 900
+    ) -> None:
         self.context = browser.new_context(viewport={"width": width, "height": height})
         if key is not None:
             self.context.add_init_script(f"sessionStorage.setItem('conveyor.apiKey', {json.dumps(key)})")
@@ -75,8 +87,7 @@ class Page:
         self.page.goto(server.url + "/")
 
     def wait_ready(self) -> None:
-        self.page.wait_for_function("document.getElementById('engine-state').textContent === 'ready'",
-                                    timeout=WAIT_MS)
+        self.page.wait_for_function("document.getElementById('engine-state').textContent === 'ready'", timeout=WAIT_MS)
 
     def text(self, selector: str) -> str:
         return self.page.inner_text(selector)
@@ -94,8 +105,10 @@ class Page:
         self.page.press("#chat-input", "Enter")  # keyboard submit
 
     def wait_reply_done(self) -> None:
-        self.page.wait_for_function("!document.getElementById('send').disabled && "
-                                    "document.querySelector('.msg.assistant .note')", timeout=WAIT_MS)
+        self.page.wait_for_function(
+            "!document.getElementById('send').disabled && document.querySelector('.msg.assistant .note')",
+            timeout=WAIT_MS,
+        )
 
     def last_reply(self) -> str:
         return self.page.locator(".msg.assistant .body").last.inner_text()
@@ -155,9 +168,17 @@ def test_chat_streams_the_reply_the_api_gives(open_page: Callable[..., Page], se
     page.page.wait_for_function("document.getElementById('stop').disabled === false", timeout=WAIT_MS)
     page.wait_reply_done()
     shown = page.last_reply()
-    expected = _api_reply(server, {"messages": [{"role": "system", "content": "You are a concise assistant."},
-                                                {"role": "user", "content": question}],
-                                   "temperature": 0, "max_tokens": 40})
+    expected = _api_reply(
+        server,
+        {
+            "messages": [
+                {"role": "system", "content": "You are a concise assistant."},
+                {"role": "user", "content": question},
+            ],
+            "temperature": 0,
+            "max_tokens": 40,
+        },
+    )
     assert shown == expected["choices"][0]["message"]["content"] and shown
     assert page.page.evaluate("window.updates") >= 4, "the reply arrived in pieces (streamed), not at once"
     assert f"{expected['usage']['completion_tokens']} tokens" in page.text(".msg.assistant .note")
@@ -182,13 +203,24 @@ def test_per_token_view_shows_the_api_logprobs(open_page: Callable[..., Page], s
     page.send("Name a colour.")
     page.wait_reply_done()
     tokens = page.page.locator(".msg.assistant .tok")
-    api = _api_reply(server, {"messages": [{"role": "user", "content": "Name a colour."}], "temperature": 0,
-                              "max_tokens": 12, "logprobs": True, "top_logprobs": 5})
+    api = _api_reply(
+        server,
+        {
+            "messages": [{"role": "user", "content": "Name a colour."}],
+            "temperature": 0,
+            "max_tokens": 12,
+            "logprobs": True,
+            "top_logprobs": 5,
+        },
+    )
     entries = api["choices"][0]["logprobs"]["content"]
     assert [t.inner_text() for t in tokens.all()] == [e["token"] for e in entries]
     # the hover text: the token and its probability, then the top alternatives. The API call above hit the
     # prefix cache (another computation shape), so in bfloat16 the numbers may differ in the last bits.
-    title = [re.fullmatch(r'\s*(".*")  p=([0-9.]+)', line) for line in (tokens.first.get_attribute("title") or "").split("\n")]
+    title = [
+        re.fullmatch(r'\s*(".*")  p=([0-9.]+)', line)
+        for line in (tokens.first.get_attribute("title") or "").split("\n")
+    ]
     assert all(title), title
     shown = {json.loads(m.group(1)): float(m.group(2)) for m in title[1:] if m}
     expected_top = {alt["token"]: math.exp(alt["logprob"]) for alt in entries[0]["top_logprobs"]}
@@ -207,8 +239,9 @@ def test_stop_ends_the_request(open_page: Callable[..., Page], server: ServerPro
     page.page.click("#clear")
     page.set_settings(max_tokens=1500, temperature=1, seed=3)
     page.send("Write a very long story about a lighthouse keeper.")
-    page.page.wait_for_function("document.querySelector('.msg.assistant .body')?.textContent.length > 0",
-                                timeout=WAIT_MS)
+    page.page.wait_for_function(
+        "document.querySelector('.msg.assistant .body')?.textContent.length > 0", timeout=WAIT_MS
+    )
     page.page.keyboard.press("Escape")  # Esc in the message box stops
     page.wait_reply_done()
     assert page.text(".msg.assistant .note") == "stopped"
@@ -240,8 +273,7 @@ def test_engine_view_follows_a_burst(open_page: Callable[..., Page], server: Ser
     for t in threads:
         t.start()
     try:
-        page.page.wait_for_function("Number(document.getElementById('t-running').textContent) > 1",
-                                    timeout=WAIT_MS)
+        page.page.wait_for_function("Number(document.getElementById('t-running').textContent) > 1", timeout=WAIT_MS)
         page.page.wait_for_function("Number(document.getElementById('t-tps').textContent) > 0", timeout=WAIT_MS)
         page.page.wait_for_timeout(1500)
         _shot(page, "ui-engine-under-load.png")
@@ -250,8 +282,11 @@ def test_engine_view_follows_a_burst(open_page: Callable[..., Page], server: Ser
             t.join()
     assert results == [200] * 8
     page.wait_reply_done()
-    page.page.wait_for_function("document.getElementById('t-running').textContent === '0' && "
-                                "document.getElementById('t-waiting').textContent === '0'", timeout=WAIT_MS)
+    page.page.wait_for_function(
+        "document.getElementById('t-running').textContent === '0' && "
+        "document.getElementById('t-waiting').textContent === '0'",
+        timeout=WAIT_MS,
+    )
     assert page.text("#t-preempted") == "0"
     assert not page.errors, page.errors
 
@@ -294,9 +329,17 @@ def test_copy_as_python_and_curl_run(open_page: Callable[..., Page], server: Ser
     page.wait_ready()
     page.page.click("#clear")
     page.set_settings(temperature=0, max_tokens=16, top_k=5, stop="\\n")
-    page.page.fill("#chat-input", "Say hello in French. It's \"easy\".")
-    expected = _api_reply(server, {"messages": [{"role": "user", "content": "Say hello in French. It's \"easy\"."}],
-                                   "temperature": 0, "max_tokens": 16, "top_k": 5, "stop": ["\\n"]})
+    page.page.fill("#chat-input", 'Say hello in French. It\'s "easy".')
+    expected = _api_reply(
+        server,
+        {
+            "messages": [{"role": "user", "content": 'Say hello in French. It\'s "easy".'}],
+            "temperature": 0,
+            "max_tokens": 16,
+            "top_k": 5,
+            "stop": ["\\n"],
+        },
+    )
     answer = expected["choices"][0]["message"]["content"]
     env = {**os.environ, "CONVEYOR_API_KEY": KEY}
 
@@ -324,9 +367,18 @@ def test_a_refused_request_shows_the_api_message(open_page: Callable[..., Page],
     page.set_settings(max_tokens=999999, temperature=0.5)
     page.send("Hi")
     page.page.wait_for_selector("#chat-error:not([hidden])", timeout=WAIT_MS)
-    r = httpx.post(server.url + "/v1/chat/completions", headers=AUTH, timeout=60,
-                   json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 999999, "temperature": 0.5,
-                         "stream": True, "stream_options": {"include_usage": True}})
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        headers=AUTH,
+        timeout=60,
+        json={
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 999999,
+            "temperature": 0.5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert r.status_code == 400
     assert page.text("#chat-error") == r.json()["error"]["message"]
     assert "max_tokens=999999 is too large" in page.text("#chat-error")

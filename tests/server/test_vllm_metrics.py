@@ -9,8 +9,11 @@ from conveyor.server.vllm_metrics import VLLM_NAMES, export_vllm_names
 
 
 def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text.decode()) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+    }
 
 
 def test_vllm_names_mirror_the_conveyor_series() -> None:
@@ -28,7 +31,7 @@ def test_vllm_names_mirror_the_conveyor_series() -> None:
         if family is None:
             continue
         for vllm_name in VLLM_NAMES[family]:
-            twin = (vllm_name + name[len(family):], tuple(sorted(dict(labels, model_name="my-model").items())))
+            twin = (vllm_name + name[len(family) :], tuple(sorted(dict(labels, model_name="my-model").items())))
             assert samples[twin] == value, twin
             mirrored += 1
     assert mirrored > 40  # gauges, counters and every histogram bucket

@@ -13,12 +13,10 @@ import jsonschema
 import pytest
 import torch
 
-from helpers.tiny_models import build_tiny_model
-from helpers.structured_schemas import random_object, save_small_tokenizer
-
 from conveyor import LLM, InvalidRequestError, SamplingParams
 from conveyor.structured.bitmask import DeferredBitmask, apply_bitmask, bitmask_words
-
+from helpers.structured_schemas import random_object, save_small_tokenizer
+from helpers.tiny_models import build_tiny_model
 
 MODEL_VOCAB = 520
 """The tiny model's vocabulary (its LM head) is wider than its tokenizer's 500 tokens, as real models
@@ -40,7 +38,7 @@ def test_bitmask_sets_exactly_the_forbidden_tokens_to_minus_inf() -> None:
     gen = torch.Generator().manual_seed(0)
     vocab, batch = 100, 5
     words = bitmask_words(vocab)
-    bitmask = torch.randint(-2**31, 2**31 - 1, (3, words), dtype=torch.int32, generator=gen)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, words), dtype=torch.int32, generator=gen)
     logits = torch.randn(batch, vocab, generator=gen)
     rows = torch.tensor([0, 2, 4])
     out = apply_bitmask(logits, rows, bitmask)
@@ -86,8 +84,10 @@ def test_200_random_schemas_greedy_and_seeded_give_valid_json(tiny_with_tokenize
     schemas = [random_object(rng) for _ in range(200)]
     llm = LLM(model=tiny_with_tokenizer, max_model_len=256, kv_cache_memory="64MiB", max_num_seqs=400)
     params = [SamplingParams(max_tokens=48, temperature=0.0, structured_outputs={"json": s}) for s in schemas]
-    params += [SamplingParams(max_tokens=48, temperature=0.8, seed=i, structured_outputs={"json": json.dumps(s)})
-               for i, s in enumerate(schemas)]
+    params += [
+        SamplingParams(max_tokens=48, temperature=0.8, seed=i, structured_outputs={"json": json.dumps(s)})
+        for i, s in enumerate(schemas)
+    ]
     outs = llm.generate(["Answer in JSON:"] * len(params), params, use_tqdm=False)
     finished = length = 0
     for out, p in zip(outs, params):
@@ -104,17 +104,29 @@ def test_200_random_schemas_greedy_and_seeded_give_valid_json(tiny_with_tokenize
     llm.engine.check_idle()
 
 
-REGEXES = [r"[0-9]{3}-[a-z]{2,4}", r"(yes|no|maybe)", r"[A-Z][a-z]{0,5} [0-9]+", r"\d+\.\d\d",
-           r"(ab|cd)*e", r"[a-f0-9]{8}"]
+REGEXES = [
+    r"[0-9]{3}-[a-z]{2,4}",
+    r"(yes|no|maybe)",
+    r"[A-Z][a-z]{0,5} [0-9]+",
+    r"\d+\.\d\d",
+    r"(ab|cd)*e",
+    r"[a-f0-9]{8}",
+]
 
 
 def test_regex_and_choice_outputs_match(tiny_with_tokenizer: str) -> None:
     llm = LLM(model=tiny_with_tokenizer, max_model_len=128, kv_cache_memory="32MiB")
     choices = [["Paris", "London", "Rome"], ["a b c", "ab", "a"], ["ja", "nein"]]
-    params = [SamplingParams(max_tokens=24, temperature=t, seed=i, structured_outputs={"regex": r})
-              for i, r in enumerate(REGEXES) for t in (0.0, 1.0)]
-    params += [SamplingParams(max_tokens=24, temperature=t, seed=i, n=2, structured_outputs={"choice": c})
-               for i, c in enumerate(choices) for t in (0.0, 1.0)]
+    params = [
+        SamplingParams(max_tokens=24, temperature=t, seed=i, structured_outputs={"regex": r})
+        for i, r in enumerate(REGEXES)
+        for t in (0.0, 1.0)
+    ]
+    params += [
+        SamplingParams(max_tokens=24, temperature=t, seed=i, n=2, structured_outputs={"choice": c})
+        for i, c in enumerate(choices)
+        for t in (0.0, 1.0)
+    ]
     params += [SamplingParams(max_tokens=24, temperature=1.0, seed=5, guided_regex=r"[xyz]{2}")]
     outs = llm.generate(["Say:"] * len(params), params, use_tqdm=False)
     finished = 0
@@ -134,29 +146,41 @@ def test_regex_and_choice_outputs_match(tiny_with_tokenizer: str) -> None:
 
 
 def _mixed_params(i: int) -> SamplingParams:
-    schema = {"type": "object", "properties": {"k": {"type": "string", "maxLength": 6},
-                                               "v": {"type": "array", "items": {"type": "integer", "minimum": 0,
-                                                                               "maximum": 99}, "maxItems": 3}},
-              "required": ["k", "v"], "additionalProperties": False}
-    return [SamplingParams(max_tokens=30, temperature=0.0, structured_outputs={"json": schema}),
-            SamplingParams(max_tokens=18, temperature=0.9, seed=i, ignore_eos=True),
-            SamplingParams(n=3, max_tokens=24, temperature=1.0, seed=i, structured_outputs={"regex": r"[a-z]{1,12}!"}),
-            SamplingParams(max_tokens=20, temperature=0.7, seed=2 * i, structured_outputs={"json_object": True},
-                           stop=["}"], presence_penalty=0.5),
-            SamplingParams(max_tokens=4, temperature=0.0, structured_outputs={"choice": ["alpha", "beta"]},
-                           logprobs=1),
-            SamplingParams(max_tokens=3, temperature=0.0, structured_outputs={"json": schema})][i % 6]
+    schema = {
+        "type": "object",
+        "properties": {
+            "k": {"type": "string", "maxLength": 6},
+            "v": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "maxItems": 3},
+        },
+        "required": ["k", "v"],
+        "additionalProperties": False,
+    }
+    return [
+        SamplingParams(max_tokens=30, temperature=0.0, structured_outputs={"json": schema}),
+        SamplingParams(max_tokens=18, temperature=0.9, seed=i, ignore_eos=True),
+        SamplingParams(n=3, max_tokens=24, temperature=1.0, seed=i, structured_outputs={"regex": r"[a-z]{1,12}!"}),
+        SamplingParams(
+            max_tokens=20,
+            temperature=0.7,
+            seed=2 * i,
+            structured_outputs={"json_object": True},
+            stop=["}"],
+            presence_penalty=0.5,
+        ),
+        SamplingParams(max_tokens=4, temperature=0.0, structured_outputs={"choice": ["alpha", "beta"]}, logprobs=1),
+        SamplingParams(max_tokens=3, temperature=0.0, structured_outputs={"json": schema}),
+    ][i % 6]
 
 
 PRESSURE = {
-    "preemption+chunked": dict(block_size=4, max_model_len=96, kv_cache_memory=30 * 4 * 512,
-                               max_num_batched_tokens=16),
+    "preemption+chunked": dict(block_size=4, max_model_len=96, kv_cache_memory=30 * 4 * 512, max_num_batched_tokens=16),
     "plain": dict(block_size=4, max_model_len=128, kv_cache_memory=2**21),
 }
 
 
-def _run_mixed(folder: str, async_batching: bool, pressure: str,
-               masks_when_sampled: bool = True) -> tuple[list[Any], Any]:
+def _run_mixed(
+    folder: str, async_batching: bool, pressure: str, masks_when_sampled: bool = True
+) -> tuple[list[Any], Any]:
     llm = LLM(model=folder, async_batching=async_batching, **PRESSURE[pressure])
     assert llm.engine.grammars.masks_when_sampled  # on a CPU the sampling thread makes a step's masks
     llm.engine.grammars.masks_when_sampled = masks_when_sampled
@@ -205,11 +229,13 @@ def test_masks_made_on_the_host_thread_during_the_forward_give_the_same_tokens(t
 
 def test_bad_constraints_are_refused_by_name(tiny_with_tokenizer: str) -> None:
     llm = LLM(model=tiny_with_tokenizer, max_model_len=64, kv_cache_memory="8MiB")
-    cases = [({"json": {"type": "objekt"}}, "JSON schema cannot be compiled"),
-             ({"regex": "(unclosed"}, "regex cannot be compiled"),
-             ({"grammar": "start: undefined_rule"}, "grammar cannot be compiled"),
-             ({"json": "[1, 2"}, "not valid JSON"),
-             ({"regex": "a", "choice": ["a"]}, "exactly one")]
+    cases = [
+        ({"json": {"type": "objekt"}}, "JSON schema cannot be compiled"),
+        ({"regex": "(unclosed"}, "regex cannot be compiled"),
+        ({"grammar": "start: undefined_rule"}, "grammar cannot be compiled"),
+        ({"json": "[1, 2"}, "not valid JSON"),
+        ({"regex": "a", "choice": ["a"]}, "exactly one"),
+    ]
     for constraint, words in cases:
         with pytest.raises(InvalidRequestError, match="structured_outputs") as info:
             llm.generate("x", SamplingParams(structured_outputs=constraint), use_tqdm=False)
@@ -218,8 +244,10 @@ def test_bad_constraints_are_refused_by_name(tiny_with_tokenizer: str) -> None:
         SamplingParams(min_tokens=2, structured_outputs={"regex": "a+"})
     llm.engine.check_idle()
     slow = LLM(model=tiny_with_tokenizer, max_model_len=64, kv_cache_memory="8MiB", structured_output_timeout=1e-6)
-    big = {"type": "object", "properties": {f"p{i}": {"enum": [f"value-{i}-{j}" for j in range(200)]}
-                                            for i in range(30)}}  # takes milliseconds, not a microsecond
+    big = {
+        "type": "object",
+        "properties": {f"p{i}": {"enum": [f"value-{i}-{j}" for j in range(200)]} for i in range(30)},
+    }  # takes milliseconds, not a microsecond
     with pytest.raises(InvalidRequestError, match="took longer than"):
         slow.generate("x", SamplingParams(structured_outputs={"json": big}), use_tqdm=False)
 
@@ -227,10 +255,12 @@ def test_bad_constraints_are_refused_by_name(tiny_with_tokenizer: str) -> None:
 def test_abort_of_a_constrained_request_mid_flight(tiny_with_tokenizer: str) -> None:
     llm = LLM(model=tiny_with_tokenizer, max_model_len=128, kv_cache_memory="8MiB")
     engine = llm.engine
-    keep = engine.add_request("x", SamplingParams(max_tokens=40, temperature=1.0, seed=1,
-                                                  structured_outputs={"regex": "[a-z]{30}"}))
-    gone = engine.add_request("y", SamplingParams(max_tokens=40, temperature=1.0, seed=2,
-                                                  structured_outputs={"regex": "[a-z]{30}"}))
+    keep = engine.add_request(
+        "x", SamplingParams(max_tokens=40, temperature=1.0, seed=1, structured_outputs={"regex": "[a-z]{30}"})
+    )
+    gone = engine.add_request(
+        "y", SamplingParams(max_tokens=40, temperature=1.0, seed=2, structured_outputs={"regex": "[a-z]{30}"})
+    )
     finals: list[Any] = []
     for i in range(80):
         if not engine.has_work():
@@ -252,7 +282,7 @@ def test_native_bitmask_kernel_matches_torch(native_kernels: Any, dtype: torch.d
     gen = torch.Generator().manual_seed(3)
     vocab, batch = 1000, 6
     words = bitmask_words(vocab)
-    bitmask = torch.randint(-2**31, 2**31 - 1, (4, words), dtype=torch.int32, generator=gen)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, words), dtype=torch.int32, generator=gen)
     bitmask[0, :5] = -1  # every token allowed
     bitmask[1, 3:9] = 0  # every token forbidden
     logits = torch.randn(batch, vocab, generator=gen).to(dtype)
@@ -273,8 +303,9 @@ def test_native_bitmask_kernel_matches_torch(native_kernels: Any, dtype: torch.d
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("native", [False, True])
-def test_greedy_grammar_rows_masked_in_the_model_dtype_pick_the_float32_ids(native_kernels: Any, dtype: torch.dtype,
-                                                                            native: bool) -> None:
+def test_greedy_grammar_rows_masked_in_the_model_dtype_pick_the_float32_ids(
+    native_kernels: Any, dtype: torch.dtype, native: bool
+) -> None:
     """A plain greedy batch with grammar rows is masked in the model's dtype (in place when the caller owns the
     logits): the ids equal the float32 path's (the same batch with logprobs asked), ties and all-forbidden rows
     included, and logits the caller still owns are left alone."""
@@ -284,15 +315,20 @@ def test_greedy_grammar_rows_masked_in_the_model_dtype_pick_the_float32_ids(nati
     rows, vocab = 8, 1000
     logits = (torch.randn(rows, vocab, generator=gen) * 4).to(dtype)  # coarse bfloat16 values: ties
     logits[1, 7] = logits[1, 900] = logits[1].max() + 1  # a tie at the top; token 7 forbidden below
-    bitmask = torch.randint(-2**31, 2**31 - 1, (5, bitmask_words(vocab)), dtype=torch.int32, generator=gen)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (5, bitmask_words(vocab)), dtype=torch.int32, generator=gen)
     bitmask[0] = -1  # all allowed
     bitmask[2] = 0  # all forbidden
     bitmask[1, 0] &= ~(1 << 7)
     grammar = (torch.tensor([6, 1, 3, 0, 4]), bitmask)
-    greedy = SamplingTensors(temperature=torch.zeros(rows), top_k=torch.zeros(rows, dtype=torch.int64),
-                             top_p=torch.ones(rows), seeds=torch.zeros(rows, dtype=torch.int64),
-                             output_index=torch.zeros(rows, dtype=torch.int64), all_greedy=True,
-                             any_top_k_or_p=False)
+    greedy = SamplingTensors(
+        temperature=torch.zeros(rows),
+        top_k=torch.zeros(rows, dtype=torch.int64),
+        top_p=torch.ones(rows),
+        seeds=torch.zeros(rows, dtype=torch.int64),
+        output_index=torch.zeros(rows, dtype=torch.int64),
+        all_greedy=True,
+        any_top_k_or_p=False,
+    )
     kernel = native_kernels if native else None
     before = logits.clone()
     got = sample(logits, greedy, grammar, kernel).tokens
@@ -317,7 +353,7 @@ def test_native_argmax_allowed_is_the_argmax_of_the_masked_logits(native_kernels
     words = bitmask_words(vocab) + 1  # one spare word, all bits set: past the vocabulary, never a token
     logits = (torch.randn(batch, vocab, generator=gen) * 3).to(dtype)  # [batch, vocab]
     logits[2, 40] = logits[2, 999] = logits[2].max() + 1  # a tie at the top, both allowed: 40 wins
-    bitmask = torch.randint(-2**31, 2**31 - 1, (7, words), dtype=torch.int32, generator=gen)  # dense
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (7, words), dtype=torch.int32, generator=gen)  # dense
     bitmask[:, -2:] = -1  # the bits of the last partial word past the vocabulary, and the spare word
     bitmask[1] = 0
     bitmask[1, 5] = 1 << 3  # one token: 163

@@ -18,19 +18,20 @@ from typing import Any
 
 import pytest
 
-from helpers.tiny_models import build_tiny_model
-from helpers import PACKAGE_ROOT
 from conveyor import LLM, ConfigError, SamplingParams
 from conveyor.core.plan import SamplingSpec, ScheduledSeq, StepPlan
-from conveyor.tensor_parallel.shard import check_tensor_parallel, working_sizes
 from conveyor.tensor_parallel.plan_wire import decode_plan, encode_plan
+from conveyor.tensor_parallel.shard import check_tensor_parallel, working_sizes
+from helpers import PACKAGE_ROOT
+from helpers.tiny_models import build_tiny_model
 
 SHAPES = {
     "kv-split": dict(num_attention_heads=4, num_key_value_heads=2),  # heads and KV heads split 2 ways
     "kv-replicated": dict(num_attention_heads=4, num_key_value_heads=1),  # one KV head, replicated on both ranks
 }
-PRESSURE = dict(block_size=4, max_model_len=96, kv_cache_memory=28 * 4 * 512, max_num_batched_tokens=16,
-                dtype="float32")
+PRESSURE = dict(
+    block_size=4, max_model_len=96, kv_cache_memory=28 * 4 * 512, max_num_batched_tokens=16, dtype="float32"
+)
 """A cache small enough to force preemption and a budget small enough to force chunked prefill."""
 
 
@@ -56,11 +57,15 @@ def _run(folder: str, tp: int, async_batching: bool, **options: Any) -> tuple[li
     rng = random.Random(7)
     prompts = [[rng.randrange(2, 512) for _ in range(rng.randrange(3, 40))] for _ in range(10)]
     # penalties and n > 1 too: every rank keeps the block tables and penalty histories from the plans' deltas
-    params = [[SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True),
-               SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=i, ignore_eos=True, logprobs=2),
-               SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.4, ignore_eos=True),
-               SamplingParams(n=2, max_tokens=10, temperature=0.9, seed=i, frequency_penalty=0.8, ignore_eos=True)
-               ][i % 4] for i in range(len(prompts))]
+    params = [
+        [
+            SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True),
+            SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=i, ignore_eos=True, logprobs=2),
+            SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.4, ignore_eos=True),
+            SamplingParams(n=2, max_tokens=10, temperature=0.9, seed=i, frequency_penalty=0.8, ignore_eos=True),
+        ][i % 4]
+        for i in range(len(prompts))
+    ]
     llm = LLM(model=folder, tensor_parallel_size=tp, async_batching=async_batching, **{**PRESSURE, **options})
     pids: list[int] = []
     try:
@@ -121,14 +126,14 @@ def test_int4_shards_use_the_int4_kernels_and_match_tp1(tmp_path: pathlib.Path) 
     prompts = [[5, 6, 7, 8, 9] * 3, [11, 12, 13], [40, 41, 42, 43, 44, 45, 46]]
     results = []
     for tp in (1, 2):
-        llm = LLM(model=folder, tensor_parallel_size=tp, quantization="int4", kv_cache_memory=2**20,
-                  max_model_len=128)
+        llm = LLM(model=folder, tensor_parallel_size=tp, quantization="int4", kv_cache_memory=2**20, max_model_len=128)
         try:
             layer = llm.engine.runner.model.layers[0]
             assert isinstance(layer.down, Int4Projection) and isinstance(layer.qkv, Int4Projection)
             assert layer.down.dense.in_features == 128 // tp
-            outs = llm.generate(prompts, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=2),
-                                use_tqdm=False)
+            outs = llm.generate(
+                prompts, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=2), use_tqdm=False
+            )
         finally:
             llm.engine.close()
         results.append([(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs])
@@ -143,9 +148,12 @@ def test_int4_shards_use_the_int4_kernels_and_match_tp1(tmp_path: pathlib.Path) 
             diverged += 1
             a, b = ref[split], got[split]
             assert b in ref_lp[split] and a in got_lp[split], (
-                f"prompt {i} parts at token {split} ({a} vs {b}), not between the two runs' top-2")
-            gaps = (ref_lp[split][a].logprob - ref_lp[split][b].logprob,
-                    got_lp[split][b].logprob - got_lp[split][a].logprob)
+                f"prompt {i} parts at token {split} ({a} vs {b}), not between the two runs' top-2"
+            )
+            gaps = (
+                ref_lp[split][a].logprob - ref_lp[split][b].logprob,
+                got_lp[split][b].logprob - got_lp[split][a].logprob,
+            )
             assert max(gaps) < BF16_TP_LOGPROB_NOISE, f"prompt {i} parts at token {split}, top-2 gaps {gaps}"
     assert diverged < len(prompts), f"every prompt parted ways: {results}"
 
@@ -161,9 +169,20 @@ def test_sizes_that_do_not_divide_the_model_are_refused_with_the_ones_that_do(ti
 def test_default_model_divides_by_1_and_3_only() -> None:
     from conveyor.model.model_spec import ModelSpec, RopeSpec
 
-    spec = ModelSpec("llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
-                     num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope=RopeSpec(1e5),
-                     max_position_embeddings=8192, tie_word_embeddings=True)
+    spec = ModelSpec(
+        "llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope=RopeSpec(1e5),
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )
     assert working_sizes(spec) == [1, 3]
     with pytest.raises(ConfigError, match="9 attention heads.*sizes that work for this model: 1, 3"):
         check_tensor_parallel(spec, 2, "SmolLM2")
@@ -176,16 +195,46 @@ def test_bad_tensor_parallel_size_values_are_config_errors() -> None:
 
 
 def test_plan_travels_as_json_and_comes_back_equal() -> None:
-    spec = SamplingSpec(temperature=0.7, top_k=5, top_p=0.9, seed=2**62 + 3, output_index=4, min_p=0.1,
-                        presence_penalty=0.5, repetition_penalty=1.2, logit_bias=((3, 2.0), (9, -1.5)),
-                        suppress_token_ids=(1, 2), history_tail=(5, 7), history_start=3, num_history_placeholders=1,
-                        num_prompt_tokens=2, logprobs=3)
-    plan = StepPlan(step_id=17, num_preempted=2, block_copies=[(3, 4)], dropped_ids=["d", "e\u00e9"], seqs=[
-        ScheduledSeq("a", [5, 6, -1], 4, [1, 2], 1, spec, prompt_logprob_targets=[6, -1, -1],
-                     num_prompt_logprobs=2, arrival_index=3),
-        ScheduledSeq("b", [], 0, [7], 0, dataclasses.replace(spec, history_tail=None), sample_from="a",
-                     arrival_index=4),
-        ScheduledSeq("c\u00e9", [8, 9], 0, [5], 0, None)])
+    spec = SamplingSpec(
+        temperature=0.7,
+        top_k=5,
+        top_p=0.9,
+        seed=2**62 + 3,
+        output_index=4,
+        min_p=0.1,
+        presence_penalty=0.5,
+        repetition_penalty=1.2,
+        logit_bias=((3, 2.0), (9, -1.5)),
+        suppress_token_ids=(1, 2),
+        history_tail=(5, 7),
+        history_start=3,
+        num_history_placeholders=1,
+        num_prompt_tokens=2,
+        logprobs=3,
+    )
+    plan = StepPlan(
+        step_id=17,
+        num_preempted=2,
+        block_copies=[(3, 4)],
+        dropped_ids=["d", "e\u00e9"],
+        seqs=[
+            ScheduledSeq(
+                "a",
+                [5, 6, -1],
+                4,
+                [1, 2],
+                1,
+                spec,
+                prompt_logprob_targets=[6, -1, -1],
+                num_prompt_logprobs=2,
+                arrival_index=3,
+            ),
+            ScheduledSeq(
+                "b", [], 0, [7], 0, dataclasses.replace(spec, history_tail=None), sample_from="a", arrival_index=4
+            ),
+            ScheduledSeq("c\u00e9", [8, 9], 0, [5], 0, None),
+        ],
+    )
     data = encode_plan(plan)
     json.loads(data)  # plain JSON: numbers, strings, lists; nothing a pickle loader would read
     assert not data.startswith(b"\x80")  # a pickle stream starts with its PROTO opcode
@@ -196,7 +245,7 @@ def test_no_pickle_on_the_wire_path() -> None:
     """The modules that move data between ranks import neither pickle nor multiprocessing (which pickles
     its arguments), and never call torch.distributed's *_object collectives (which pickle)."""
     root = PACKAGE_ROOT
-    files = list((root / "parallel").glob("*.py")) + [root / "runtime" / "tp_executor.py"]
+    files = [*list((root / "parallel").glob("*.py")), root / "runtime" / "tp_executor.py"]
     assert root / "parallel" / "plan_wire.py" in files
     for path in files:
         tree = ast.parse(path.read_text())
@@ -204,21 +253,25 @@ def test_no_pickle_on_the_wire_path() -> None:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
                 for name in names:
-                    assert name is None or not any(bad in name for bad in ("pickle", "multiprocessing", "dill")), \
+                    assert name is None or not any(bad in name for bad in ("pickle", "multiprocessing", "dill")), (
                         f"{path.name} imports {name}"
+                    )
             if isinstance(node, ast.Attribute):
-                assert not node.attr.endswith("_object") and not node.attr.endswith("_object_list"), \
+                assert not node.attr.endswith("_object") and not node.attr.endswith("_object_list"), (
                     f"{path.name} uses {node.attr}"
+                )
 
 
 def test_workers_die_with_a_killed_engine_process(tmp_path: pathlib.Path) -> None:
     """SIGKILL of the engine (no close, no atexit) still leaves no worker behind."""
     folder = str(tmp_path / "m")
     build_tiny_model("llama", folder)
-    script = ("import sys, time\nfrom conveyor import LLM\n"
-              f"llm = LLM(model={folder!r}, tensor_parallel_size=2, dtype='float32', kv_cache_memory=2**20, "
-              "max_model_len=64)\n"
-              "print(*llm.engine.runner.workers.pids, flush=True)\ntime.sleep(120)\n")
+    script = (
+        "import sys, time\nfrom conveyor import LLM\n"
+        f"llm = LLM(model={folder!r}, tensor_parallel_size=2, dtype='float32', kv_cache_memory=2**20, "
+        "max_model_len=64)\n"
+        "print(*llm.engine.runner.workers.pids, flush=True)\ntime.sleep(120)\n"
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
@@ -245,10 +298,10 @@ def test_structured_output_is_refused_at_admission_and_the_engine_keeps_serving(
     llm = LLM(model=folder, tensor_parallel_size=2, dtype="float32", kv_cache_memory=2**20, max_model_len=64)
     try:
         with pytest.raises(InvalidRequestError, match="structured output.*tensor_parallel_size=2"):
-            llm.engine.add_request([3, 4, 5], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputs(
-                choice=("a", "b"))))
-        out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True),
-                           use_tqdm=False)
+            llm.engine.add_request(
+                [3, 4, 5], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputs(choice=("a", "b")))
+            )
+        out = llm.generate([[3, 4, 5]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True), use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 4
         llm.engine.check_idle()
     finally:
@@ -258,8 +311,14 @@ def test_structured_output_is_refused_at_admission_and_the_engine_keeps_serving(
 def test_a_dead_worker_turns_into_an_error_not_a_hang(tmp_path: pathlib.Path) -> None:
     folder = str(tmp_path / "m")
     build_tiny_model("llama", folder)
-    llm = LLM(model=folder, tensor_parallel_size=2, dtype="float32", kv_cache_memory=2**20, max_model_len=64,
-              async_batching=False)
+    llm = LLM(
+        model=folder,
+        tensor_parallel_size=2,
+        dtype="float32",
+        kv_cache_memory=2**20,
+        max_model_len=64,
+        async_batching=False,
+    )
     try:
         pid = llm.engine.runner.workers.pids[0]
         os.kill(pid, signal.SIGKILL)
@@ -289,12 +348,18 @@ def test_default_model_tp3_matches_tp1() -> None:
     """SmolLM2-135M (9 query / 3 KV heads, MLP 1536, vocabulary 49152: only 1 and 3 divide them all), float32,
     greedy and seeded sampling, with chunked prefill."""
     prompts = [[1] + [(97 * i + 31 * j) % 40000 + 50 for j in range(20 + 9 * i)] for i in range(4)]
-    params = [SamplingParams(max_tokens=16, temperature=0.8 if i % 2 else 0.0, seed=i, ignore_eos=True)
-              for i in range(4)]
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.8 if i % 2 else 0.0, seed=i, ignore_eos=True) for i in range(4)
+    ]
     results = []
     for tp in (1, 3):
-        llm = LLM(tensor_parallel_size=tp, dtype="float32", max_model_len=256, kv_cache_memory="64MiB",
-                  max_num_batched_tokens=32)
+        llm = LLM(
+            tensor_parallel_size=tp,
+            dtype="float32",
+            max_model_len=256,
+            kv_cache_memory="64MiB",
+            max_num_batched_tokens=32,
+        )
         try:
             outs = llm.generate(prompts, params, use_tqdm=False)
             assert llm.engine.stats().num_partial_prefills > 0
@@ -317,14 +382,14 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.parametrize("model", ["tiny-tp2", pytest.param("default-tp3", marks=pytest.mark.slow)])
-def test_server_streams_concurrent_requests_and_sigterm_leaves_no_worker(model: str,
-                                                                         tmp_path: pathlib.Path) -> None:
+def test_server_streams_concurrent_requests_and_sigterm_leaves_no_worker(model: str, tmp_path: pathlib.Path) -> None:
     """`conveyor serve` under tensor parallelism, through the openai client: concurrent streamed requests each
     get their max_tokens; SIGTERM ends the server and every worker. The tiny model (no tokenizer) takes token-id
     prompts; the default model at TP=3 (about a minute to start on 2 busy cores) takes text."""
     import concurrent.futures
 
     import openai
+
     from helpers.server_process import running_server
 
     if model == "tiny-tp2":
@@ -333,17 +398,22 @@ def test_server_streams_concurrent_requests_and_sigterm_leaves_no_worker(model: 
         args, name, tp = ["--model", folder, "--tensor-parallel-size", "2"], "m", 2
     else:
         args, name, tp = ["--tensor-parallel-size", "3"], "SmolLM2-135M-Instruct", 3
-    with running_server(*args, "--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-model-len", "256") \
-            as server:
+    with running_server(*args, "--dtype", "float32", "--kv-cache-memory", "16MiB", "--max-model-len", "256") as server:
         workers = _children(server.proc.pid)
         assert len(workers) == tp - 1, f"expected {tp - 1} worker processes under the server, found {workers}"
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
 
         def stream(i: int) -> int:
             prompt: Any = [5 + i, 6, 7, 8] if model == "tiny-tp2" else f"Count to {i}:"
-            chunks = client.completions.create(model=name, prompt=prompt, max_tokens=6 + i % 3, temperature=0.0,
-                                               stream=True, stream_options={"include_usage": True},
-                                               extra_body={"ignore_eos": True})
+            chunks = client.completions.create(
+                model=name,
+                prompt=prompt,
+                max_tokens=6 + i % 3,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
             usage = [c.usage for c in chunks if c.usage is not None]
             return usage[-1].completion_tokens
 

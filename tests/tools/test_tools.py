@@ -12,13 +12,26 @@ from conveyor import InvalidRequestError, SamplingParams
 from conveyor.tools import parser_for, plan_tools, render_conversation
 from conveyor.tools.choice import ToolRequestError
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}
-CALLS = [{"id": "call_1", "type": "function", "function": {"name": "get_weather",
-                                                            "arguments": '{"city": "Paris", "unit": "celsius"}'}},
-         {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "CET"}'}}]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 16}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+CALLS = [
+    {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+    },
+    {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "CET"}'}},
+]
 
 
 @pytest.mark.parametrize("name", ["hermes", "llama3_json", "mistral"])
@@ -27,8 +40,9 @@ def test_each_format_reads_back_what_it_writes(name: str) -> None:
     text = parser.render(CALLS)
     content, calls = parser.parse(text)
     assert content is None
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == \
-        [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in CALLS]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        (c["function"]["name"], json.loads(c["function"]["arguments"])) for c in CALLS
+    ]
     assert parser.parse("The weather is fine.") == ("The weather is fine.", [])
 
 
@@ -63,10 +77,13 @@ def test_tool_choice_plans_and_refusals() -> None:
     assert named.constraint == {"json": WEATHER["function"]["parameters"]}
     content, calls = named.read_reply('{"city": "Oslo", "unit": "celsius"}', parser_for("hermes", None))
     assert content is None and calls[0].name == "get_weather"
-    for tools, choice, param in [([WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice"),
-                                 (None, "required", "tool_choice"), ([WEATHER], "sometimes", "tool_choice"),
-                                 ([{"type": "function", "function": {}}], None, "tools"),
-                                 ([WEATHER, WEATHER], None, "tools")]:
+    for tools, choice, param in [
+        ([WEATHER], {"type": "function", "function": {"name": "nope"}}, "tool_choice"),
+        (None, "required", "tool_choice"),
+        ([WEATHER], "sometimes", "tool_choice"),
+        ([{"type": "function", "function": {}}], None, "tools"),
+        ([WEATHER, WEATHER], None, "tools"),
+    ]:
         with pytest.raises(ToolRequestError) as info:
             plan_tools(tools, choice)
         assert info.value.param == param
@@ -74,29 +91,35 @@ def test_tool_choice_plans_and_refusals() -> None:
 
 def test_template_without_tool_support_gets_tools_and_history_as_text() -> None:
     parser = parser_for("hermes", None)
-    messages = [{"role": "user", "content": "weather?"},
-                {"role": "assistant", "content": None, "tool_calls": CALLS[:1]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "21 C"}]
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": CALLS[:1]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
+    ]
     rendered, extra = render_conversation(messages, [WEATHER], "{{ message['content'] }}", parser)
     assert extra == {} and rendered[0]["role"] == "system" and "get_weather" in rendered[0]["content"]
     assert "<tool_call>" in rendered[2]["content"] and "Paris" in rendered[2]["content"]
     assert rendered[3] == {"role": "user", "content": "<tool_response>\n21 C\n</tool_response>"}
     native, extra = render_conversation(messages, [WEATHER], "{% for t in tools %}{% endfor %}", parser)
-    assert extra == {"tools": [WEATHER]} and native[1]["tool_calls"][0]["function"]["arguments"] == \
-        {"city": "Paris", "unit": "celsius"}
+    assert extra == {"tools": [WEATHER]} and native[1]["tool_calls"][0]["function"]["arguments"] == {
+        "city": "Paris",
+        "unit": "celsius",
+    }
 
 
 def test_llm_chat_with_required_tools_gives_valid_calls(default_llm: Any) -> None:
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
-    out = default_llm.chat(ask, SamplingParams(max_tokens=60, temperature=0), use_tqdm=False, tools=[WEATHER],
-                           tool_choice="required")[0].outputs[0]
+    out = default_llm.chat(
+        ask, SamplingParams(max_tokens=60, temperature=0), use_tqdm=False, tools=[WEATHER], tool_choice="required"
+    )[0].outputs[0]
     assert out.finish_reason == "stop" and out.tool_calls
     for call in out.tool_calls:
         assert call.name == "get_weather"
         jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
     with pytest.raises(InvalidRequestError, match="tool_choice"):
-        default_llm.chat(ask, SamplingParams(structured_outputs={"regex": "a"}), tools=[WEATHER],
-                         tool_choice="required")
+        default_llm.chat(
+            ask, SamplingParams(structured_outputs={"regex": "a"}), tools=[WEATHER], tool_choice="required"
+        )
 
 
 def test_streamed_content_stops_where_a_call_could_begin() -> None:
