@@ -245,8 +245,8 @@ def test_no_pickle_on_the_wire_path() -> None:
     """The modules that move data between ranks import neither pickle nor multiprocessing (which pickles
     its arguments), and never call torch.distributed's *_object collectives (which pickle)."""
     root = PACKAGE_ROOT
-    files = [*list((root / "parallel").glob("*.py")), root / "runtime" / "tp_executor.py"]
-    assert root / "parallel" / "plan_wire.py" in files
+    files = [*list((root / "tensor_parallel").glob("*.py")), root / "runtime" / "tp_executor.py"]
+    assert root / "tensor_parallel" / "plan_wire.py" in files
     for path in files:
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
