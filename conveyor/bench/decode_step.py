@@ -44,17 +44,26 @@ def attention_flops(spec: ModelSpec, context_len: int) -> int:
     return 4 * spec.num_layers * spec.num_heads * spec.head_dim * context_len
 
 
-def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """Best of `repeats` square matmuls on the CPU: the ceiling a decode step is measured against."""
-    a = torch.randn(size, size).to(dtype)  # [size, size]
-    b = torch.randn(size, size).to(dtype)  # [size, size]
-    a @ b  # warm-up (oneDNN primitive creation)
+def matmul_peak_gflops(dtype: torch.dtype, size: int = 2048, repeats: int = 5, min_seconds: float = 0.05) -> float:
+    """Best of `repeats` square matmuls on the CPU: the ceiling a decode step is measured against. The matrices
+    grow from 256 rows, doubling up to `size`, until one product takes `min_seconds`: a dtype this CPU computes
+    slowly (bfloat16 without AVX-512 BF16) is measured on smaller matrices instead of for minutes."""
+    n = 256
+    while True:
+        a = torch.randn(n, n).to(dtype)  # [n, n]
+        b = torch.randn(n, n).to(dtype)  # [n, n]
+        a @ b  # warm-up (oneDNN primitive creation)
+        start = time.perf_counter()
+        a @ b
+        if n >= size or time.perf_counter() - start >= min_seconds:
+            break
+        n *= 2
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
+    return 2 * n**3 / best / 1e9
 
 
 def weight_bytes_per_step(spec: ModelSpec, element_size: int) -> int:
