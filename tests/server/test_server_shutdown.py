@@ -21,14 +21,15 @@ def _stream(url: str, body: dict[str, Any], sink: list[str]) -> None:
 
 
 def test_sigterm_drains_then_exits_zero() -> None:
-    server = ServerProcess("--shutdown-timeout", "4")
+    # the short stream (12 tokens) ends well inside the 8 s drain window on any CPU; the long one (1900) cannot
+    server = ServerProcess("--shutdown-timeout", "8")
     try:
         server.wait_ready()
         short: list[str] = []
         long: list[str] = []
         base = {"prompt": "Count:", "temperature": 0, "ignore_eos": True, "stream": True}
         threads = [
-            threading.Thread(target=_stream, args=(server.url, base | {"max_tokens": 40}, short)),
+            threading.Thread(target=_stream, args=(server.url, base | {"max_tokens": 12}, short)),
             threading.Thread(target=_stream, args=(server.url, base | {"max_tokens": 1900}, long)),
         ]
         for t in threads:

@@ -1,7 +1,7 @@
 // The kernels' split of work over threads, on OpenMP directly (the runtime torch itself uses: torch's
 // set_num_threads sets OpenMP's thread count, so omp_get_max_threads() here is torch.get_num_threads()).
 //
-// parallel_for(begin, end, grain, f) splits exactly as ATen's conveyor_parallel::parallel_for does under OpenMP, so every output
+// parallel_for(begin, end, grain, f) splits exactly as ATen's at::parallel_for does under OpenMP, so every output
 // is computed by the same arithmetic in the same order as before, whatever the thread count:
 //   - runs f(begin, end) on the calling thread when end - begin <= grain, when there is one thread, or inside
 //     another parallel region (or another parallel_for's body);
@@ -31,10 +31,10 @@ struct BodyGuard {
   ~BodyGuard() { in_body() = previous; }
 };
 
-// The threads an op splits its work for: OpenMP's count for a region started here (conveyor_parallel::num_threads()).
+// The threads an op splits its work for: OpenMP's count for a region started here (as at::get_num_threads()).
 inline int64_t num_threads() { return omp_get_max_threads(); }
 
-// The calling thread's index in its parallel_for (0 outside one; conveyor_parallel::thread_index()).
+// The calling thread's index in its parallel_for (0 outside one; as at::get_thread_num()).
 inline int64_t& thread_index() {
   thread_local int64_t index = 0;
   return index;

@@ -100,7 +100,6 @@ inline void request_bytes(const void* p) {
 #if defined(__AVX512BF16__)
 #define CONVEYOR_VEC_BF16 1
 
-extern "C" __m512 _ZGVeN16v_expf(__m512);  // glibc libmvec's 16-lane expf (linked with -lmvec)
 
 namespace conveyor_vec {
 
