@@ -1,4 +1,4 @@
-"""Data parallelism on Ray (conveyor/distributed), offline: LLM(data_parallel_size=2) gives each request the
+"""Data parallelism on Ray (conveyor/data_parallel), offline: LLM(data_parallel_size=2) gives each request the
 tokens it gets alone, refuses what it cannot carry, keeps Ray calls to plain values, and leaves no process
 behind (Ray's gcs_server / raylet / workers and the replicas' TP workers included)."""
 

@@ -2,7 +2,7 @@
 (which never downloads a browser of its own here). Skipped, with the reason, where either is
 missing; scripts/test.sh installs both (apt and pip) when it can.
 
-Set CONVEYOR_UI_SCREENSHOTS=docs to also write the README's screenshots."""
+Set CONVEYOR_UI_SCREENSHOTS=docs to also write the screenshots in docs/ (README.md and docs/server.md show them)."""
 
 from __future__ import annotations
 

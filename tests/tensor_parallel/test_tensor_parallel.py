@@ -1,4 +1,4 @@
-"""Tensor parallelism (conveyor/parallel): TP=2 against TP=1 token for token on tiny random models, the
+"""Tensor parallelism (conveyor/tensor_parallel): TP=2 against TP=1 token for token on tiny random models, the
 plan's wire format, refused sizes, and no worker left behind."""
 
 from __future__ import annotations
