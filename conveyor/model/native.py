@@ -460,13 +460,8 @@ def resolve_kernels(backend: str, device: torch.device) -> NativeKernels | None:
     if device.type != "cpu":
         raise ConfigError(f"kernels='native' are CPU kernels and cannot run on {device}; use kernels='auto' or 'torch'")
     try:
-        if backend == "auto":
-            library = kernels_library()
-            if not library.exists():  # never wait for a compiler: torch's ops while it builds in the background
-                _require_linux()
-                _start_background_build(library)
-                return None
-        return load_kernels()
+        # 'auto' never waits for a compiler: torch's ops while the kernels build in the background
+        return load_kernels(wait=backend != "auto")
     except NativeUnavailable as exc:
         if backend == "native":
             raise ConfigError(
