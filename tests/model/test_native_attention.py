@@ -185,7 +185,7 @@ def test_backend_choice_errors_and_fallback(monkeypatch: pytest.MonkeyPatch, cap
     assert resolve_kernels("auto", torch.device("cuda")) is None
     assert resolve_kernels("torch", torch.device("cpu")) is None
 
-    def unavailable() -> None:
+    def unavailable(wait: bool = True) -> None:
         raise NoToolchain("building the native kernels needs c++ on PATH (install g++)")
 
     monkeypatch.setattr(native, "load_kernels", unavailable)
