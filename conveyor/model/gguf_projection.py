@@ -113,6 +113,8 @@ class GGUFProjection:
         self.bias = bias
         self.out_features, self.in_features = weight.shape
         compact = [p for p in self.parts if isinstance(p, QuantizedWeight)]
+        self.int8_float32 = any(p.int8_float32 for p in compact)
+        """Few-row products quantize float32 activations to int8 as they do bfloat16 ones (QuantizedWeight)."""
         # all parts in blocks: few rows take one call for the whole stack (x quantized once, one output)
         self.stacked: tuple[list[torch.Tensor], list[int]] | None = (
             ([p.blocks for p in compact], [p.type_id for p in compact]) if len(compact) == len(self.parts) else None
@@ -122,8 +124,8 @@ class GGUFProjection:
         if isinstance(part, Projection):
             return part(x)
         if x.shape[0] <= ROWS_MAX:
-            product = self.kernels.gguf_linear_rows
-        elif x.dtype == torch.bfloat16 and amx_rows(self.kernels):
+            return self.kernels.gguf_linear_rows(x, part.blocks, part.type_id, part.in_features, self.int8_float32)
+        if x.dtype == torch.bfloat16 and amx_rows(self.kernels):
             product = self.kernels.gguf_linear_amx
         else:
             product = self.kernels.gguf_linear_tiles
@@ -133,7 +135,9 @@ class GGUFProjection:
         """x: [tokens, in] -> [tokens, out]."""
         x = x.contiguous()
         if self.stacked is not None and x.shape[0] <= ROWS_MAX:
-            y = self.kernels.gguf_linear_rows_parts(x, *self.stacked, self.in_features)  # [tokens, out]
+            y = self.kernels.gguf_linear_rows_parts(
+                x, *self.stacked, self.in_features, self.int8_float32
+            )  # [tokens, out]
             return y if self.bias is None else y + self.bias
         if self.packs(x):
             y = self.kernels.bf16_linear_amx(x, self.packed(gate_up=False), self.out_features)  # [tokens, out]

@@ -62,6 +62,10 @@ class QuantizedWeight:
     blocks: torch.Tensor  # [out_features, in_features / block * block_bytes] uint8
     in_features: int
     dtype: torch.dtype = torch.bfloat16
+    int8_float32: bool = False
+    """float32 activations of few-row products are quantized to int8 for the integer dot products, as bfloat16
+    ones always are (place_weights: where float32 computes only because the CPU lacks native bfloat16); else
+    float32 activations are multiplied exactly."""
 
     def __post_init__(self) -> None:
         fmt = FORMATS[self.kind]
@@ -183,8 +187,18 @@ def kernels_keep_compact(kernels: object | None, device: torch.device, dtype: to
     if kernels is None:
         return "the native kernels are not in use (kernels='torch', or they could not be built)"
     if not kernels.gguf_linear_vectorized():  # type: ignore[attr-defined]
-        return "this CPU lacks AVX-512 BF16/VNNI, which the GGUF kernels are built for"
+        return "this CPU lacks AVX2 + FMA (and AVX-512 VNNI), which the GGUF kernels are built for"
     return None
+
+
+def _with_int8_float32(weight: AnyWeight, int8_float32: bool) -> AnyWeight:
+    if isinstance(weight, QuantizedWeight):
+        return replace(weight, int8_float32=int8_float32)
+    if isinstance(weight, RowStack):
+        return RowStack(
+            tuple(replace(p, int8_float32=int8_float32) if isinstance(p, QuantizedWeight) else p for p in weight.parts)
+        )
+    return weight
 
 
 COMPACT_AUTO_BYTES = 1 << 30
@@ -192,10 +206,14 @@ COMPACT_AUTO_BYTES = 1 << 30
 
 
 def place_weights(
-    weights: Mapping[str, AnyWeight], device: torch.device, kernels: object | None, mode: str
+    weights: Mapping[str, AnyWeight],
+    device: torch.device,
+    kernels: object | None,
+    mode: str,
+    int8_float32: bool = False,
 ) -> dict[str, AnyWeight]:
     """The model's weights on its device; GGUF blocks kept compact or dequantized to their compute dtype as
-    config.gguf_weights asks (see its doc), logged once."""
+    config.gguf_weights asks (see its doc), logged once; compact blocks carry int8_float32 (QuantizedWeight)."""
     quantized = [w for w in weights.values() if not isinstance(w, torch.Tensor)]
     if not quantized:
         return {name: w.to(device) for name, w in weights.items()}  # type: ignore[union-attr]
@@ -215,8 +233,12 @@ def place_weights(
     if mode == "dequantize":
         reason = "gguf_weights='dequantize'"
     if reason is None:
-        logger.info("GGUF-quantized weights kept compact (%d matrices)", len(quantized))
-        return dict(weights)
+        logger.info(
+            "GGUF-quantized weights kept compact (%d matrices)%s",
+            len(quantized),
+            "; float32 activations quantized to int8 for their few-row products" if int8_float32 else "",
+        )
+        return {name: _with_int8_float32(w, int8_float32) for name, w in weights.items()}
     log = logger.info if chosen else logger.warning  # a choice is noted; a fallback (no kernels here) warned
     log(
         "GGUF-quantized weights are dequantized to %s at load (%.0f MiB): %s",

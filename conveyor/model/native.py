@@ -173,22 +173,32 @@ class NativeKernels(Protocol):
         ...
 
     def gguf_linear_vectorized(self) -> bool:
-        """Whether the GGUF products were built with AVX-512 BF16 and VNNI (else gguf_quant dequantizes at load)."""
+        """Whether the GGUF products were built with vectorized int8 dot products: AVX-512 VNNI + BF16, or AVX2 +
+        FMA (else gguf_quant dequantizes at load)."""
         ...
 
     def gguf_dequantize(self, blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
         """blocks [rows, row bytes] uint8 of GGML type id `kind` -> float32 [rows, in_features]."""
         ...
 
-    def gguf_linear_rows(self, x: torch.Tensor, blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
-        """x [rows, in] float32/bfloat16, blocks [out, row bytes] -> x W^T [rows, out] in x's dtype (few rows)."""
+    def gguf_linear_rows(
+        self, x: torch.Tensor, blocks: torch.Tensor, kind: int, in_features: int, int8_float32: bool = False
+    ) -> torch.Tensor:
+        """x [rows, in] float32/bfloat16, blocks [out, row bytes] -> x W^T [rows, out] in x's dtype (few rows).
+        bfloat16 x, and float32 x where int8_float32, is quantized to int8 for the types with integer dot
+        products (per 32 columns, and per 256 for the K-quants); other float32 x is multiplied exactly."""
         ...
 
     def gguf_linear_rows_parts(
-        self, x: torch.Tensor, blocks: list[torch.Tensor], kinds: list[int], in_features: int
+        self,
+        x: torch.Tensor,
+        blocks: list[torch.Tensor],
+        kinds: list[int],
+        in_features: int,
+        int8_float32: bool = False,
     ) -> torch.Tensor:
         """x [rows, in], blocks[i] [out_i, row bytes_i] of GGML type kinds[i] -> x [W_1; W_2; ...]^T
-        [rows, sum out_i] (few rows; the activations quantized once for all of them)."""
+        [rows, sum out_i] (few rows; the activations quantized once for all of them, as gguf_linear_rows)."""
         ...
 
     def gguf_linear_tiles(self, x: torch.Tensor, blocks: torch.Tensor, kind: int, in_features: int) -> torch.Tensor:
@@ -294,6 +304,7 @@ _SOURCE_NEEDS: dict[str, tuple[str, ...]] = {
     "f32_linear.cpp": ("avx512f",),
     "quant_linear.cpp": _AVX512_BF16,
     "gguf_vnni.cpp": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"),
+    "gguf_int8_avx2.cpp": ("avx2", "fma"),  # empty where gguf_vnni.cpp is compiled (the same interface)
     "gguf_bf16.cpp": ("avx512f", "avx512bw", "avx512_bf16"),
     "amx_product.cpp": _AMX,
     "gguf_amx.cpp": _AMX,

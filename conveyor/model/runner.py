@@ -145,7 +145,16 @@ class ModelRunner:
             )
         kernels = resolve_kernels(config.kernels, info.device)
         self.model = LlamaModel(
-            loaded.spec, loaded.weights, max_model_len, info.device, config.quantization, kernels, config.gguf_weights
+            loaded.spec,
+            loaded.weights,
+            max_model_len,
+            info.device,
+            config.quantization,
+            kernels,
+            config.gguf_weights,
+            # dtype 'auto' computes in float32 only where the CPU lacks native bfloat16: the GGUF products then
+            # quantize activations to int8 as they would bfloat16 ones; an asked-for float32 stays exact
+            gguf_int8_float32=config.dtype == "auto",
         )
         self.decode_group_size = DECODE_GROUP_SIZE if kernels is None else 2**31
         """Decodes per attention group: the torch path pads each group to its longest context; the

@@ -18,6 +18,7 @@ from conveyor.model import gguf_projection
 from conveyor.model.gguf_projection import PACKED_ROWS_MIN, ROWS_MAX, GGUFProjection, GGUFSiluGate
 from conveyor.model.gguf_quant import FORMATS, INT8_DOT_TYPES, QuantizedWeight, RowStack, cat_rows, quantize
 from conveyor.model.layers import interleave_gate_up, pack_bf16_tiles
+from conveyor.model.loader import resolve_dtype
 from helpers.gguf_convert import ConverterUnavailable, convert, rewrite
 from helpers.parity import Reference, compare
 from helpers.tiny_models import build_tiny_model
@@ -90,6 +91,13 @@ def test_products_match_float64_over_the_dequantized_weights(
             assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + magnitude * 2**-16).all(), name
         else:  # the tile's weights rounded to bfloat16 first
             assert _within_bf16_weights(got, x, weight), name
+    if dtype == torch.float32 and kind in INT8_DOT_TYPES:  # float32 activations rounded to int8 where asked
+        got = kernels.gguf_linear_rows(x, weight.blocks, weight.type_id, in_features, int8_float32=True)
+        group = INT8_DOT_TYPES[kind]
+        step = x.double().reshape(rows, -1, group).abs().amax(-1) / 127  # [rows, in / group]
+        rounding = (step.repeat_interleave(group, dim=1) / 2) @ w.abs().t()  # [rows, out]: half a step each
+        assert ((got.double() - exact).abs() <= rounding * 1.001 + magnitude * 2**-16).all()
+        assert not torch.equal(got, kernels.gguf_linear_rows(x, weight.blocks, weight.type_id, in_features))
     direct = (
         kernels.gguf_linear_rows if rows <= ROWS_MAX else kernels.gguf_linear_amx if amx else kernels.gguf_linear_tiles
     )
@@ -482,9 +490,13 @@ def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(
         Reference(o.token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.logprobs or []])
         for o in _greedy(reference, prompts, logprobs=2)
     ]
-    for dtype, gap in (("float32", F32_TIE_GAP), ("bfloat16", BF16_TIE_GAP)):
+    dtypes = [("float32", F32_TIE_GAP), ("bfloat16", BF16_TIE_GAP)]
+    if resolve_dtype("auto", path, "cpu") == "float32":  # no native bfloat16: float32 activations rounded to int8
+        dtypes.append(("auto", BF16_TIE_GAP))
+    for dtype, gap in dtypes:
         ours = LLM(dtype=dtype, kernels="native", gguf_weights="compact", **common)
         model = ours.engine.runner.model
+        assert model.layers[0].silu_gate.projection.int8_float32 == (dtype == "auto")
         assert isinstance(model.embed, QuantizedWeight) and isinstance(model.layers[0].silu_gate, GGUFSiluGate)
         assert all(isinstance(p, QuantizedWeight) for p in model.layers[0].qkv.parts)  # no float copy
         got = [_greedy(ours, [p])[0].token_ids for p in prompts[:2]] + [o.token_ids for o in _greedy(ours, prompts)[2:]]

@@ -521,7 +521,9 @@ std::vector<GgufPart> stack_parts(const std::vector<at::Tensor>& blocks, const s
 bool gguf_linear_vectorized() {
 #if defined(CONVEYOR_WITH_GGUF_VNNI) && defined(CONVEYOR_WITH_GGUF_BF16) && defined(__AVX512F__) && \
     defined(__AVX512BF16__) && defined(__AVX512VNNI__)
-  return true;
+  return true;  // AVX-512 VNNI int8 dots, AVX-512 BF16 tiles
+#elif defined(CONVEYOR_WITH_GGUF_INT8_AVX2) && defined(__AVX2__) && defined(__FMA__)
+  return true;  // AVX2 int8 dots, float32 tiles into torch's GEMM
 #else
   return false;
 #endif
@@ -537,7 +539,7 @@ at::Tensor gguf_dequantize(const at::Tensor& blocks, int64_t kind, int64_t in_fe
 }
 
 at::Tensor gguf_linear_rows_parts(const at::Tensor& x, const std::vector<at::Tensor>& blocks,
-                                     const std::vector<int64_t>& kinds, int64_t in_features) {
+                                     const std::vector<int64_t>& kinds, int64_t in_features, bool int8_float32) {
   int64_t out_features = 0, total_bytes = 0;
   const std::vector<GgufPart> parts = stack_parts(blocks, kinds, in_features, "gguf_linear_rows_parts", &out_features);
   check_x(x, in_features);
@@ -547,14 +549,14 @@ at::Tensor gguf_linear_rows_parts(const at::Tensor& x, const std::vector<at::Ten
   const at::Tensor xc = x.contiguous();  // [rows, in]
   auto y = at::empty({rows, out_features}, x.options());  // [rows, out]
   init_threads();
-  conveyor_ops::gguf_linear_rows_parts(parts, out_features, total_bytes, is_bf16, xc.data_ptr(), rows, in_features,
-                                       y.data_ptr());
+  conveyor_ops::gguf_linear_rows_parts(parts, out_features, total_bytes, is_bf16, is_bf16 || int8_float32,
+                                       xc.data_ptr(), rows, in_features, y.data_ptr());
   return y;
 }
 
 at::Tensor gguf_linear_rows(const at::Tensor& x, const at::Tensor& blocks, int64_t kind,
-                               int64_t in_features) {
-  return gguf_linear_rows_parts(x, {blocks}, {kind}, in_features);
+                               int64_t in_features, bool int8_float32) {
+  return gguf_linear_rows_parts(x, {blocks}, {kind}, in_features, int8_float32);
 }
 
 // Many rows: each thread dequantizes a tile of weight rows x all K (about kGgufTileBytes, so that it stays in L2) to
@@ -564,28 +566,37 @@ at::Tensor gguf_linear_tiles(const at::Tensor& x, const at::Tensor& blocks, int6
   const Format f = checked_format(blocks, kind, in_features);
   check_x(x, in_features);
   const int64_t rows = x.size(0), out_features = blocks.size(0), row_bytes = blocks.size(1);
+  // bfloat16 x on a CPU without native bfloat16 products multiplies in float32: the same products (bfloat16
+  // values multiply exactly in float32) and float32 sums, rounded once to bfloat16 on the way out
+#if defined(__AVX512BF16__)
   const at::Tensor xc = x.contiguous();  // [rows, in]
-  auto y = at::empty({rows, out_features}, x.options());
+#else
+  const at::Tensor xc = x.contiguous().to(at::kFloat);  // [rows, in]
+#endif
+  auto y = at::empty({rows, out_features}, xc.options());
   const uint8_t* bp = ptr<uint8_t>(blocks);
   const int64_t threads = at::get_num_threads();
   const int64_t fits = std::max(kGgufMinTileRows,
-                                kGgufTileBytes / (in_features * static_cast<int64_t>(x.element_size())));
+                                kGgufTileBytes / (in_features * static_cast<int64_t>(xc.element_size())));
   const int64_t tile_rows = std::max<int64_t>(1, std::min(fits, (out_features + threads - 1) / threads));
   const int64_t tiles = (out_features + tile_rows - 1) / tile_rows;
-  const int64_t element = x.element_size();
+  const int64_t element = xc.element_size();
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> w(in_features);
-    at::Tensor tile = at::empty({tile_rows, in_features}, x.options());  // [tile rows, in]
+    at::Tensor tile = at::empty({tile_rows, in_features}, xc.options());  // [tile rows, in]
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n0 = t * tile_rows, n = std::min(tile_rows, out_features - n0);
       for (int64_t r = 0; r < n; ++r) {
-        if (x.scalar_type() == at::kBFloat16 && conveyor_gguf::bf16_kind(kind)) {
+        if (xc.scalar_type() == at::kBFloat16 && conveyor_gguf::bf16_kind(kind)) {
           conveyor_gguf::dequantize_pieces(kind, bp + (n0 + r) * row_bytes, in_features,
                                            bf16(tile) + r * in_features, 32);  // one row
           continue;
         }
         conveyor_gguf::dequant_row(f, bp + (n0 + r) * row_bytes, in_features, w.data());
-        if (x.scalar_type() == at::kFloat) {
+        if (xc.scalar_type() == at::kFloat && x.scalar_type() == at::kBFloat16) {  // the weights rounded as
+          float* dst = ptr<float>(tile) + r * in_features;                            // a bfloat16 tile's are
+          for (int64_t k = 0; k < in_features; ++k) dst[k] = static_cast<float>(conveyor::BFloat16(w[k]));
+        } else if (xc.scalar_type() == at::kFloat) {
           std::copy(w.begin(), w.end(), ptr<float>(tile) + r * in_features);
         } else {
           conveyor::BFloat16* dst = bf16(tile) + r * in_features;
@@ -600,7 +611,7 @@ at::Tensor gguf_linear_tiles(const at::Tensor& x, const at::Tensor& blocks, int6
         std::memcpy(dst + (m * out_features + n0) * element, src + m * n * element, n * element);
     }
   });
-  return y;
+  return y.scalar_type() == x.scalar_type() ? y : y.to(x.scalar_type());
 }
 
 bool gguf_amx_available() { return conveyor_amx::available(); }
@@ -914,11 +925,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "silu(x @ Wg^T) * (x @ Wu^T), [Wg; Wu] bfloat16 packed in AMX tiles with rows interleaved (CPU)");
   m.def("decode_layers", &decode_layers, no_gil,
         "A pure-decode step's plain Llama layers (AMX-packed bfloat16 weights) in one call, kernel by kernel (CPU)");
-  m.def("gguf_linear_vectorized", &gguf_linear_vectorized, "Whether gguf_linear_* were built with AVX-512 BF16/VNNI");
+  m.def("gguf_linear_vectorized", &gguf_linear_vectorized,
+        "Whether gguf_linear_* were built with vectorized int8 dot products (AVX-512 VNNI + BF16, or AVX2 + FMA)");
   m.def("gguf_dequantize", &gguf_dequantize, no_gil, "GGUF-quantized rows -> float32 (CPU)");
-  m.def("gguf_linear_rows", &gguf_linear_rows, no_gil, "x @ W^T, W in GGUF blocks, few rows of x (CPU)");
+  m.def("gguf_linear_rows", &gguf_linear_rows, no_gil, "x @ W^T, W in GGUF blocks, few rows of x (CPU)", py::arg("x"),
+        py::arg("blocks"), py::arg("kind"), py::arg("in_features"), py::arg("int8_float32") = false);
   m.def("gguf_linear_rows_parts", &gguf_linear_rows_parts, no_gil,
-        "x @ [W_1; W_2; ...]^T, each W in GGUF blocks of its own type, few rows of x, x quantized once (CPU)");
+        "x @ [W_1; W_2; ...]^T, each W in GGUF blocks of its own type, few rows of x, x quantized once (CPU)",
+        py::arg("x"), py::arg("blocks"), py::arg("kinds"), py::arg("in_features"), py::arg("int8_float32") = false);
   m.def("gguf_linear_tiles", &gguf_linear_tiles, no_gil, "x @ W^T, W in GGUF blocks, tiles into a GEMM (CPU)");
   m.def("gguf_amx_available", &gguf_amx_available, "Whether gguf_linear_amx can run here (AMX-BF16 granted)");
   m.def("gguf_linear_amx", &gguf_linear_amx, no_gil, "x @ W^T, W in GGUF blocks, bfloat16 x, on AMX tiles (CPU)");

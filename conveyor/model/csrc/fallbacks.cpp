@@ -26,7 +26,7 @@ void int8_linear(const float*, int64_t, int64_t, const int8_t*, int64_t, const f
 }  // namespace conveyor_ops
 #endif
 
-#if !defined(CONVEYOR_WITH_GGUF_VNNI)
+#if !defined(CONVEYOR_WITH_GGUF_VNNI) && !defined(CONVEYOR_WITH_GGUF_INT8_AVX2)
 namespace conveyor_gguf {
 bool vnni_kind(int64_t) { return false; }
 QuantizedActivations quantize_activations(const float*, int64_t, const ActivationBuffer&) { return {}; }

@@ -1,8 +1,10 @@
 // Matrix products with GGUF-quantized weights kept in the file's own blocks (CPU):
-//   gguf_linear_rows:  few activation rows (decode steps): bfloat16 activations are quantized to int8 (once
-//                      per call) and multiplied with integer dot products (gguf_vnni.cpp, llama.cpp's way)
-//                      where the type has one; otherwise (and for float32 activations, exactly) each weight
-//                      row is dequantized once, in L1, and multiplied by every activation row (float32 sums);
+//   gguf_linear_rows:  few activation rows (decode steps): bfloat16 activations (and float32 ones where the
+//                      caller asks: int8_float32) are quantized to int8 (once per call) and multiplied with
+//                      integer dot products (gguf_vnni.cpp on AVX-512 VNNI, gguf_int8_avx2.cpp on AVX2;
+//                      llama.cpp's way) where the type has one; otherwise (float32 activations by default:
+//                      exactly) each weight row is dequantized once, in L1, and multiplied by every activation
+//                      row (float32 sums);
 //                      gguf_linear_rows_parts does the same for several matrices stacked by rows (a fused
 //                      QKV of mixed types): one quantization of x, one parallel loop, one output;
 //   gguf_linear_tiles: many rows (prefill chunks, busy decode steps): each thread dequantizes a tile of
@@ -128,7 +130,7 @@ inline void row_products(const Part& part, const uint8_t* row, int64_t n, int64_
 namespace conveyor_ops {
 
 void gguf_linear_rows_parts(const std::vector<Part>& parts, int64_t out_features, int64_t total_bytes, bool bf16,
-                            const void* x, int64_t rows, int64_t in_features, void* y) {
+                            bool int8_dots, const void* x, int64_t rows, int64_t in_features, void* y) {
   thread_local std::vector<float> x_float;  // [rows, in]: x widened here (no tensor op, no allocation per call)
   x_float.resize(rows * in_features);
   if (bf16) {
@@ -138,9 +140,10 @@ void gguf_linear_rows_parts(const std::vector<Part>& parts, int64_t out_features
     std::memcpy(x_float.data(), x, rows * in_features * sizeof(float));
   }
   const float* xf = x_float.data();
-  bool int8_dots = false;
-  for (const Part& part : parts) int8_dots = int8_dots || (bf16 && conveyor_gguf::vnni_kind(part.kind));
-  const conveyor_gguf::QuantizedActivations* acts = int8_dots ? quantized_rows(xf, rows, in_features).data() : nullptr;
+  bool any_int8_kind = false;
+  for (const Part& part : parts) any_int8_kind = any_int8_kind || conveyor_gguf::vnni_kind(part.kind);
+  const conveyor_gguf::QuantizedActivations* acts =
+      int8_dots && any_int8_kind ? quantized_rows(xf, rows, in_features).data() : nullptr;
   // each thread takes an equal share of the weight bytes (parts of different types differ in bytes per row)
   const auto row_at_byte = [&](int64_t byte) {  // the output row holding weight byte `byte` of the stack
     for (size_t i = 0; i < parts.size(); ++i) {

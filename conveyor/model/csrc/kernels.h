@@ -75,9 +75,10 @@ struct GgufPart {
 };
 void gguf_dequantize(const conveyor_gguf::Format& format, const uint8_t* blocks, int64_t rows, int64_t row_bytes,
                      int64_t in_features, float* y);
-// x [rows, in] float32, or bfloat16 where bf16 -> y [rows, out] in x's type (total_bytes: the stack's weight bytes).
+// x [rows, in] float32, or bfloat16 where bf16 -> y [rows, out] in x's type (total_bytes: the stack's weight bytes);
+// int8_dots: x quantized to int8 for the integer dot products of the types that have one (else every row exactly).
 void gguf_linear_rows_parts(const std::vector<GgufPart>& parts, int64_t out_features, int64_t total_bytes, bool bf16,
-                            const void* x, int64_t rows, int64_t in_features, void* y);
+                            bool int8_dots, const void* x, int64_t rows, int64_t in_features, void* y);
 // On AMX tiles (only where conveyor_amx::available()): y [rows, out] = x W^T, or where silu_gate y [rows, out / 2].
 void gguf_stack_product_amx(const std::vector<GgufPart>& parts, int64_t out_features, bool silu_gate,
                             const conveyor::BFloat16* x, int64_t rows, int64_t in_features, conveyor::BFloat16* y);
