@@ -307,9 +307,11 @@ def _fit_history(llm: Any, history: list[dict[str, Any]], max_tokens: int | None
 def cmd_inspect(args: argparse.Namespace) -> int:
     """Prints each model's summary; exit status 1 when Conveyor refuses any of them."""
     from conveyor.model.inspect import inspect_model
+    from conveyor.model.isa import describe_this_cpu
 
     summaries = [inspect_model(path) for path in args.paths]
     print("\n\n".join(s.render() for s in summaries))
+    print(f"\nthis CPU: {describe_this_cpu()}")
     return 0 if all(s.runs for s in summaries) else 1
 
 

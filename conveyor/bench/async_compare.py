@@ -99,14 +99,14 @@ def compare(
 
 
 def machine_facts() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from conveyor.model import isa
+
+    cpu, flags = isa.cpu_facts()
     return {
         "cpu": cpu,
+        "isa": sorted(f for f in flags if f.startswith(("amx", "avx512", "avx2", "avx_vnni", "fma"))),
+        "kernel_tier": isa.requested_tier(flags),
+        "cpu_best_tier": isa.cpu_tier(flags),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -197,15 +197,31 @@ def _finish(args: argparse.Namespace, result: dict[str, Any], kind: str) -> None
         print(compare_line(result, load_baseline(args.compare_to), args.compare_to))
 
 
-def _run_ours(engine: Any, workload: Workload) -> tuple[float, Any, Any]:
+def _run_ours(engine: Any, workload: Workload) -> tuple[float, Any, Any, list[list[int]]]:
+    """-> (seconds, stats before, stats after, each request's output tokens in workload order)."""
     before = engine.stats()
     start = time.perf_counter()
     # admitted as LLM.generate admits them: one output per request, at its end (as the peers return theirs)
-    for prompt, params in zip(workload.prompts, workload.params):
-        engine.add_request(prompt, params, final_only=True)
+    ids = [
+        engine.add_request(prompt, params, final_only=True) for prompt, params in zip(workload.prompts, workload.params)
+    ]
+    tokens: dict[str, list[int]] = {}
     while engine.has_work():
-        engine.step()
-    return time.perf_counter() - start, before, engine.stats()
+        for out in engine.step():
+            if out.finished:
+                tokens[out.request_id] = list(out.outputs[0].token_ids)
+    return time.perf_counter() - start, before, engine.stats(), [tokens.get(i, []) for i in ids]
+
+
+def token_agreement(ours: list[list[int]], theirs: list[list[int]]) -> dict[str, float]:
+    """Greedy outputs of the same prompts compared: the share of requests whose tokens are all equal, and the mean
+    share of each request's tokens before the first difference (random-weight models part at near-ties)."""
+    pairs = list(zip(ours, theirs, strict=True))
+    common = [next((i for i, (a, b) in enumerate(zip(o, t)) if a != b), min(len(o), len(t))) for o, t in pairs]
+    return {
+        "identical_requests": sum(o == t for o, t in pairs) / len(pairs),
+        "mean_prefix_share": sum(c / max(1, len(o)) for c, (o, _) in zip(common, pairs)) / len(pairs),
+    }
 
 
 def _throughput(args: argparse.Namespace, config: Any) -> int:
@@ -235,7 +251,7 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
         engine.save_trace(args.trace)
     engine.close()
     seconds = statistics.median(r[0] for r in runs)
-    _, before, after = runs[-1]
+    _, before, after, our_tokens = runs[-1]
     busy, active = after.device_busy_s - before.device_busy_s, after.active_s - before.active_s
     ours = workload.num_output_tokens / seconds
     result: dict[str, Any] = {
@@ -307,6 +323,8 @@ def _throughput(args: argparse.Namespace, config: Any) -> int:
             "note": note,
             "conveyor_over_peer": ours / pr.output_tokens_per_s if pr.output_tokens_per_s else None,
         }
+        if pr.tokens is not None:  # how far the peer computes what we compute (greedy, the same prompts)
+            result["peers"][peer]["tokens_agreement"] = token_agreement(our_tokens, pr.tokens)
     print(json.dumps(result, indent=2))
     if args.plot:
         from conveyor.bench.results import plot_throughput

@@ -1,12 +1,13 @@
-"""OpenVINO GenAI as a peer: its `ContinuousBatchingPipeline` (Intel's CPU serving engine) on an OpenVINO IR of
-the same weights.
+"""OpenVINO GenAI as a peer: its `ContinuousBatchingPipeline` (Intel's CPU serving engine) for throughput, its
+`LLMPipeline` (the one-request pipeline its users call for latency) for single requests, on the same weights.
 
-The IR is exported once per model file by optimum-intel's `optimum-cli export openvino` (fp16 weight storage,
-computed in the engine's dtype through `INFERENCE_PRECISION_HINT`) and cached under
-~/.cache/conveyor-bench/openvino/. A GGUF file is first dequantized to an HF folder by transformers, so the IR
-holds the values the GGUF file holds. We do not hand OpenVINO GenAI the GGUF file itself: its own GGUF reader
-(2026.4) produced tokens that diverged from ours and transformers' from the first token on random prompts, so
-it does not compute what the file holds.
+A GGUF file is handed to OpenVINO GenAI as it is: its own GGUF reader keeps the file's quantization (int4/int8
+weights, activations quantized dynamically as ours are), like for like with our compact GGUF products. Its
+tokens are checked against ours in every run (`conveyor bench` reports the share that agree); on random-weight
+models they can part at near-ties. An HF folder is exported once by optimum-intel's `optimum-cli export
+openvino` (fp16 weight storage, computed in the engine's dtype through `INFERENCE_PRECISION_HINT`) and cached under
+~/.cache/conveyor-bench/openvino/; `ir_of_gguf=True` does the same for a GGUF file (dequantized to an HF folder by
+transformers first: 16-bit weights, not the file's).
 
 optimum-intel 2.2 pins transformers < 5.6 (ours is newer), so the export runs in a separate venv made by
 `scripts/install_openvino.sh` (path in $CONVEYOR_OPENVINO_EXPORTER or the default below); the run itself only
@@ -66,6 +67,8 @@ def unavailable(model_path: str) -> str | None:
     """None when the peer can run here, else a sentence saying why not."""
     if importlib.util.find_spec("openvino_genai") is None:
         return "openvino-genai is not installed; `bash scripts/install_openvino.sh` installs it"
+    if model_path.endswith(".gguf"):  # read directly (its GGUF reader)
+        return None
     if os.path.isfile(os.path.join(cached_ir(model_path), "openvino_model.xml")):
         return None
     if not os.path.isfile(exporter_python()):
@@ -142,8 +145,32 @@ def dequantize(gguf_path: str, out_dir: str) -> None:
     AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(out_dir)
 
 
+def _kv_shape(model_path: str) -> tuple[int, int, int]:
+    """(layers, KV heads, head size) of a GGUF file or an IR's config.json."""
+    if model_path.endswith(".gguf"):
+        from conveyor.model.gguf_file import read_gguf
+
+        meta = read_gguf(model_path)
+        arch = meta.field("general.architecture")
+        heads = meta.field(f"{arch}.attention.head_count")
+        kv_heads = meta.field(f"{arch}.attention.head_count_kv", heads)
+        head_dim = meta.field(f"{arch}.attention.key_length") or meta.field(f"{arch}.embedding_length") // heads
+        return meta.field(f"{arch}.block_count"), kv_heads, head_dim
+    with open(os.path.join(model_path, "config.json")) as f:
+        spec = json.load(f)
+    head_dim = spec.get("head_dim") or spec["hidden_size"] // spec["num_attention_heads"]
+    return spec["num_hidden_layers"], spec["num_key_value_heads"], head_dim
+
+
+def pipeline_source(model_path: str, ir_of_gguf: bool = False) -> tuple[str, str]:
+    """(what OpenVINO GenAI loads, how to name it in a note): a GGUF file itself, else the cached IR."""
+    if model_path.endswith(".gguf") and not ir_of_gguf:
+        return os.path.abspath(model_path), "the GGUF file itself (its GGUF reader)"
+    return export_ir(model_path), "an optimum-cli fp16 IR"
+
+
 class OpenVINOPipeline:
-    """A ContinuousBatchingPipeline over the IR, sized like our engine."""
+    """A ContinuousBatchingPipeline over the GGUF file or the IR, sized like our engine."""
 
     def __init__(
         self,
@@ -157,20 +184,11 @@ class OpenVINOPipeline:
     ) -> None:
         import openvino_genai as ov_genai
 
-        ir = export_ir(model_path)
-        with open(os.path.join(ir, "config.json")) as f:
-            spec = json.load(f)
-        head_dim = spec.get("head_dim") or spec["hidden_size"] // spec["num_attention_heads"]
+        source, described = pipeline_source(model_path)
+        layers, kv_heads, head_dim = _kv_shape(source)
         precision = _PRECISION.get(dtype, "f32")
         kv_precision = "u8" if kv_cache_dtype == "int8" else precision  # its 8-bit cache against our int8 one
-        kv_bytes = (
-            kv_tokens
-            * 2
-            * spec["num_hidden_layers"]
-            * spec["num_key_value_heads"]
-            * head_dim
-            * {"f32": 4, "u8": 1}.get(kv_precision, 2)
-        )
+        kv_bytes = kv_tokens * 2 * layers * kv_heads * head_dim * {"f32": 4, "u8": 1}.get(kv_precision, 2)
         scheduler = ov_genai.SchedulerConfig()
         scheduler.max_num_seqs = max_num_seqs
         scheduler.max_num_batched_tokens = max_num_batched_tokens
@@ -183,10 +201,10 @@ class OpenVINOPipeline:
             "KV_CACHE_PRECISION": kv_precision,
         }
         self.ov_genai = ov_genai
-        self.pipe = ov_genai.ContinuousBatchingPipeline(ir, scheduler, "CPU", self.properties)
+        self.pipe = ov_genai.ContinuousBatchingPipeline(source, scheduler, "CPU", self.properties)
         self.note = (
-            f"openvino-genai {ov_genai.__version__.split('-')[0]} ContinuousBatchingPipeline on an "
-            f"optimum-cli IR; {precision} compute, {kv_precision} KV cache, {threads} threads, max_num_seqs "
+            f"openvino-genai {ov_genai.__version__.split('-')[0]} ContinuousBatchingPipeline on "
+            f"{described}; {precision} compute, {kv_precision} KV cache, {threads} threads, max_num_seqs "
             f"{max_num_seqs}, max_num_batched_tokens {max_num_batched_tokens}, cache {scheduler.cache_size} GB"
         )
 
@@ -217,8 +235,9 @@ def run_workload(
     max_num_seqs: int,
     max_num_batched_tokens: int,
     kv_cache_dtype: str = "auto",
-) -> tuple[float, int, str]:
-    """The whole workload in one `generate` call (its own continuous batching) -> (seconds, output tokens, note)."""
+) -> tuple[float, list[list[int]], str]:
+    """The whole workload in one `generate` call (its own continuous batching) -> (seconds, each request's output
+    tokens, note)."""
     wants = [p.max_tokens or 16 for p in workload.params]
     longest = max(len(p) + n for p, n in zip(workload.prompts, wants))
     pipeline = OpenVINOPipeline(
@@ -240,12 +259,13 @@ def run_workload(
             f"openvino peer: {len(short)} requests did not produce their max_tokens (first: request "
             f"{short[0]}, {len(outputs[short[0]])} of {wants[short[0]]} tokens)"
         )
-    return seconds, sum(wants), pipeline.note
+    return seconds, outputs, pipeline.note
 
 
 class OpenVINOLatency:
-    """One request through add_request / step (conveyor.bench.latency.LatencyRunner): the first step runs the
-    prompt (it fits the token budget) and yields the first token, each later step one token."""
+    """One request at a time through `LLMPipeline` (conveyor.bench.latency.LatencyRunner): the pipeline OpenVINO
+    GenAI's users call for a single stream, with its prompt prefilled at once. TTFT is OpenVINO's own measurement
+    of the first token (its perf metrics); TPOT is the rest of the call's wall-clock time per later token."""
 
     def __init__(
         self,
@@ -257,39 +277,46 @@ class OpenVINOLatency:
         max_num_batched_tokens: int,
         kv_cache_dtype: str = "auto",
     ) -> None:
-        self.pipeline = OpenVINOPipeline(
-            model_path,
-            dtype,
-            threads,
-            1,
-            max(max_num_batched_tokens, len(prompt)),
-            len(prompt) + output_len,
-            kv_cache_dtype,
+        import openvino_genai as ov_genai
+
+        source, described = pipeline_source(model_path)
+        precision = _PRECISION.get(dtype, "f32")
+        kv_precision = "u8" if kv_cache_dtype == "int8" else precision
+        self.ov_genai = ov_genai
+        self.pipe = ov_genai.LLMPipeline(
+            source,
+            "CPU",
+            INFERENCE_NUM_THREADS=threads,
+            INFERENCE_PRECISION_HINT=precision,
+            KV_CACHE_PRECISION=kv_precision,
         )
-        self.prompt, self.output_len, self.request_id = prompt, output_len, 0
+        self.note = (
+            f"openvino-genai {ov_genai.__version__.split('-')[0]} LLMPipeline on {described}; {precision} compute, "
+            f"{kv_precision} KV cache, {threads} threads"
+        )
+        self.prompt, self.output_len = prompt, output_len
 
     def once(self) -> tuple[float, float]:
-        pipe = self.pipeline.pipe
-        self.request_id += 1
+        import numpy as np
+        import openvino as ov
+
+        config = self.ov_genai.GenerationConfig()
+        config.max_new_tokens = config.min_new_tokens = self.output_len
+        config.ignore_eos = True
+        config.do_sample = False
+        ids = np.array([self.prompt], dtype=np.int64)
+        inputs = self.ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
         start = time.perf_counter()
-        handle = pipe.add_request(
-            self.request_id, self.pipeline.ids(self.prompt), self.pipeline.config(self.output_len)
-        )
-        first: float | None = None
-        produced = 0
-        while pipe.has_non_finished_requests():
-            pipe.step()
-            while handle.can_read():
-                produced += sum(len(out.generated_ids) for out in handle.read().values())
-            if first is None and produced:
-                first = time.perf_counter()
-        end = time.perf_counter()
-        if first is None or produced != self.output_len:
+        result = self.pipe.generate(inputs, config)
+        seconds = time.perf_counter() - start
+        produced = len(result.tokens[0])
+        if produced != self.output_len:
             raise RuntimeError(f"openvino peer: the request produced {produced} of {self.output_len} tokens")
-        return first - start, (end - first) / (self.output_len - 1)
+        ttft = result.perf_metrics.get_ttft().mean / 1000  # ms -> s
+        return ttft, (seconds - ttft) / (self.output_len - 1)
 
     def close(self) -> None:
-        del self.pipeline
+        del self.pipe
 
 
 if __name__ == "__main__":  # python -m conveyor.bench.openvino_peer dequantize GGUF OUT_DIR (used by export_ir)

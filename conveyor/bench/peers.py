@@ -29,6 +29,8 @@ class PeerResult:
     seconds: float
     output_tokens: int
     note: str = ""
+    tokens: list[list[int]] | None = None
+    """Each request's output tokens, in workload order, where the peer returns them."""
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -148,7 +150,7 @@ def run_openvino(
 ) -> PeerResult:
     from conveyor.bench.openvino_peer import run_workload
 
-    seconds, produced, note = run_workload(
+    seconds, tokens, note = run_workload(
         model_path, workload, dtype, threads, max_num_seqs, max_num_batched_tokens, kv_cache_dtype
     )
-    return PeerResult("openvino", seconds, produced, note)
+    return PeerResult("openvino", seconds, sum(len(t) for t in tokens), note, tokens)

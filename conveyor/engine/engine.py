@@ -158,13 +158,15 @@ class Engine:
             dtype=str(self.dtype).removeprefix("torch."),
             device=self.device_info.name,
             async_batching=self.async_batching,
+            kernels=self.runner.kernel_tier,
         )
         """What frontends may know of this engine (frozen)."""
         logger.info(
-            "engine ready: %s on %s, dtype %s, max_model_len %d, %d KV blocks",
+            "engine ready: %s on %s, dtype %s, kernels %s, max_model_len %d, %d KV blocks",
             self.model_source,
             self.device_info.name,
             self.dtype,
+            self.runner.kernel_tier,
             self.max_model_len,
             plan.num_blocks,
         )

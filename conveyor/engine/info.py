@@ -28,6 +28,9 @@ class EngineInfo:
     """The compute dtype in use ('auto' resolved)."""
     device: str
     async_batching: bool
+    kernels: str = "torch"
+    """The CPU kernels in use: the native kernels' ISA tier ('amx', 'avx512', 'avx2', 'portable';
+    conveyor/model/isa.py), or 'torch' for torch's ops (kernels='torch', a GPU, or no build yet)."""
 
     @staticmethod
     def freeze(defaults: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -56,7 +56,7 @@ from typing import Protocol
 import torch
 
 from conveyor.errors import ConfigError
-from conveyor.model import native_build
+from conveyor.model import isa, native_build
 
 logger = logging.getLogger(__name__)
 
@@ -378,10 +378,18 @@ def _require_toolchain() -> None:
         )
 
 
+def kernel_tier() -> str:
+    """The ISA tier the kernels are built for here (conveyor/model/isa.py): the CPU's best, or $CONVEYOR_ISA's."""
+    return isa.requested_tier(set(native_build.cpu_flags().split()))
+
+
 def _build_inputs() -> tuple[list[Path], list[str]]:
-    """This CPU's sources and the flags they compile with (the defines name the sources compiled)."""
-    sources = selected_sources()
-    return sources, [*_CFLAGS, *_defines(sources)]
+    """This CPU's sources and the flags they compile with at the tier in use (the defines name the sources
+    compiled)."""
+    flags = set(native_build.cpu_flags().split())
+    tier = isa.requested_tier(flags)
+    sources = selected_sources(isa.tier_flags(flags, tier))
+    return sources, [*_CFLAGS, *isa.compiler_flags(flags, tier), *_defines(sources)]
 
 
 def kernels_library() -> Path:
@@ -461,6 +469,8 @@ def _load_kernels() -> NativeKernels:
         text = str(exc).strip().splitlines()
         raise NativeUnavailable(f"building the native kernels failed: {text[-1] if text else exc!r}") from exc
     kernels: NativeKernels = module
+    flags = set(native_build.cpu_flags().split())
+    logger.info("native kernels: ISA tier %s (this CPU's best: %s)", kernel_tier(), isa.cpu_tier(flags))
     return kernels
 
 

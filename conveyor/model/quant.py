@@ -214,7 +214,7 @@ def quantize_for_load(weight: torch.Tensor, quantization: str, kernels: NativeKe
     if reason is not None:
         raise ConfigError(
             f"quantization={quantization!r} needs the native GGUF kernels, but {reason}; leave "
-            f"quantization unset, or use kernels='auto' on a CPU with AVX-512 BF16/VNNI"
+            f"quantization unset, or use kernels='auto' on a CPU with AVX2 + FMA or AVX-512 VNNI"
         )
     kind = quantization.upper()
     if weight.shape[1] % FORMATS[kind].block and kind in K_QUANT_FALLBACKS:

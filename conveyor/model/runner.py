@@ -20,7 +20,7 @@ from conveyor.model import kv_int8
 from conveyor.model.attention import DECODE_GROUP_SIZE, AttentionBatch, build_attention_batch
 from conveyor.model.llama import LlamaModel
 from conveyor.model.loader import LoadedModel
-from conveyor.model.native import resolve_kernels
+from conveyor.model.native import kernel_tier, resolve_kernels
 from conveyor.model.sampler import SampleOutput, SamplingKernels, SamplingTensors, plain_greedy, raw_logprobs, sample
 from conveyor.model.sampling_inputs import build_sampling_tensors
 from conveyor.structured.bitmask import DeferredBitmask
@@ -159,6 +159,8 @@ class ModelRunner:
         self.decode_group_size = DECODE_GROUP_SIZE if kernels is None else 2**31
         """Decodes per attention group: the torch path pads each group to its longest context; the
         native kernel pads nothing and takes them all at once."""
+        self.kernel_tier = kernel_tier() if kernels is not None else "torch"
+        """The native kernels' ISA tier (conveyor/model/isa.py), or 'torch' where torch's ops run."""
         self.sampling_kernels: SamplingKernels | None = kernels
         """The sampler's argmax and structured output's grammar masks by the native kernels (None: torch's ops)."""
         loaded.weights.clear()  # the model holds its own (device) copies now

@@ -65,6 +65,7 @@ def engine_status_body(state: ServerState, since: float | None, window_s: float)
         "state": condition,
         "model": state.options.model_name,
         "error": engine.error,
+        "kernels": engine.info.kernels if engine.info is not None else None,
     }
     stats = engine.stats()
     now, spans = engine.recent_spans(since, window_s)

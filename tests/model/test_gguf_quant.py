@@ -31,7 +31,7 @@ NEW_TOKENS = 24
 def _kernels(request: pytest.FixtureRequest) -> Any:
     kernels = request.getfixturevalue("native_kernels")
     if not kernels.gguf_linear_vectorized():
-        pytest.skip("the GGUF kernels are built for AVX-512 BF16/VNNI; this CPU dequantizes at load")
+        pytest.skip("the GGUF kernels need AVX2 + FMA or AVX-512 VNNI; this CPU dequantizes at load")
     return kernels
 
 
