@@ -262,10 +262,29 @@ def run_workload(
     return seconds, outputs, pipeline.note
 
 
+def _TokenTimes(ov_genai: Any) -> Any:
+    """A streamer that notes when each token arrives."""
+
+    class TokenTimes(ov_genai.StreamerBase):
+        def __init__(self) -> None:
+            super().__init__()
+            self.times: list[float] = []
+
+        def write(self, token: Any) -> Any:
+            self.times.extend([time.perf_counter()] * (len(token) if isinstance(token, list) else 1))
+            return ov_genai.StreamingStatus.RUNNING
+
+        def end(self) -> None:
+            pass
+
+    return TokenTimes()
+
+
 class OpenVINOLatency:
     """One request at a time through `LLMPipeline` (conveyor.bench.latency.LatencyRunner): the pipeline OpenVINO
-    GenAI's users call for a single stream, with its prompt prefilled at once. TTFT is OpenVINO's own measurement
-    of the first token (its perf metrics); TPOT is the rest of the call's wall-clock time per later token."""
+    GenAI's users call for a single stream, with its prompt prefilled at once. Its prefix cache is off: on by
+    default, it would serve each repeat of the same prompt from the previous run's KV (a first token in
+    milliseconds), while ours is cleared before each run. TTFT and TPOT are wall-clock times seen by a streamer."""
 
     def __init__(
         self,
@@ -282,6 +301,12 @@ class OpenVINOLatency:
         source, described = pipeline_source(model_path)
         precision = _PRECISION.get(dtype, "f32")
         kv_precision = "u8" if kv_cache_dtype == "int8" else precision
+        layers, kv_heads, head_dim = _kv_shape(source)
+        element = {"f32": 4, "u8": 1}.get(kv_precision, 2)
+        kv_bytes = (len(prompt) + output_len) * 2 * layers * kv_heads * head_dim * element
+        scheduler = ov_genai.SchedulerConfig()
+        scheduler.enable_prefix_caching = False
+        scheduler.cache_size = max(1, math.ceil(1.25 * kv_bytes / 2**30))  # GB
         self.ov_genai = ov_genai
         self.pipe = ov_genai.LLMPipeline(
             source,
@@ -289,6 +314,7 @@ class OpenVINOLatency:
             INFERENCE_NUM_THREADS=threads,
             INFERENCE_PRECISION_HINT=precision,
             KV_CACHE_PRECISION=kv_precision,
+            scheduler_config=scheduler,
         )
         self.note = (
             f"openvino-genai {ov_genai.__version__.split('-')[0]} LLMPipeline on {described}; {precision} compute, "
@@ -306,14 +332,13 @@ class OpenVINOLatency:
         config.do_sample = False
         ids = np.array([self.prompt], dtype=np.int64)
         inputs = self.ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        streamer = _TokenTimes(self.ov_genai)
         start = time.perf_counter()
-        result = self.pipe.generate(inputs, config)
-        seconds = time.perf_counter() - start
-        produced = len(result.tokens[0])
-        if produced != self.output_len:
-            raise RuntimeError(f"openvino peer: the request produced {produced} of {self.output_len} tokens")
-        ttft = result.perf_metrics.get_ttft().mean / 1000  # ms -> s
-        return ttft, (seconds - ttft) / (self.output_len - 1)
+        self.pipe.generate(inputs, config, streamer)
+        end = time.perf_counter()
+        if len(streamer.times) != self.output_len:
+            raise RuntimeError(f"openvino peer: the request produced {len(streamer.times)} of {self.output_len} tokens")
+        return streamer.times[0] - start, (end - streamer.times[0]) / (self.output_len - 1)
 
     def close(self) -> None:
         del self.pipe

@@ -73,7 +73,8 @@ float dot_nibbles(const uint8_t* row, int64_t blocks, const QuantizedActivations
   // qh's byte i / 8 to byte i, then bit i % 8 of it tested
   const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
   const __m256i bit_of = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
-  float total = 0.f;
+  __m256 acc = _mm256_setzero_ps();
+  float offsets = 0.f;  // the minimum's (Q4_1, Q5_1) or the code offset's (Q4_0, Q5_0) share, per block
   for (int64_t b = 0; b < blocks; ++b, row += kBytes) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + kCodes));
     __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
@@ -84,13 +85,13 @@ float dot_nibbles(const uint8_t* row, int64_t blocks, const QuantizedActivations
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit_of), bit_of);  // 0xFF where the bit is set
       q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
     }
-    const int32_t dot = hsum_epi32(dot_u8_i8(q, load32(x.q + 32 * b)));
-    const int32_t xsum = x.sum16[2 * b] + x.sum16[2 * b + 1];
-    const float d = half_at(row);
-    total += kMin ? x.scale[b] * (d * static_cast<float>(dot) + half_at(row + 2) * static_cast<float>(xsum))
-                  : x.scale[b] * d * static_cast<float>(dot - kOffset * xsum);
+    const __m256i dot = dot_u8_i8(q, load32(x.q + 32 * b));  // [8] int32, summed once at the end
+    const float dx = half_at(row) * x.scale[b];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dx), acc);
+    const float xsum = static_cast<float>(x.sum16[2 * b] + x.sum16[2 * b + 1]);
+    offsets += kMin ? half_at(row + 2) * x.scale[b] * xsum : -static_cast<float>(kOffset) * dx * xsum;
   }
-  return total;
+  return hsum_ps(acc) + offsets;
 }
 
 // ggml's get_scale_min_k4 for all 8 sub-blocks of a Q4_K / Q5_K super-block's 12 scale bytes
