@@ -56,6 +56,7 @@ FULL_TIER_ONLY = (
     "tests/model/test_model_families.py",
     "tests/model/test_native_build.py",
     "tests/model/test_isa.py::test_kernel_tests_pass_at_a_forced_lower_tier",
+    "tests/model/test_isa.py::test_the_portable_tier_compiles_for_arm64",
     "tests/model/test_quant.py::test_default_model_int4_",
     "tests/model/test_config_and_loader.py::test_gguf_tokenizer_cache_round_trip",
     "tests/test_cli.py",

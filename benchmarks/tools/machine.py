@@ -1,16 +1,9 @@
 """Which CPU is this, which ISA features that matter does it have, and which kernel tier does Conveyor run on it?
 
 Every published result names these (benchmarks/README.md, "Rules"). Prints JSON: the CPU model name, cores,
-torch threads, the flags that decide Conveyor's kernels (AMX, AVX-512 BF16 / VNNI, AVX-512 F, AVX2), the load
-average, and the kernel tier:
-
-- "amx": the native kernels with AMX-BF16 tiles (bfloat16 products on packed tiles, native prefill attention,
-  the fused decode stack, GGUF products dequantized onto tiles);
-- "avx512-bf16": the native kernels without AMX (oneDNN's bfloat16 products, GGUF row kernels on AVX-512 VNNI
-  int8 dot products, GGUF prompt steps as dequantized tiles into torch's GEMM);
-- "native-no-avx512-bf16": the native kernels built, but without AVX-512 BF16 (no compact GGUF weights; torch's
-  products);
-- "torch": no native kernels (torch's ops only), with the reason.
+torch threads, the flags that decide Conveyor's kernels (AMX, AVX-512 BF16 / VNNI, AVX-512 F, AVX2, FMA), the load
+average, and the kernels' ISA tier (conveyor/model/isa.py: amx, avx512, avx2 or portable; CONVEYOR_ISA forces a
+lower one) with what it offers, or "torch" (no native kernels) with the reason.
 
 Loading the native kernels builds them on first use (minutes, once per machine); --no-kernels reads the CPU's
 flags only and leaves the tier out.
@@ -49,24 +42,22 @@ def cpu_facts() -> dict[str, Any]:
 
 
 def kernel_tier() -> dict[str, Any]:
+    from conveyor.model import isa
     from conveyor.model.native import NativeUnavailable, load_kernels
 
+    _, flags = isa.cpu_facts()
     try:
         kernels = load_kernels()
     except NativeUnavailable as exc:
         return {"tier": "torch", "reason": str(exc)}
-    if kernels.bf16_amx_available():
-        tier = "amx"
-    elif kernels.quant_linear_vectorized():
-        tier = "avx512-bf16"
-    else:
-        tier = "native-no-avx512-bf16"
     return {
-        "tier": tier,
+        "tier": isa.requested_tier(flags),
+        "cpu_best_tier": isa.cpu_tier(flags),
         "bf16_amx": kernels.bf16_amx_available(),
         "gguf_amx": kernels.gguf_amx_available(),
         "prefill_attention_amx": kernels.prefill_attention_available(),
         "avx512_bf16_products": kernels.quant_linear_vectorized(),
+        "gguf_int8_dots": kernels.gguf_linear_vectorized(),
     }
 
 

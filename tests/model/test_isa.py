@@ -5,10 +5,14 @@ this CPU's own (the full tier builds each one)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
+import torch
 
 from conveyor.errors import ConfigError
 from conveyor.model import isa, native, native_build
@@ -108,3 +112,24 @@ def test_kernel_tests_pass_at_a_forced_lower_tier(tier: str) -> None:
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout
+
+
+def test_the_portable_tier_compiles_for_arm64(tmp_path: Path) -> None:
+    """Every source an ARM64 machine would build (the portable tier's; the binding unit with torch's headers),
+    cross-compiled to aarch64 objects where a cross compiler is installed (Debian's g++-aarch64-linux-gnu).
+    Compiled, not linked or run: no ARM64 torch here."""
+    compiler = shutil.which("aarch64-linux-gnu-g++")
+    if compiler is None:
+        pytest.skip("no aarch64 cross compiler (apt install g++-aarch64-linux-gnu)")
+    torch_include = Path(torch.__file__).parent / "include"
+    sources = native.selected_sources(set())  # an ARM64 CPU's flags name none of the x86 extensions
+    flags = [f for f in native._CFLAGS if f != "-march=native"] + ["-march=armv8.2-a+fp16+dotprod"]
+    defines = native._defines(sources)
+    for source in sources:
+        result = subprocess.run(
+            [compiler, *flags, *defines, "-isystem", str(torch_include), "-isystem",
+             str(torch_include / "torch" / "csrc" / "api" / "include"), "-isystem", sysconfig.get_paths()["include"],
+             "-DTORCH_EXTENSION_NAME=conveyor_kernels", "-c", str(source), "-o", str(tmp_path / f"{source.stem}.o")],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert result.returncode == 0, f"{source.name}: {result.stderr[-3000:]}"
