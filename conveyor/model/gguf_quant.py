@@ -202,7 +202,10 @@ def _with_int8_float32(weight: AnyWeight, int8_float32: bool) -> AnyWeight:
 
 
 COMPACT_AUTO_BYTES = 1 << 30
-"""gguf_weights='auto' keeps GGUF blocks compact when the dequantized weights would take more than this."""
+"""gguf_weights='auto' keeps GGUF blocks compact when the dequantized weights would take more than this, or, where
+float32 computes only because the CPU lacks native bfloat16 (dtype 'auto': int8_float32), always. Tuned with
+`conveyor bench throughput` and `conveyor bench latency` on the default model with --gguf-weights compact and
+dequantize."""
 
 
 def place_weights(
@@ -224,8 +227,11 @@ def place_weights(
         raise ConfigError(
             f"gguf_weights='compact' was requested, but {reason}; use gguf_weights='auto' or 'dequantize'"
         )
-    chosen = mode == "dequantize" or (mode == "auto" and reason is None and dense_bytes <= COMPACT_AUTO_BYTES)
-    if mode == "auto" and reason is None and dense_bytes <= COMPACT_AUTO_BYTES:
+    # float32 standing in for bfloat16 (int8_float32) keeps even a small model compact: dequantized it would be
+    # float32, twice bfloat16's bytes, on a CPU whose products are no faster for it
+    small = dense_bytes <= COMPACT_AUTO_BYTES and not int8_float32
+    chosen = mode == "dequantize" or (mode == "auto" and reason is None and small)
+    if mode == "auto" and reason is None and small:
         reason = (
             f"gguf_weights='auto' and they take only {dense_bytes / 2**20:.0f} MiB dequantized (compact "
             f"from {COMPACT_AUTO_BYTES >> 20} MiB; pass gguf_weights='compact' to keep them so)"

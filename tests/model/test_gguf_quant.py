@@ -16,7 +16,15 @@ from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
 from conveyor.model import gguf_projection
 from conveyor.model.gguf_projection import PACKED_ROWS_MIN, ROWS_MAX, GGUFProjection, GGUFSiluGate
-from conveyor.model.gguf_quant import FORMATS, INT8_DOT_TYPES, QuantizedWeight, RowStack, cat_rows, quantize
+from conveyor.model.gguf_quant import (
+    FORMATS,
+    INT8_DOT_TYPES,
+    QuantizedWeight,
+    RowStack,
+    cat_rows,
+    place_weights,
+    quantize,
+)
 from conveyor.model.layers import interleave_gate_up, pack_bf16_tiles
 from conveyor.model.loader import resolve_dtype
 from helpers.gguf_convert import ConverterUnavailable, convert, rewrite
@@ -424,8 +432,25 @@ def test_compact_weights_need_the_native_kernels() -> None:
 
 
 def test_the_small_default_model_is_dequantized_under_auto(default_llm: Any) -> None:
-    """auto keeps blocks compact from 1 GiB of dequantized weights: the 135M default model stays as before."""
+    """auto keeps blocks compact from 1 GiB of dequantized weights: the 135M default model in an asked-for float32
+    stays as before."""
     assert isinstance(default_llm.engine.runner.model.embed, torch.Tensor)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_keeps_small_weights_compact_where_float32_stands_in_for_bfloat16(
+    dtype: torch.dtype, request: pytest.FixtureRequest
+) -> None:
+    """place_weights under gguf_weights='auto': a small model's blocks are dequantized, unless float32 computes only
+    for want of native bfloat16 (int8_float32), where they stay compact and carry the flag to their products."""
+    kernels = _kernels(request)
+    weights = {"w": random_blocks("Q4_K", 64, 256, seed=1).with_dtype(dtype)}
+    cpu = torch.device("cpu")
+    dense = place_weights(weights, cpu, kernels, "auto")["w"]
+    assert isinstance(dense, torch.Tensor) and dense.dtype == dtype
+    kept = place_weights(weights, cpu, kernels, "auto", int8_float32=True)["w"]
+    assert isinstance(kept, QuantizedWeight) and kept.int8_float32
+    assert torch.equal(GGUFProjection(kept, None, kernels).unpacked(), weights["w"].dequantize())
 
 
 # --- tiny models ------------------------------------------------------------------------------------------
