@@ -106,6 +106,9 @@ def test_products_match_float64_over_the_dequantized_weights(
         rounding = (step.repeat_interleave(group, dim=1) / 2) @ w.abs().t()  # [rows, out]: half a step each
         assert ((got.double() - exact).abs() <= rounding * 1.001 + magnitude * 2**-16).all()
         assert not torch.equal(got, kernels.gguf_linear_rows(x, weight.blocks, weight.type_id, in_features))
+        blocks, kind_id = weight.blocks, weight.type_id
+        alone = [kernels.gguf_linear_rows(x[m : m + 1], blocks, kind_id, in_features, True) for m in range(rows)]
+        assert torch.equal(got, torch.cat(alone))  # a row's sums do not depend on the rows beside it
     direct = (
         kernels.gguf_linear_rows if rows <= ROWS_MAX else kernels.gguf_linear_amx if amx else kernels.gguf_linear_tiles
     )

@@ -17,7 +17,8 @@
 //   Q6_K: per 128 columns, 64 bytes of low nibbles and 32 of high bit pairs make four 32-column pieces of codes
 //     0..63 (pair sums at most 2 * 63 * 127); the offset -32 goes through the per-16 activation sums, in the same
 //     integer sum.
-// A weight row is unpacked once for up to kDotRowsMax activation rows. No tuning constants.
+// A weight row is unpacked once for up to kDotRowsMax activation rows (every type), and each row's sums run in the
+// same order whatever the number of rows beside it. No tuning constants.
 #include "scalar_types.h"
 
 #include <cstdint>
@@ -52,29 +53,35 @@ inline __m256i dot_u8_i8(__m256i codes, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1));
 }
 
-float dot_q8_0(const uint8_t* row, int64_t blocks, const QuantizedActivations& x) {
-  __m256 acc = _mm256_setzero_ps();
+template <int M>
+void dot_q8_0(const uint8_t* row, int64_t blocks, const QuantizedActivations* x, float* out) {
+  __m256 acc[M];
+  for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < blocks; ++b, row += 34) {
     const __m256i w = load32(row + 2);
-    const __m256i xv = load32(x.q + 32 * b);
-    const __m256i dot = dot_u8_i8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));  // |w| . x sign(w)
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(half_at(row) * x.scale[b]), acc);
+    const __m256i magnitude = _mm256_sign_epi8(w, w);  // |w|, the unsigned operand
+    const float d = half_at(row);
+    for (int m = 0; m < M; ++m) {
+      const __m256i dot = dot_u8_i8(magnitude, _mm256_sign_epi8(load32(x[m].q + 32 * b), w));  // |w| . x sign(w)
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * x[m].scale[b]), acc[m]);
+    }
   }
-  return hsum_ps(acc);
+  for (int m = 0; m < M; ++m) out[m] = hsum_ps(acc[m]);
 }
 
 // Q4_0 (w = d (q - 8)), Q4_1 (w = d q + m), Q5_0 (w = d (q - 16)), Q5_1 (w = d q + m): low nibbles are columns
 // 0..15, high ones 16..31; Q5's 32-bit qh (before the nibbles) holds column i's fifth bit at bit i.
-template <bool kMin, bool kFifth>
-float dot_nibbles(const uint8_t* row, int64_t blocks, const QuantizedActivations& x) {
+template <int M, bool kMin, bool kFifth>
+void dot_nibbles(const uint8_t* row, int64_t blocks, const QuantizedActivations* x, float* out) {
   constexpr int64_t kHigh = kMin ? 4 : 2, kCodes = kHigh + (kFifth ? 4 : 0), kBytes = kCodes + 16;
   constexpr int32_t kOffset = kFifth ? 16 : 8;
   const __m128i low4 = _mm_set1_epi8(0xF);
   // qh's byte i / 8 to byte i, then bit i % 8 of it tested
   const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
   const __m256i bit_of = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
-  __m256 acc = _mm256_setzero_ps();
-  float offsets = 0.f;  // the minimum's (Q4_1, Q5_1) or the code offset's (Q4_0, Q5_0) share, per block
+  __m256 acc[M];
+  float offsets[M];  // the minimum's (Q4_1, Q5_1) or the code offset's (Q4_0, Q5_0) share of each block
+  for (int m = 0; m < M; ++m) acc[m] = _mm256_setzero_ps(), offsets[m] = 0.f;
   for (int64_t b = 0; b < blocks; ++b, row += kBytes) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + kCodes));
     __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), _mm_and_si128(packed, low4));
@@ -85,13 +92,16 @@ float dot_nibbles(const uint8_t* row, int64_t blocks, const QuantizedActivations
       const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit_of), bit_of);  // 0xFF where the bit is set
       q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(16)));
     }
-    const __m256i dot = dot_u8_i8(q, load32(x.q + 32 * b));  // [8] int32, summed once at the end
-    const float dx = half_at(row) * x.scale[b];
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dx), acc);
-    const float xsum = static_cast<float>(x.sum16[2 * b] + x.sum16[2 * b + 1]);
-    offsets += kMin ? half_at(row + 2) * x.scale[b] * xsum : -static_cast<float>(kOffset) * dx * xsum;
+    const float d = half_at(row), minimum = kMin ? half_at(row + 2) : 0.f;
+    for (int m = 0; m < M; ++m) {
+      const __m256i dot = dot_u8_i8(q, load32(x[m].q + 32 * b));  // [8] int32, summed once at the end
+      const float dx = d * x[m].scale[b];
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dx), acc[m]);
+      const float xsum = static_cast<float>(x[m].sum16[2 * b] + x[m].sum16[2 * b + 1]);
+      offsets[m] += kMin ? minimum * x[m].scale[b] * xsum : -static_cast<float>(kOffset) * dx * xsum;
+    }
   }
-  return hsum_ps(acc) + offsets;
+  for (int m = 0; m < M; ++m) out[m] = hsum_ps(acc[m]) + offsets[m];
 }
 
 // ggml's get_scale_min_k4 for all 8 sub-blocks of a Q4_K / Q5_K super-block's 12 scale bytes
@@ -211,18 +221,15 @@ inline int32_t round16(const float* x, float inverse, int8_t* q) {
 
 template <int M>
 void dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x, float* out) {
-  if (kind == 12) return dot_q4_k<M>(row, in_features / 256, x, out);
-  if (kind == 13) return dot_q4_k<M, true>(row, in_features / 256, x, out);
-  return dot_q6_k<M>(row, in_features / 256, x, out);
-}
-
-float dot_one(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations& x) {
   switch (kind) {
-    case 2: return dot_nibbles<false, false>(row, in_features / 32, x);
-    case 3: return dot_nibbles<true, false>(row, in_features / 32, x);
-    case 6: return dot_nibbles<false, true>(row, in_features / 32, x);
-    case 7: return dot_nibbles<true, true>(row, in_features / 32, x);
-    default: return dot_q8_0(row, in_features / 32, x);
+    case 2: return dot_nibbles<M, false, false>(row, in_features / 32, x, out);
+    case 3: return dot_nibbles<M, true, false>(row, in_features / 32, x, out);
+    case 6: return dot_nibbles<M, false, true>(row, in_features / 32, x, out);
+    case 7: return dot_nibbles<M, true, true>(row, in_features / 32, x, out);
+    case 8: return dot_q8_0<M>(row, in_features / 32, x, out);
+    case 12: return dot_q4_k<M>(row, in_features / 256, x, out);
+    case 13: return dot_q4_k<M, true>(row, in_features / 256, x, out);
+    default: return dot_q6_k<M>(row, in_features / 256, x, out);
   }
 }
 
@@ -261,10 +268,6 @@ QuantizedActivations quantize_activations(const float* x, int64_t in_features, c
 
 void vnni_dot_rows(int64_t kind, const uint8_t* row, int64_t in_features, const QuantizedActivations* x,
                    int64_t rows, float* out) {
-  if (kind != 12 && kind != 13 && kind != 14) {
-    for (int64_t m = 0; m < rows; ++m) out[m] = dot_one(kind, row, in_features, x[m]);
-    return;
-  }
   for (int64_t m = 0; m < rows; m += kDotRowsMax) {  // callers pass at most kDotRowsMax; more go in turns
     switch (rows - m < kDotRowsMax ? rows - m : kDotRowsMax) {
       case 1: dot_rows<1>(kind, row, in_features, x + m, out + m); break;

@@ -27,9 +27,11 @@
 //   blocks [out rows][row bytes]   row n = in / block blocks of its type (a row stack: parts, each its own type)
 //   x [rows, in] float32 / bfloat16 -> y [rows, out] in x's dtype
 //
-// Tuning constant (`conveyor bench decode-step` with a GGUF model): kMinBytesPerThread, weight bytes below which a
-// thread is not worth waking. Exactness invariant: each output is summed by one thread in one order (k ascending),
-// whatever the thread count; the rows split follows weight bytes, never changing an output's arithmetic.
+// Tuning constants (`conveyor bench decode-step` with a GGUF model): kMinBytesPerThread, weight bytes below which a
+// thread is not worth waking; kRowBlock, weight rows multiplied by one group of quantized activation rows in turn.
+// Exactness invariant: each output is summed by one thread in one order (k ascending), whatever the thread count
+// and the number of activation rows beside it; the rows split follows weight bytes, never changing an output's
+// arithmetic.
 #include "kernels.h"
 #include "parallel.h"
 
@@ -51,6 +53,7 @@ using conveyor_gguf::dequant_row;
 using conveyor_gguf::Format;
 
 constexpr int64_t kMinBytesPerThread = 32768;  // less is not worth waking a thread for
+constexpr int64_t kRowBlock = 8;  // weight rows that share each group of activation rows while it is in L1
 
 // Each row of x [rows, in] quantized for the int8 dot products, in this thread's buffers (grown, never
 // shrunk: a decode step's products allocate nothing). Valid until this thread's next call.
@@ -160,18 +163,33 @@ void gguf_linear_rows_parts(const std::vector<Part>& parts, int64_t out_features
     const int64_t begin = row_at_byte(first_share * total_bytes / shares);
     const int64_t end = row_at_byte(end_share * total_bytes / shares);
     size_t p = 0;
-    for (int64_t n = begin; n < end; ++n) {
-      while (p + 1 < parts.size() && n >= parts[p + 1].first) ++p;
-      const Part& part = parts[p];
-      const uint8_t* row = part.blocks + (n - part.first) * part.row_bytes;
+    const auto store = [&](int64_t m, int64_t col, float v) {
       if (bf16) {
-        conveyor::BFloat16* yp = static_cast<conveyor::BFloat16*>(y);
-        row_products(part, row, n, rows, in_features, xf, acts, w,
-                     [&](int64_t m, int64_t col, float v) { yp[m * out_features + col] = conveyor::BFloat16(v); });
+        static_cast<conveyor::BFloat16*>(y)[m * out_features + col] = conveyor::BFloat16(v);
       } else {
-        float* yp = static_cast<float*>(y);
-        row_products(part, row, n, rows, in_features, xf, acts, w,
-                     [&](int64_t m, int64_t col, float v) { yp[m * out_features + col] = v; });
+        static_cast<float*>(y)[m * out_features + col] = v;
+      }
+    };
+    // kRowBlock weight rows at a time: each group of kDotRowsMax quantized activation rows is read from L1 by
+    // every weight row of the block (with many activation rows they no longer fit L1 whole)
+    for (int64_t n0 = begin; n0 < end; n0 += kRowBlock) {
+      const int64_t n1 = std::min(end, n0 + kRowBlock);
+      size_t first_part = p;
+      for (int64_t m0 = 0; m0 < rows; m0 += (acts != nullptr ? conveyor_gguf::kDotRowsMax : rows)) {
+        p = first_part;
+        for (int64_t n = n0; n < n1; ++n) {
+          while (p + 1 < parts.size() && n >= parts[p + 1].first) ++p;
+          const Part& part = parts[p];
+          const uint8_t* row = part.blocks + (n - part.first) * part.row_bytes;
+          if (acts != nullptr && conveyor_gguf::vnni_kind(part.kind)) {
+            float out[conveyor_gguf::kDotRowsMax];
+            const int64_t count = std::min(rows - m0, conveyor_gguf::kDotRowsMax);
+            conveyor_gguf::vnni_dot_rows(part.kind, row, in_features, acts + m0, count, out);
+            for (int64_t m = 0; m < count; ++m) store(m0 + m, n, out[m]);
+          } else if (m0 == 0) {  // the float path: every activation row at once
+            row_products(part, row, n, rows, in_features, xf, nullptr, w, store);
+          }
+        }
       }
     }
   });
