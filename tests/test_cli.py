@@ -1,7 +1,7 @@
 """The CLI as a user runs it on the default model: `python -m conveyor.cli` in a child process, and the other
 command lines through the console script's own entry point (conveyor.cli.main, run by tests/helpers/run_cli.py)
-in one child interpreter per group: one torch import between them, each line with its own stdin, stdout, stderr,
-exit status and logging set-up, as in a process of its own."""
+in one child interpreter: one torch import between them, each line with its own stdin, stdout, stderr, exit status
+and logging set-up, as in a process of its own."""
 
 from __future__ import annotations
 
@@ -19,15 +19,6 @@ CLI = [sys.executable, "-m", "conveyor.cli"]
 RUNNER = [sys.executable, os.path.join(ROOT, "tests", "helpers", "run_cli.py")]
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
 SMALL = ["--kv-cache-memory", "64MiB", "--max-model-len", "512"]
-
-
-def _run_lines(lines: dict[str, tuple[list[str], str]]) -> dict[str, dict[str, Any]]:
-    """Each named (argv, stdin) through conveyor.cli.main in one child interpreter -> {name: {rc, stdout, stderr}}."""
-    runs = [{"argv": argv, "stdin": stdin} for argv, stdin in lines.values()]
-    done = subprocess.run(RUNNER, input=json.dumps(runs), capture_output=True, text=True, timeout=900, env=ENV)
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(runs), f"the CLI runner stopped after {len(results)} lines:\n{done.stderr[-3000:]}"
-    return dict(zip(lines, results))
 
 
 CHAT_HISTORY = "My name is Alice and I live in Lisbon.\nWhat is my name?\n"
@@ -61,12 +52,41 @@ MODEL_LINES: dict[str, tuple[list[str], str]] = {
         "",
     ),
 }
-"""The command lines that load the model, run together by the `model_runs` fixture."""
+"""The command lines that load the model, by name."""
+MODEL_LINES_OF = {
+    "test_chat_keeps_history_and_exits_on_eof": ["chat-history", "chat-fresh"],
+    "test_chat_exit_command": ["chat-exit"],
+    "test_chat_drops_the_oldest_turns_when_the_context_is_full": ["chat-overflow"],
+    "test_generate_with_n_stop_and_verbose_after_the_command": ["generate-n-stop-verbose"],
+}
+
+
+def _lines_of(item: Any) -> dict[str, tuple[list[str], str]]:
+    """The named (argv, stdin) lines a collected test of this module reads from `cli_runs`."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if "args" in params:  # test_bad_flags_give_clear_errors
+        return {" ".join(params["args"]): (params["args"], "")}
+    if "command" in params:  # test_every_command_prints_its_help
+        argv = [*params["command"], "--help"]
+        return {" ".join(argv): (argv, "")}
+    return {name: MODEL_LINES[name] for name in MODEL_LINES_OF.get(getattr(item, "originalname", item.name), [])}
 
 
 @pytest.fixture(scope="module")
-def model_runs() -> dict[str, dict[str, Any]]:
-    return _run_lines(MODEL_LINES)
+def cli_runs(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
+    """The lines of this module's collected tests, run together in one child interpreter -> {name: {rc, stdout,
+    stderr}}."""
+    lines = {
+        name: line
+        for item in request.session.items
+        if item.module is request.module
+        for name, line in _lines_of(item).items()
+    }
+    runs = [{"argv": argv, "stdin": stdin} for argv, stdin in lines.values()]
+    done = subprocess.run(RUNNER, input=json.dumps(runs), capture_output=True, text=True, timeout=900, env=ENV)
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(runs), f"the CLI runner stopped after {len(results)} lines:\n{done.stderr[-3000:]}"
+    return dict(zip(lines, results))
 
 
 def test_generate_answers_capital_of_france() -> None:
@@ -87,21 +107,21 @@ def _replies(result: dict[str, Any]) -> list[str]:
     return [part for part in result["stdout"].split("you> ") if part.startswith("bot> ")]
 
 
-def test_chat_keeps_history_and_exits_on_eof(model_runs: dict[str, dict[str, Any]]) -> None:
-    replies = _replies(model_runs["chat-history"])
+def test_chat_keeps_history_and_exits_on_eof(cli_runs: dict[str, dict[str, Any]]) -> None:
+    replies = _replies(cli_runs["chat-history"])
     assert len(replies) == 2 and all(len(r) > len("bot> \n") for r in replies)
-    fresh = _replies(model_runs["chat-fresh"])
+    fresh = _replies(cli_runs["chat-fresh"])
     # greedy decoding: the same question answers differently only because the first turn is in the context
     assert replies[1] != fresh[0]
 
 
-def test_chat_exit_command(model_runs: dict[str, dict[str, Any]]) -> None:
-    done = model_runs["chat-exit"]
+def test_chat_exit_command(cli_runs: dict[str, dict[str, Any]]) -> None:
+    done = cli_runs["chat-exit"]
     assert done["rc"] == 0 and "bot>" not in done["stdout"]
 
 
-def test_chat_drops_the_oldest_turns_when_the_context_is_full(model_runs: dict[str, dict[str, Any]]) -> None:
-    done = model_runs["chat-overflow"]
+def test_chat_drops_the_oldest_turns_when_the_context_is_full(cli_runs: dict[str, dict[str, Any]]) -> None:
+    done = cli_runs["chat-overflow"]
     assert done["rc"] == 0, done["stderr"]
     assert done["stdout"].count("bot> ") == 3  # every message that fits got a reply, the session went on
     assert "oldest message(s) left the conversation" in done["stderr"]
@@ -128,25 +148,17 @@ COMMANDS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def quick_runs() -> dict[str, dict[str, Any]]:
-    """Every bad-flag and --help line of this module (none loads the model), run together."""
-    lines = {" ".join(args): (args, "") for args, _ in BAD_FLAGS}
-    lines.update({" ".join([*command, "--help"]): ([*command, "--help"], "") for command in COMMANDS})
-    return _run_lines(lines)
-
-
 @pytest.mark.parametrize("args, fragment", BAD_FLAGS)
-def test_bad_flags_give_clear_errors(args: list[str], fragment: str, quick_runs: dict[str, dict[str, Any]]) -> None:
-    done = quick_runs[" ".join(args)]
+def test_bad_flags_give_clear_errors(args: list[str], fragment: str, cli_runs: dict[str, dict[str, Any]]) -> None:
+    done = cli_runs[" ".join(args)]
     assert done["rc"] == 2
     assert fragment in done["stderr"] and "Traceback" not in done["stderr"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_command_prints_its_help(command: list[str], quick_runs: dict[str, dict[str, Any]]) -> None:
+def test_every_command_prints_its_help(command: list[str], cli_runs: dict[str, dict[str, Any]]) -> None:
     """Each engine option appears in --help with its description (argparse must be able to format it)."""
-    done = quick_runs[" ".join([*command, "--help"])]
+    done = cli_runs[" ".join([*command, "--help"])]
     assert done["rc"] == 0, done["stderr"]
     if command != ["bench", "serve"]:  # the load generator takes no engine options
         text = " ".join(done["stdout"].split())
@@ -162,8 +174,8 @@ def test_engine_seed_and_sampling_seed_are_separate_flags() -> None:
     assert engine_config_from(args).seed == 3 and sampling_params_from(args).seed is None
 
 
-def test_generate_with_n_stop_and_verbose_after_the_command(model_runs: dict[str, dict[str, Any]]) -> None:
-    done = model_runs["generate-n-stop-verbose"]
+def test_generate_with_n_stop_and_verbose_after_the_command(cli_runs: dict[str, dict[str, Any]]) -> None:
+    done = cli_runs["generate-n-stop-verbose"]
     assert done["rc"] == 0, done["stderr"]
     assert "[sample 1]" in done["stdout"] and "[sample 2]" in done["stdout"] and "five" not in done["stdout"]
     assert "engine ready" in done["stderr"]  # -v after the command turns on the engine's log
