@@ -275,55 +275,83 @@ def _plan(page: str) -> PagePlan:
     return PagePlan(page, runs, curls, python, server)
 
 
+PLANTED_CLI = [["inspect", "missing.gguf"], ["generate", "--help"]]
+"""Lines the runners' own test adds to the CLI runner's input: one that fails (no such file), one that does not."""
+PLANTED_PAGES = [
+    {
+        "page": "planted.md",
+        "blocks": [
+            {"where": "planted.md:1", "code": "x = 1"},
+            {"where": "planted.md:5", "code": "raise ValueError(x)"},
+        ],
+    },
+    {"page": "next.md", "blocks": [{"where": "next.md:1", "code": "assert 'x' not in globals()"}]},
+]
+"""Pages the runners' own test adds to the Python runner's input: one whose second block raises, then one that
+must run after it in a namespace of its own."""
+
+
 @pytest.fixture(scope="module")
-def page_failures(servers: dict[tuple[str, ...], Any]) -> dict[str, list[str]]:
-    """Every page's runnable commands, run together so that the pages share child interpreters: all pages' CLI
-    lines in one (tests/helpers/run_cli.py, each line as the console script runs it), all pages' Python blocks in
-    another (tests/docs/run_python.py, each page in a namespace of its own); each page's curl lines go to its
-    server, and the servers the pages start come up side by side. -> each page's failures."""
+def doc_runs(request: pytest.FixtureRequest, servers: dict[tuple[str, ...], Any]) -> dict[str, Any]:
+    """The runnable commands of every page whose test_page_runs is collected (and the runners' own planted
+    failures when their test is), run together so that they share child interpreters: all CLI lines in one
+    (tests/helpers/run_cli.py, each line as the console script runs it), all Python blocks in another
+    (tests/docs/run_python.py, each page in a namespace of its own); each page's curl lines go to its server.
+    The servers start while the CLI lines run. -> {"failures": {page: [...]}, "planted_cli": [results],
+    "planted_python": (exit status, [page results])}."""
     from helpers.server_process import ServerProcess
 
-    plans = [_plan(page) for page in _pages_with_runs()]
+    tests = [item for item in request.session.items if item.module is request.module]
+    wanted = {item.callspec.params["page"] for item in tests if getattr(item, "originalname", "") == "test_page_runs"}
+    planted = any(getattr(item, "originalname", "") == "test_the_runners_report_failures" for item in tests)
+    plans = [_plan(page) for page in _pages_with_runs() if page in wanted]
     failures: dict[str, list[str]] = {plan.page: [] for plan in plans}
-    down: dict[tuple[str, ...], str] = {}
-    for key in dict.fromkeys(plan.server for plan in plans if plan.server is not None):
+    found: dict[str, Any] = {"failures": failures}
+    keys = list(dict.fromkeys(plan.server for plan in plans if plan.server is not None))
+    for key in keys:
         if key not in servers:
             servers[key] = ServerProcess(*key)
-    for key in dict.fromkeys(plan.server for plan in plans if plan.server is not None):
-        try:
-            servers[key].wait_ready(timeout=300)
-        except (RuntimeError, TimeoutError) as exc:
-            down[key] = f"`conveyor serve {shlex.join(key)}` did not come up: {exc}"
-    for plan in plans:
-        if plan.server in down:
-            failures[plan.page].append(down[plan.server])
-
-    def port(plan: PagePlan) -> int:
-        return servers[plan.server].port if plan.server is not None else DOC_PORT
-
-    def local(text: str, plan: PagePlan) -> str:
-        return text.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port(plan)}")
 
     with tempfile.TemporaryDirectory() as cwd:
-        runs = [(plan, run) for plan in plans for run in plan.runs]
+        runs = [(plan.page, run) for plan in plans for run in plan.runs]
+        if planted:
+            runs += [("", {"argv": argv, "stdin": "", "where": "planted"}) for argv in PLANTED_CLI]
         if runs:
             done = _run(
                 [sys.executable, str(ROOT / "tests/helpers/run_cli.py")], json.dumps([r for _, r in runs]), cwd, 1800
             )
             results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-            for (plan, run), result in itertools.zip_longest(runs, results):
+            found["planted_cli"] = results[len(runs) - len(PLANTED_CLI) :] if planted else []
+            for (page, run), result in itertools.zip_longest(runs, results):
+                if not page:
+                    continue
                 if result is None:
-                    failures[plan.page].append(
+                    failures[page].append(
                         f"{run['where']}: the CLI runner stopped before `conveyor {shlex.join(run['argv'])}`:\n"
                         f"{done.stderr[-3000:]}"
                     )
                 elif result["rc"] != 0:
-                    failures[plan.page].append(
+                    failures[page].append(
                         f"{run['where']}: `conveyor {shlex.join(run['argv'])}` exited "
                         f"{result['rc']}:\n{result['stderr'][-2000:]}"
                     )
                 elif run["argv"][0] != "inspect" and "--help" not in run["argv"] and not result["stdout"].strip():
-                    failures[plan.page].append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` printed nothing")
+                    failures[page].append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` printed nothing")
+
+        down: dict[tuple[str, ...], str] = {}
+        for key in keys:
+            try:
+                servers[key].wait_ready(timeout=300)
+            except (RuntimeError, TimeoutError) as exc:
+                down[key] = f"`conveyor serve {shlex.join(key)}` did not come up: {exc}"
+        for plan in plans:
+            if plan.server in down:
+                failures[plan.page].append(down[plan.server])
+
+        def local(text: str, plan: PagePlan) -> str:
+            port = servers[plan.server].port if plan.server is not None else DOC_PORT
+            return text.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")
+
         for plan in plans:
             if plan.server in down:
                 continue
@@ -335,23 +363,22 @@ def page_failures(servers: dict[tuple[str, ...], Any]) -> dict[str, list[str]]:
                         f"{c.block.where}: {c.line.strip()!r} failed ({done.returncode}): "
                         f"{done.stdout[-1000:]} {done.stderr[-1000:]}"
                     )
-        pages = [
+        pages = (PLANTED_PAGES if planted else []) + [
             {"page": plan.page, "blocks": [{"where": b.where, "code": local(b.text, plan)} for b in plan.python]}
             for plan in plans
             if plan.python and plan.server not in down
         ]
         if pages:
             done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(pages), cwd, 1800)
-            reported = {
-                result["page"]: result
-                for result in (
-                    json.loads(line[len(PAGE_RESULT) :])
-                    for line in done.stdout.splitlines()
-                    if line.startswith(PAGE_RESULT)
-                )
-            }
-            for page in pages:
-                result = reported.get(page["page"])
+            reported = [
+                json.loads(line[len(PAGE_RESULT) :])
+                for line in done.stdout.splitlines()
+                if line.startswith(PAGE_RESULT)
+            ]
+            by_page = {result["page"]: result for result in reported}
+            found["planted_python"] = (done.returncode, reported[: len(PLANTED_PAGES)] if planted else [])
+            for page in pages[len(PLANTED_PAGES) if planted else 0 :]:
+                result = by_page.get(page["page"])
                 if result is None:
                     failures[page["page"]].append(
                         f"Python blocks of {page['page']}: the runner stopped first:\n"
@@ -359,14 +386,27 @@ def page_failures(servers: dict[tuple[str, ...], Any]) -> dict[str, list[str]]:
                     )
                 elif result["failed"] is not None:
                     failures[page["page"]].append(f"Python blocks of {page['page']}:\n{result['output'][-6000:]}")
-    return failures
+    return found
 
 
 @pytest.mark.full
 @pytest.mark.parametrize("page", _pages_with_runs())
-def test_page_runs(page: str, page_failures: dict[str, list[str]]) -> None:
-    failures = page_failures[page]
+def test_page_runs(page: str, doc_runs: dict[str, Any]) -> None:
+    failures = doc_runs["failures"][page]
     assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.full
+def test_the_runners_report_failures(doc_runs: dict[str, Any]) -> None:
+    """The full tier can fail: a command that exits non-zero and a Python block that raises are reported (planted
+    among the pages' own, in the same runners); the next page's blocks still run, in a namespace of their own."""
+    assert [r["rc"] != 0 for r in doc_runs["planted_cli"]] == [True, False]
+    returncode, results = doc_runs["planted_python"]
+    assert returncode == 1 and [(r["page"], r["failed"]) for r in results] == [
+        ("planted.md", "planted.md:5"),
+        ("next.md", None),
+    ]
+    assert "FAILED: the block at planted.md:5" in results[0]["output"] and "ValueError: 1" in results[0]["output"]
 
 
 def test_the_full_tier_runs_something_of_each_kind() -> None:
@@ -383,32 +423,3 @@ def test_the_full_tier_runs_something_of_each_kind() -> None:
     kinds = {next(iter(_runnable_argv(c) or ("-",))) for c in commands}
     assert {"generate", "chat", "inspect"} <= kinds
     assert any(c.kind == "curl" for c in commands)
-
-
-@pytest.mark.full
-def test_the_runners_report_failures(tmp_path: pathlib.Path) -> None:
-    """The full tier can fail: a command that exits non-zero and a Python block that raises are reported; the
-    next page's blocks still run, in a namespace of their own."""
-    runs = [{"argv": ["inspect", str(tmp_path / "missing.gguf")]}, {"argv": ["generate", "--help"]}]
-    done = _run([sys.executable, str(ROOT / "tests/helpers/run_cli.py")], json.dumps(runs), str(tmp_path), 300)
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [r["rc"] != 0 for r in results] == [True, False]
-    pages = [
-        {
-            "page": "planted.md",
-            "blocks": [
-                {"where": "planted.md:1", "code": "x = 1"},
-                {"where": "planted.md:5", "code": "raise ValueError(x)"},
-            ],
-        },
-        {"page": "next.md", "blocks": [{"where": "next.md:1", "code": "assert 'x' not in globals()"}]},
-    ]
-    done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(pages), str(tmp_path), 300)
-    results = [
-        json.loads(line[len(PAGE_RESULT) :]) for line in done.stdout.splitlines() if line.startswith(PAGE_RESULT)
-    ]
-    assert done.returncode == 1 and [(r["page"], r["failed"]) for r in results] == [
-        ("planted.md", "planted.md:5"),
-        ("next.md", None),
-    ]
-    assert "FAILED: the block at planted.md:5" in results[0]["output"] and "ValueError: 1" in results[0]["output"]
