@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 import subprocess
 import sys
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 from conveyor import ConfigError
 from conveyor.bench.results import load_baseline, plot_serve, plot_throughput, save_baseline
 from conveyor.bench.workloads import random_workload, shared_prefix_workload
+from helpers import REPO_ROOT
 from helpers.tiny_models import build_tiny_model
 
 
@@ -46,13 +48,45 @@ def test_plots_are_written(tmp_path: Any) -> None:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_throughput_cli_with_peer_baseline_and_compare(tmp_path: Any) -> None:
+@pytest.fixture(scope="module")
+def cli_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The `conveyor bench` lines of this module's collected CLI tests, run together in one child interpreter
+    (tests/helpers/run_cli.py: conveyor.cli.main as the console script calls it, each line in its test's own
+    folder, with its own environment, stdout, stderr and exit status) -> {test's group: (folder, results)}."""
+    groups = {
+        "throughput": ("test_throughput_cli_with_peer_baseline_and_compare", _throughput_lines),
+        "decode-step": ("test_decode_step_counts_flops_from_the_model_shape", _decode_step_lines),
+        "latency": ("test_latency_cli_interleaves_ours_and_the_peer", _latency_lines),
+        "failing-peer": ("test_a_peer_that_cannot_run_costs_only_its_own_row", _failing_peer_lines),
+    }
+    collected = {
+        getattr(item, "originalname", item.name) for item in request.session.items if item.module is request.module
+    }
+    folders = {group: tmp_path_factory.mktemp(group) for group, (test, _) in groups.items() if test in collected}
+    lines = {group: groups[group][1](folder) for group, folder in folders.items()}
+    runs = [line for group_lines in lines.values() for line in group_lines]
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tests" / "helpers" / "run_cli.py")],
+        input=json.dumps(runs),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )
+    results = iter([json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")])
+    found = {
+        group: (folders[group], [next(results, None) for _ in group_lines]) for group, group_lines in lines.items()
+    }
+    assert all(r is not None for _, rs in found.values() for r in rs), (
+        f"the CLI runner stopped early:\n{done.stderr[-3000:]}"
+    )
+    return found
+
+
+def _throughput_lines(tmp_path: pathlib.Path) -> list[dict[str, Any]]:
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder)
     cmd = [
-        sys.executable,
-        "-m",
-        "conveyor.cli",
         "bench",
         "throughput",
         "--model",
@@ -76,33 +110,58 @@ def test_throughput_cli_with_peer_baseline_and_compare(tmp_path: Any) -> None:
         "--plot",
         str(tmp_path / "bars.png"),
     ]
-    env = {**os.environ}
-    first = subprocess.run(
-        [*cmd, "--save-baseline", "tiny-test"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
-    )
-    assert first.returncode == 0, first.stderr
-    result = json.loads(first.stdout[: first.stdout.rindex("}") + 1])
+    return [
+        {"argv": [*cmd, "--save-baseline", "tiny-test"], "cwd": str(tmp_path)},
+        {"argv": [*cmd, "--compare-to", "tiny-test"], "cwd": str(tmp_path)},
+        {"argv": [*cmd, "--compare-to", "nope"], "cwd": str(tmp_path)},
+    ]
+
+
+def test_throughput_cli_with_peer_baseline_and_compare(cli_runs: dict[str, Any]) -> None:
+    tmp_path, (first, second, missing) = cli_runs["throughput"]
+    assert first["rc"] == 0, first["stderr"]
+    result = json.loads(first["stdout"][: first["stdout"].rindex("}") + 1])
     assert result["output_tokens_per_s"] > 0 and result["workload"]["output_tokens"] == 30
     assert result["peers"]["hf-generate"]["output_tokens"] == 30
     assert os.path.isfile(tmp_path / "benchmarks" / "baselines" / "tiny-test.json")
     assert os.listdir(tmp_path / "results")
-    second = subprocess.run(
-        [*cmd, "--compare-to", "tiny-test"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
-    )
-    assert second.returncode == 0 and "vs baseline 'tiny-test'" in second.stdout
-    missing = subprocess.run(
-        [*cmd, "--compare-to", "nope"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path
-    )
-    assert missing.returncode == 2 and "tiny-test" in missing.stderr and "Traceback" not in missing.stderr
+    assert second["rc"] == 0 and "vs baseline 'tiny-test'" in second["stdout"]
+    assert missing["rc"] == 2 and "tiny-test" in missing["stderr"] and "Traceback" not in missing["stderr"]
 
 
-def test_decode_step_counts_flops_from_the_model_shape(tmp_path: Any) -> None:
+def _decode_step_lines(tmp_path: pathlib.Path) -> list[dict[str, Any]]:
+    folder = str(tmp_path / "tiny")
+    build_tiny_model("llama", folder)
+    argv = [
+        "bench",
+        "decode-step",
+        "--model",
+        folder,
+        "--num-seqs",
+        "2",
+        "--prompt-len",
+        "5",
+        "--steps",
+        "3",
+        "--kv-cache-memory",
+        "1MiB",
+        "--max-model-len",
+        "64",
+        "--dtype",
+        "float32",
+        "--results-dir",
+        str(tmp_path / "r"),
+    ]
+    return [{"argv": argv, "cwd": str(tmp_path)}]
+
+
+def test_decode_step_counts_flops_from_the_model_shape(cli_runs: dict[str, Any]) -> None:
     from conveyor.bench.decode_step import attention_flops, linear_flops_per_token, measure_decode_step
     from conveyor.config import EngineConfig
     from conveyor.model.loader import load_model
 
-    folder = str(tmp_path / "tiny")
-    build_tiny_model("llama", folder)  # hidden 64, intermediate 128, 2 layers, 4 heads / 2 KV heads of 16, vocab 512
+    tmp_path, (cli,) = cli_runs["decode-step"]
+    folder = str(tmp_path / "tiny")  # hidden 64, intermediate 128, 2 layers, 4 heads / 2 KV heads of 16, vocab 512
     config = EngineConfig(model=folder, kv_cache_memory="1MiB", max_model_len=64)
     result = measure_decode_step(config, num_seqs=3, prompt_len=10, steps=4)
     spec = load_model(folder, "float32").spec
@@ -123,37 +182,8 @@ def test_decode_step_counts_flops_from_the_model_shape(tmp_path: Any) -> None:
         result["weight_bytes_per_step"] / result["copy_bandwidth_gbs"] / 1e6
     )
     assert result["step_over_bandwidth_bound"] == pytest.approx(result["step_ms_median"] / result["bandwidth_bound_ms"])
-    cli = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "conveyor.cli",
-            "bench",
-            "decode-step",
-            "--model",
-            folder,
-            "--num-seqs",
-            "2",
-            "--prompt-len",
-            "5",
-            "--steps",
-            "3",
-            "--kv-cache-memory",
-            "1MiB",
-            "--max-model-len",
-            "64",
-            "--dtype",
-            "float32",
-            "--results-dir",
-            str(tmp_path / "r"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert cli.returncode == 0, cli.stderr
-    printed = json.loads(cli.stdout[: cli.stdout.rindex("}") + 1])
+    assert cli["rc"] == 0, cli["stderr"]
+    printed = json.loads(cli["stdout"][: cli["stdout"].rindex("}") + 1])
     assert printed["num_seqs"] == 2 and printed["dtype"] == "float32" and printed["steps"] == 3
     bf16 = measure_decode_step(dataclasses.replace(config, dtype="bfloat16"), num_seqs=2, prompt_len=5, steps=2)
     assert bf16["dtype"] == "bfloat16" and bf16["float32_matmul_peak_gflops"] > 0
@@ -206,15 +236,10 @@ def test_openvino_peer_computes_our_tokens_when_installed(tmp_path: Any) -> None
     assert pipeline.generate(workload.prompts, wants) == ours
 
 
-def test_a_peer_that_cannot_run_costs_only_its_own_row(tmp_path: Any) -> None:
-    """OpenVINO with an IR exporter that fails (or not installed at all): our result and the other peer's are
-    still measured and saved; the peer's row says why it has no number."""
+def _failing_peer_lines(tmp_path: pathlib.Path) -> list[dict[str, Any]]:
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder, num_hidden_layers=1)  # never exported: no cached IR to fall back on
-    cmd = [
-        sys.executable,
-        "-m",
-        "conveyor.cli",
+    argv = [
         "bench",
         "throughput",
         "--model",
@@ -235,32 +260,28 @@ def test_a_peer_that_cannot_run_costs_only_its_own_row(tmp_path: Any) -> None:
         "openvino",
         "hf-generate",
     ]
-    done = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env={**os.environ, "CONVEYOR_OPENVINO_EXPORTER": "/bin/false"},
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
+    return [{"argv": argv, "cwd": str(tmp_path), "env": {"CONVEYOR_OPENVINO_EXPORTER": "/bin/false"}}]
+
+
+def test_a_peer_that_cannot_run_costs_only_its_own_row(cli_runs: dict[str, Any]) -> None:
+    """OpenVINO with an IR exporter that fails (or not installed at all): our result and the other peer's are
+    still measured and saved; the peer's row says why it has no number."""
+    _, (done,) = cli_runs["failing-peer"]
+    assert done["rc"] == 0, done["stderr"]
+    result = json.loads(done["stdout"][: done["stdout"].rindex("}") + 1])
     assert result["output_tokens_per_s"] > 0 and result["peers"]["hf-generate"]["output_tokens"] == 9
     row = result["peers"]["openvino"]
     if "skipped" in row:
         assert "scripts/install_openvino.sh" in row["skipped"]
     else:
-        assert "failed" in row and "optimum_cli" in row["failed"] and "[peer openvino failed" in done.stderr
-    assert "Traceback" not in done.stderr
+        assert "failed" in row and "optimum_cli" in row["failed"] and "[peer openvino failed" in done["stderr"]
+    assert "Traceback" not in done["stderr"]
 
 
-def test_latency_cli_interleaves_ours_and_the_peer(tmp_path: Any) -> None:
+def _latency_lines(tmp_path: pathlib.Path) -> list[dict[str, Any]]:
     folder = str(tmp_path / "tiny")
     build_tiny_model("llama", folder)
     cmd = [
-        sys.executable,
-        "-m",
-        "conveyor.cli",
         "bench",
         "latency",
         "--model",
@@ -280,17 +301,18 @@ def test_latency_cli_interleaves_ours_and_the_peer(tmp_path: Any) -> None:
         "--peer",
         "hf-generate",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout[: done.stdout.rindex("}") + 1])
+    return [{"argv": cmd, "cwd": str(tmp_path)}, {"argv": [*cmd[:-2], "--output-len", "1"], "cwd": str(tmp_path)}]
+
+
+def test_latency_cli_interleaves_ours_and_the_peer(cli_runs: dict[str, Any]) -> None:
+    _, (done, too_short) = cli_runs["latency"]
+    assert done["rc"] == 0, done["stderr"]
+    result = json.loads(done["stdout"][: done["stdout"].rindex("}") + 1])
     for measured in (result, result["peers"]["hf-generate"]):
         assert len(measured["ttft_runs_s"]) == 3 and len(measured["tpot_runs_s"]) == 3
         assert measured["ttft_s"] == sorted(measured["ttft_runs_s"])[1] and measured["tpot_s"] > 0
-    too_short = subprocess.run(
-        [*cmd[:-2], "--output-len", "1"], capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
-    assert too_short.returncode == 2 and "--output-len must be at least 2" in too_short.stderr
-    assert "Traceback" not in too_short.stderr
+    assert too_short["rc"] == 2 and "--output-len must be at least 2" in too_short["stderr"]
+    assert "Traceback" not in too_short["stderr"]
 
 
 def test_async_vs_sync_report_on_a_tiny_model(tmp_path: Any) -> None:

@@ -2,15 +2,19 @@
 
 Fast (seconds): every block is parsed and checked without a model (tests/docs/doc_blocks.py says how, per
 language); links and images resolve; the README stays a landing page. Full tier (`full` marker): each page's
-runnable commands run for real: its Python blocks in one interpreter; `conveyor generate | chat | inspect` and
-`--help` lines through the CLI's entry point; its first plain `conveyor serve` line as a server on a free port, with
-the page's curl lines and Python clients pointed at it, then stopped by SIGTERM (exit status 0, as documented).
+runnable commands run for real: its Python blocks in order in one namespace of their own; `conveyor generate | chat
+| inspect` and `--help` lines through the CLI's entry point; its first plain `conveyor serve` line as a server on a
+free port, with the page's curl lines and Python clients pointed at it, then stopped by SIGTERM (exit status 0, as
+documented). The pages share child interpreters (one for every page's CLI lines, one for every page's Python
+blocks) and the servers of the same flags.
 Commands that cannot run here (Ray clusters, tensor-parallel processes, benchmarks of minutes, peers' installs,
 the setup scripts) stay parse-only: their flags are still checked by the real parser in the fast part.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import pathlib
@@ -169,6 +173,11 @@ def _default_model() -> str:
 PLACEHOLDERS = {"path/to/model.gguf": _default_model}
 """Placeholders of the docs that the full tier fills with a real file."""
 UNRUNNABLE_FLAGS = ("--tensor-parallel-size", "--data-parallel-size", "--ray-address")
+CHAT_INPUT = "What is the capital of France?\n"
+"""What a documented `conveyor chat` line is sent before end of input: a question whose greedy answer is one short
+sentence, so the documented line runs at its own --max-tokens (512 by default) without spending it all."""
+PAGE_RESULT = "@@page-result "
+"""How tests/docs/run_python.py starts the line that reports a page."""
 
 
 def _runnable_argv(cmd: Command) -> list[str] | None:
@@ -237,63 +246,167 @@ def servers() -> Any:
     )
 
 
-@pytest.mark.full
-@pytest.mark.parametrize("page", _pages_with_runs())
-def test_page_runs(page: str, servers: dict[tuple[str, ...], Any]) -> None:
-    from helpers.server_process import ServerProcess
+@dataclasses.dataclass
+class PagePlan:
+    """What the full tier runs of one page."""
 
-    blocks: list[Block] = extract_blocks(ROOT / page)
+    page: str
+    runs: list[dict[str, Any]]
+    """Its `conveyor` lines: {"argv", "stdin", "where"}."""
+    curls: list[Command]
+    python: list[Block]
+    server: tuple[str, ...] | None
+    """The flags of the server its curl lines and clients talk to (None: it needs none)."""
+
+
+def _plan(page: str) -> PagePlan:
+    blocks = extract_blocks(ROOT / page)
     commands = [c for b in blocks if b.lang == "bash" and not b.parse_only for c in bash_commands(b)]
     python = [b for b in blocks if b.lang == "python" and not b.parse_only]
     needs_server = any(f"127.0.0.1:{DOC_PORT}" in b.text for b in python) or any(c.kind == "curl" for c in commands)
     server_args = _page_server_args(commands)
-    server: ServerProcess | None = None
-    failures: list[str] = []
+    runs = [
+        {"argv": argv, "stdin": CHAT_INPUT if argv[0] == "chat" else "", "where": c.block.where}
+        for c in commands
+        if (argv := _runnable_argv(c)) is not None
+    ]
+    curls = [c for c in commands if c.kind == "curl"]
+    server = tuple(server_args or []) if needs_server or server_args is not None else None
+    return PagePlan(page, runs, curls, python, server)
+
+
+PLANTED_CLI = [["inspect", "missing.gguf"], ["generate", "--help"]]
+"""Lines the runners' own test adds to the CLI runner's input: one that fails (no such file), one that does not."""
+PLANTED_PAGES = [
+    {
+        "page": "planted.md",
+        "blocks": [
+            {"where": "planted.md:1", "code": "x = 1"},
+            {"where": "planted.md:5", "code": "raise ValueError(x)"},
+        ],
+    },
+    {"page": "next.md", "blocks": [{"where": "next.md:1", "code": "assert 'x' not in globals()"}]},
+]
+"""Pages the runners' own test adds to the Python runner's input: one whose second block raises, then one that
+must run after it in a namespace of its own."""
+
+
+@pytest.fixture(scope="module")
+def doc_runs(request: pytest.FixtureRequest, servers: dict[tuple[str, ...], Any]) -> dict[str, Any]:
+    """The runnable commands of every page whose test_page_runs is collected (and the runners' own planted
+    failures when their test is), run together so that they share child interpreters: all CLI lines in one
+    (tests/helpers/run_cli.py, each line as the console script runs it), all Python blocks in another
+    (tests/docs/run_python.py, each page in a namespace of its own); each page's curl lines go to its server.
+    The servers start while the CLI lines run. -> {"failures": {page: [...]}, "planted_cli": [results],
+    "planted_python": (exit status, [page results])}."""
+    from helpers.server_process import ServerProcess
+
+    tests = [item for item in request.session.items if item.module is request.module]
+    wanted = {item.callspec.params["page"] for item in tests if getattr(item, "originalname", "") == "test_page_runs"}
+    planted = any(getattr(item, "originalname", "") == "test_the_runners_report_failures" for item in tests)
+    plans = [_plan(page) for page in _pages_with_runs() if page in wanted]
+    failures: dict[str, list[str]] = {plan.page: [] for plan in plans}
+    found: dict[str, Any] = {"failures": failures}
+    keys = list(dict.fromkeys(plan.server for plan in plans if plan.server is not None))
+    for key in keys:
+        if key not in servers:
+            servers[key] = ServerProcess(*key)
+
     with tempfile.TemporaryDirectory() as cwd:
-        if needs_server or server_args is not None:
-            key = tuple(server_args or [])
-            if key not in servers:
-                servers[key] = ServerProcess(*key)
-                servers[key].wait_ready(timeout=300)
-            server = servers[key]
-        port = server.port if server else DOC_PORT
-
-        def local(text: str) -> str:
-            return text.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")
-
-        runs = [
-            {"argv": argv, "stdin": "What is 2 + 2?\n" if argv[0] == "chat" else "", "where": c.block.where}
-            for c in commands
-            if (argv := _runnable_argv(c)) is not None
-        ]
+        runs = [(plan.page, run) for plan in plans for run in plan.runs]
+        if planted:
+            runs += [("", {"argv": argv, "stdin": "", "where": "planted"}) for argv in PLANTED_CLI]
         if runs:
-            done = _run([sys.executable, str(ROOT / "tests/docs/run_cli.py")], json.dumps(runs), cwd, 900)
+            done = _run(
+                [sys.executable, str(ROOT / "tests/helpers/run_cli.py")], json.dumps([r for _, r in runs]), cwd, 1800
+            )
             results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-            if len(results) != len(runs):
-                failures.append(f"the CLI runner stopped early:\n{done.stderr[-3000:]}")
-            for run, result in zip(runs, results):
-                if result["rc"] != 0:
-                    failures.append(
+            found["planted_cli"] = results[len(runs) - len(PLANTED_CLI) :] if planted else []
+            for (page, run), result in itertools.zip_longest(runs, results):
+                if not page:
+                    continue
+                if result is None:
+                    failures[page].append(
+                        f"{run['where']}: the CLI runner stopped before `conveyor {shlex.join(run['argv'])}`:\n"
+                        f"{done.stderr[-3000:]}"
+                    )
+                elif result["rc"] != 0:
+                    failures[page].append(
                         f"{run['where']}: `conveyor {shlex.join(run['argv'])}` exited "
                         f"{result['rc']}:\n{result['stderr'][-2000:]}"
                     )
                 elif run["argv"][0] != "inspect" and "--help" not in run["argv"] and not result["stdout"].strip():
-                    failures.append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` printed nothing")
-        for c in commands:
-            if c.kind == "curl":
-                line = local(c.line).replace("curl ", "curl --fail-with-body -sS --max-time 120 ", 1)
+                    failures[page].append(f"{run['where']}: `conveyor {shlex.join(run['argv'])}` printed nothing")
+
+        down: dict[tuple[str, ...], str] = {}
+        for key in keys:
+            try:
+                servers[key].wait_ready(timeout=300)
+            except (RuntimeError, TimeoutError) as exc:
+                down[key] = f"`conveyor serve {shlex.join(key)}` did not come up: {exc}"
+        for plan in plans:
+            if plan.server in down:
+                failures[plan.page].append(down[plan.server])
+
+        def local(text: str, plan: PagePlan) -> str:
+            port = servers[plan.server].port if plan.server is not None else DOC_PORT
+            return text.replace(f"127.0.0.1:{DOC_PORT}", f"127.0.0.1:{port}")
+
+        for plan in plans:
+            if plan.server in down:
+                continue
+            for c in plan.curls:
+                line = local(c.line, plan).replace("curl ", "curl --fail-with-body -sS --max-time 120 ", 1)
                 done = _run(["bash", "-o", "pipefail", "-c", line], "", cwd, 180)
                 if done.returncode != 0 or not done.stdout.strip():
-                    failures.append(
+                    failures[plan.page].append(
                         f"{c.block.where}: {c.line.strip()!r} failed ({done.returncode}): "
                         f"{done.stdout[-1000:]} {done.stderr[-1000:]}"
                     )
-        if python:
-            code = [{"where": b.where, "code": local(b.text)} for b in python]
-            done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(code), cwd, 900)
-            if done.returncode != 0:
-                failures.append(f"Python blocks of {page}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        pages = (PLANTED_PAGES if planted else []) + [
+            {"page": plan.page, "blocks": [{"where": b.where, "code": local(b.text, plan)} for b in plan.python]}
+            for plan in plans
+            if plan.python and plan.server not in down
+        ]
+        if pages:
+            done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(pages), cwd, 1800)
+            reported = [
+                json.loads(line[len(PAGE_RESULT) :])
+                for line in done.stdout.splitlines()
+                if line.startswith(PAGE_RESULT)
+            ]
+            by_page = {result["page"]: result for result in reported}
+            found["planted_python"] = (done.returncode, reported[: len(PLANTED_PAGES)] if planted else [])
+            for page in pages[len(PLANTED_PAGES) if planted else 0 :]:
+                result = by_page.get(page["page"])
+                if result is None:
+                    failures[page["page"]].append(
+                        f"Python blocks of {page['page']}: the runner stopped first:\n"
+                        f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+                    )
+                elif result["failed"] is not None:
+                    failures[page["page"]].append(f"Python blocks of {page['page']}:\n{result['output'][-6000:]}")
+    return found
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("page", _pages_with_runs())
+def test_page_runs(page: str, doc_runs: dict[str, Any]) -> None:
+    failures = doc_runs["failures"][page]
     assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.full
+def test_the_runners_report_failures(doc_runs: dict[str, Any]) -> None:
+    """The full tier can fail: a command that exits non-zero and a Python block that raises are reported (planted
+    among the pages' own, in the same runners); the next page's blocks still run, in a namespace of their own."""
+    assert [r["rc"] != 0 for r in doc_runs["planted_cli"]] == [True, False]
+    returncode, results = doc_runs["planted_python"]
+    assert returncode == 1 and [(r["page"], r["failed"]) for r in results] == [
+        ("planted.md", "planted.md:5"),
+        ("next.md", None),
+    ]
+    assert "FAILED: the block at planted.md:5" in results[0]["output"] and "ValueError: 1" in results[0]["output"]
 
 
 def test_the_full_tier_runs_something_of_each_kind() -> None:
@@ -310,15 +423,3 @@ def test_the_full_tier_runs_something_of_each_kind() -> None:
     kinds = {next(iter(_runnable_argv(c) or ("-",))) for c in commands}
     assert {"generate", "chat", "inspect"} <= kinds
     assert any(c.kind == "curl" for c in commands)
-
-
-@pytest.mark.full
-def test_the_runners_report_failures(tmp_path: pathlib.Path) -> None:
-    """The full tier can fail: a command that exits non-zero and a Python block that raises are reported."""
-    runs = [{"argv": ["inspect", str(tmp_path / "missing.gguf")]}, {"argv": ["generate", "--help"]}]
-    done = _run([sys.executable, str(ROOT / "tests/docs/run_cli.py")], json.dumps(runs), str(tmp_path), 300)
-    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert [r["rc"] != 0 for r in results] == [True, False]
-    code = [{"where": "planted.md:1", "code": "x = 1"}, {"where": "planted.md:5", "code": "raise ValueError(x)"}]
-    done = _run([sys.executable, str(ROOT / "tests/docs/run_python.py")], json.dumps(code), str(tmp_path), 300)
-    assert done.returncode == 1 and "FAILED: the block at planted.md:5" in done.stdout

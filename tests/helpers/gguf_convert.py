@@ -3,6 +3,7 @@ and cached outside the repository, to write the GGUF files users bring."""
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import random
@@ -84,9 +85,10 @@ def converter_dir() -> str:
     return CACHE
 
 
+@functools.cache
 def tiny_sentencepiece_model(vocab_size: int) -> bytes:
     """A sentencepiece BPE tokenizer (byte fallback) of `vocab_size` pieces trained on random words: the
-    converter needs a tokenizer, the tiny test models have none."""
+    converter needs a tokenizer, the tiny test models have none. Trained once per size (its words are seeded)."""
     import sentencepiece
 
     rng = random.Random(0)
@@ -111,25 +113,46 @@ def tiny_sentencepiece_model(vocab_size: int) -> bytes:
 
 def convert(folder: str, outfile: str, outtype: str = "f32") -> str:
     """HF checkpoint folder (config.json + safetensors) -> GGUF file written by llama.cpp's converter."""
+    (path,) = convert_many([(folder, outfile, outtype)])
+    return path
+
+
+def convert_many(jobs: list[tuple[str, str, str]]) -> list[str]:
+    """Several (HF folder, GGUF file, weight type) conversions by llama.cpp's converter in one interpreter
+    (tests/helpers/run_converter.py: each run is the script's own `main` with its command line), so the files
+    cost one torch import between them; returns the files written, in order."""
     import json
 
-    with open(os.path.join(folder, "config.json")) as f:
-        vocab_size = int(json.load(f)["vocab_size"])
-    with tempfile.TemporaryDirectory() as staged:
-        for name in os.listdir(folder):
-            shutil.copy(os.path.join(folder, name), staged)
-        with open(os.path.join(staged, "tokenizer.model"), "wb") as f:
-            f.write(tiny_sentencepiece_model(vocab_size))
+    with tempfile.TemporaryDirectory() as staging_root:
+        runs = []
+        for i, (folder, outfile, outtype) in enumerate(jobs):
+            with open(os.path.join(folder, "config.json")) as f:
+                vocab_size = int(json.load(f)["vocab_size"])
+            staged = os.path.join(staging_root, str(i), os.path.basename(os.path.normpath(folder)))
+            os.makedirs(staged)  # named as the source folder: the converter takes the model's name from it
+            for name in os.listdir(folder):
+                shutil.copy(os.path.join(folder, name), staged)
+            with open(os.path.join(staged, "tokenizer.model"), "wb") as f:
+                f.write(tiny_sentencepiece_model(vocab_size))
+            runs.append([staged, "--outfile", outfile, "--outtype", outtype])
         script = os.path.join(converter_dir(), "convert_hf_to_gguf.py")
+        runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "run_converter.py")
         done = subprocess.run(
-            [sys.executable, script, staged, "--outfile", outfile, "--outtype", outtype],
+            [sys.executable, runner, script],
+            input=json.dumps(runs),
             capture_output=True,
             text=True,
             timeout=600,
         )
-        if done.returncode != 0:
-            raise RuntimeError(f"convert_hf_to_gguf.py failed on {folder}:\n{done.stderr[-3000:]}")
-    return outfile
+        results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        if len(results) != len(jobs):
+            raise RuntimeError(
+                f"the converter's runner stopped after {len(results)} of {len(jobs)}:\n{done.stderr[-3000:]}"
+            )
+        for (folder, outfile, _), result in zip(jobs, results):
+            if result["rc"] != 0 or not os.path.isfile(outfile):
+                raise RuntimeError(f"convert_hf_to_gguf.py failed on {folder}:\n{result['log']}")
+    return [outfile for _, outfile, _ in jobs]
 
 
 def rewrite(

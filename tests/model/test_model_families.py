@@ -13,6 +13,7 @@ from conveyor import LLM, ModelLoadError, SamplingParams
 from helpers.gguf_convert import (
     ConverterUnavailable,
     convert,
+    convert_many,
     converter_dir,
     dequantized_reference,
     llama_cpp_quantize,
@@ -101,29 +102,66 @@ def _prompts(seed: int) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: Any) -> dict[str, dict[str, Any]]:
-    """Each family's tiny model, folder and transformers references, built once on first use."""
-    return {}
+def built(request: Any, tmp_path_factory: Any) -> dict[str, Any]:
+    """Each family's tiny model, folder, transformers references and GGUF files, built once on first use; the
+    first GGUF asked for brings every file this module's collected tests use (one converter run writes them)."""
+    wanted = {pair for item in request.session.items if item.module is request.module for pair in _ggufs_used(item)}
+    return {"families": {}, "wanted": wanted, "tmp": tmp_path_factory}
 
 
-def _family(name: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any) -> dict[str, Any]:
-    if name not in built:
+def _ggufs_used(item: Any) -> list[tuple[str, str]]:
+    """The (family, weight type) files of llama.cpp's converter that a test of this module reads."""
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    test = getattr(item, "originalname", item.name)
+    if test == "test_gguf_from_llama_cpp_converter_matches_transformers":
+        return [(params["name"], params["outtype"])]
+    if test == "test_inspect_describes_each_family_from_folder_and_gguf":
+        return [(params["name"], "f32")] if FAMILIES[params["name"]][2] else []
+    if test == "test_gguf_weight_types_match_transformers_on_the_same_weights":
+        return [("llama3.x", "f32")]
+    if test == "test_gemma3_gguf_layer_pattern_key_is_honoured_or_refused":
+        return [("gemma3-text", "f32")]
+    return []
+
+
+def _folder(name: str, built: dict[str, Any]) -> dict[str, Any]:
+    """The family's tiny model and its checkpoint folder (references come with _family)."""
+    families = built["families"]
+    if name not in families:
         arch, overrides, _ = FAMILIES[name]
-        folder = str(tmp_path_factory.mktemp(name))
+        folder = str(built["tmp"].mktemp(name))
         model = build_tiny_model(arch, folder, **overrides)
-        prompts = _prompts(len(name))
-        refs = hf_greedy(model, prompts, NEW_TOKENS)
+        families[name] = dict(name=name, folder=folder, model=model, prompts=_prompts(len(name)), ggufs={})
+    return families[name]
+
+
+def _family(name: str, built: dict[str, Any]) -> dict[str, Any]:
+    """The family with its transformers references (greedy tokens of its prompts)."""
+    family = _folder(name, built)
+    if "refs" not in family:
+        refs = hf_greedy(family["model"], family["prompts"], NEW_TOKENS)
         assert all(len(set(r.token_ids)) > 1 for r in refs), "constant references would make parity weak"
-        built[name] = dict(name=name, folder=folder, model=model, prompts=prompts, refs=refs, ggufs={})
-    return built[name]
+        family["refs"] = refs
+    return family
 
 
-def _gguf(family: dict[str, Any], outtype: str, tmp_path_factory: Any) -> str:
+def _gguf(family: dict[str, Any], outtype: str, built: dict[str, Any]) -> str:
     """The family's GGUF file of this weight type, converted once (each file in a folder of its own: a GGUF's
-    tokenizer is read with whatever tokenizer files lie beside it)."""
+    tokenizer is read with whatever tokenizer files lie beside it), together with every other file still to come
+    that the collected tests use."""
     if outtype not in family["ggufs"]:
-        folder = tmp_path_factory.mktemp(f"{family['name']}-{outtype}")
-        family["ggufs"][outtype] = convert(family["folder"], os.path.join(folder, f"model-{outtype}.gguf"), outtype)
+        later = {
+            (name, t)
+            for name, t in built["wanted"]
+            if t not in built["families"].get(name, {}).get("ggufs", {}) and (name, t) != (family["name"], outtype)
+        }
+        pending = [(family["name"], outtype), *sorted(later)]
+        jobs = []
+        for name, t in pending:
+            folder = built["tmp"].mktemp(f"{name}-{t}")
+            jobs.append((_folder(name, built)["folder"], os.path.join(folder, f"model-{t}.gguf"), t))
+        for (name, t), path in zip(pending, convert_many(jobs)):
+            built["families"][name]["ggufs"][t] = path
     return family["ggufs"][outtype]
 
 
@@ -164,8 +202,8 @@ def _short_context(name: str) -> int | None:
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_hf_folder_matches_transformers(name: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any) -> None:
-    family = _family(name, built, tmp_path_factory)
+def test_hf_folder_matches_transformers(name: str, built: dict[str, Any]) -> None:
+    family = _family(name, built)
     compare(
         family["refs"],
         _generate(family["folder"], family["prompts"], _short_context(name)),
@@ -176,10 +214,10 @@ def test_hf_folder_matches_transformers(name: str, built: dict[str, dict[str, An
 
 @pytest.mark.parametrize("name, outtype", [(name, t) for name, (_, _, types) in FAMILIES.items() for t in types])
 def test_gguf_from_llama_cpp_converter_matches_transformers(
-    name: str, outtype: str, llama_cpp_converter: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any
+    name: str, outtype: str, llama_cpp_converter: str, built: dict[str, Any]
 ) -> None:
-    family = _family(name, built, tmp_path_factory)
-    path = _gguf(family, outtype, tmp_path_factory)
+    family = _family(name, built)
+    path = _gguf(family, outtype, built)
     refs = (
         family["refs"]
         if outtype == "f32"
@@ -190,15 +228,15 @@ def test_gguf_from_llama_cpp_converter_matches_transformers(
 
 @pytest.mark.parametrize("weight_type", ["F16", "BF16", "Q4_0", "Q5_1"])
 def test_gguf_weight_types_match_transformers_on_the_same_weights(
-    weight_type: str, llama_cpp_converter: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any
+    weight_type: str, llama_cpp_converter: str, built: dict[str, Any], tmp_path_factory: Any
 ) -> None:
     """The converter's F32 file with every matrix re-encoded in another weight type by the `gguf` package:
     greedy tokens equal transformers running the same values."""
     import gguf
     import numpy as np
 
-    family = _family("llama3.x", built, tmp_path_factory)
-    source = gguf.GGUFReader(_gguf(family, "f32", tmp_path_factory))
+    family = _family("llama3.x", built)
+    source = gguf.GGUFReader(_gguf(family, "f32", built))
     kind = gguf.GGMLQuantizationType[weight_type]
     tensors = {
         t.name: (gguf.quants.quantize(np.asarray(t.data, dtype=np.float32), kind), kind)
@@ -234,13 +272,13 @@ def test_q4_k_m_from_llama_model_quantize_matches_transformers_on_the_same_weigh
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_inspect_describes_each_family_from_folder_and_gguf(
-    name: str, llama_cpp_converter: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any, capsys: Any
+    name: str, llama_cpp_converter: str, built: dict[str, Any], capsys: Any
 ) -> None:
     from conveyor.cli import main
 
-    family = _family(name, built, tmp_path_factory)
+    family = _folder(name, built)
     arch, overrides, gguf_types = FAMILIES[family["name"]]
-    paths = [family["folder"]] + ([_gguf(family, "f32", tmp_path_factory)] if gguf_types else [])
+    paths = [family["folder"]] + ([_gguf(family, "f32", built)] if gguf_types else [])
     assert main(["inspect", *paths]) == 0
     text = capsys.readouterr().out
     assert text.count("conveyor      runs it") == len(paths) and "hf-folder" in text
@@ -279,7 +317,7 @@ def test_inspect_refuses_an_unsupported_family_without_loading_it(tmp_path: Any,
 
 
 def test_gemma3_gguf_layer_pattern_key_is_honoured_or_refused(
-    llama_cpp_converter: str, built: dict[str, dict[str, Any]], tmp_path_factory: Any
+    llama_cpp_converter: str, built: dict[str, Any], tmp_path_factory: Any
 ) -> None:
     """llama.cpp's converter writes no Gemma 3 layer pattern (llama.cpp assumes a period of 6); a file that carries
     gemma3.attention.sliding_window_pattern gets it honoured (a period, or one flag per layer), and a malformed one
@@ -288,7 +326,7 @@ def test_gemma3_gguf_layer_pattern_key_is_honoured_or_refused(
 
     from conveyor.model.gguf_loader import open_gguf, read_spec
 
-    source = _gguf(_family("gemma3-text", built, tmp_path_factory), "f32", tmp_path_factory)
+    source = _gguf(_folder("gemma3-text", built), "f32", built)
     key = "gemma3.attention.sliding_window_pattern"
     cases = [
         ({key: (2, gguf.GGUFValueType.UINT32)}, (16, None, 16, None, 16, None)),
