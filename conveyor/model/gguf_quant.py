@@ -221,6 +221,7 @@ def place_weights(
     if not quantized:
         return {name: w.to(device) for name, w in weights.items()}  # type: ignore[union-attr]
     dtype = quantized[0].dtype
+    int8_float32 = int8_float32 and dtype == torch.float32  # bfloat16 activations are quantized anyway
     reason = kernels_keep_compact(kernels, device, dtype)
     dense_bytes = sum(w.shape[0] * w.shape[1] for w in quantized) * torch.empty((), dtype=dtype).element_size()
     if mode == "compact" and reason is not None:
