@@ -97,8 +97,7 @@ class EngineConfig:
     columns, as llama.cpp does),
     'dequantize' (to the compute dtype at load, as before: several times the memory, faster large batches),
     or 'auto' (compact where the kernels run and the dequantized weights would take over 1 GiB, as a 1B
-    model's do, or where dtype 'auto' computes in float32 for want of native bfloat16 (AVX2 CPUs); else
-    dequantize, so the embedded 135M model keeps its bfloat16 batch throughput)."""
+    model's do; else dequantize, so the embedded 135M model keeps its batch throughput and its answers)."""
     kv_cache_dtype: str = "auto"
     """How the KV cache stores keys and values: 'auto' (in the compute dtype: exact) or 'int8' (CPU: per token
     and KV head, int8 codes and a float32 scale, half a bfloat16 cache's bytes and of decode attention's memory

@@ -202,10 +202,9 @@ def _with_int8_float32(weight: AnyWeight, int8_float32: bool) -> AnyWeight:
 
 
 COMPACT_AUTO_BYTES = 1 << 30
-"""gguf_weights='auto' keeps GGUF blocks compact when the dequantized weights would take more than this, or, where
-float32 computes only because the CPU lacks native bfloat16 (dtype 'auto': int8_float32), always. Tuned with
-`conveyor bench throughput` and `conveyor bench latency` on the default model with --gguf-weights compact and
-dequantize."""
+"""gguf_weights='auto' keeps GGUF blocks compact when the dequantized weights would take more than this. (Below it,
+float32 activations quantized to int8 (int8_float32) would decode the small default model faster on AVX2, but its
+answers degrade: tests/test_cli.py's capital-of-France question loses "Paris"; so small models stay dense.)"""
 
 
 def place_weights(
@@ -228,9 +227,7 @@ def place_weights(
         raise ConfigError(
             f"gguf_weights='compact' was requested, but {reason}; use gguf_weights='auto' or 'dequantize'"
         )
-    # float32 standing in for bfloat16 (int8_float32) keeps even a small model compact: dequantized it would be
-    # float32, twice bfloat16's bytes, on a CPU whose products are no faster for it
-    small = dense_bytes <= COMPACT_AUTO_BYTES and not int8_float32
+    small = dense_bytes <= COMPACT_AUTO_BYTES
     chosen = mode == "dequantize" or (mode == "auto" and reason is None and small)
     if mode == "auto" and reason is None and small:
         reason = (

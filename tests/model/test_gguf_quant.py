@@ -441,22 +441,19 @@ def test_the_small_default_model_is_dequantized_under_auto(default_llm: Any) -> 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_auto_keeps_small_weights_compact_where_float32_stands_in_for_bfloat16(
+def test_small_weights_are_dequantized_under_auto_and_compact_ones_carry_the_flag(
     dtype: torch.dtype, request: pytest.FixtureRequest
 ) -> None:
-    """place_weights under gguf_weights='auto': a small model's blocks are dequantized, unless float32 computes only
-    for want of native bfloat16 (int8_float32), where they stay compact and carry the flag to their products; the
-    flag means nothing to bfloat16 weights (the default model on a bfloat16 CPU stays dense)."""
+    """place_weights: under gguf_weights='auto' a small model's blocks are dequantized whatever int8_float32 says;
+    kept compact (gguf_weights='compact'), float32 blocks carry the flag to their products, bfloat16 ones need none."""
     kernels = _kernels(request)
     weights = {"w": random_blocks("Q4_K", 64, 256, seed=1).with_dtype(dtype)}
     cpu = torch.device("cpu")
-    dense = place_weights(weights, cpu, kernels, "auto")["w"]
-    assert isinstance(dense, torch.Tensor) and dense.dtype == dtype
-    kept = place_weights(weights, cpu, kernels, "auto", int8_float32=True)["w"]
-    if dtype == torch.bfloat16:
-        assert isinstance(kept, torch.Tensor) and torch.equal(kept, dense)
-        return
-    assert isinstance(kept, QuantizedWeight) and kept.int8_float32
+    for flag in (False, True):
+        dense = place_weights(weights, cpu, kernels, "auto", int8_float32=flag)["w"]
+        assert isinstance(dense, torch.Tensor) and dense.dtype == dtype
+    kept = place_weights(weights, cpu, kernels, "compact", int8_float32=True)["w"]
+    assert isinstance(kept, QuantizedWeight) and kept.int8_float32 == (dtype == torch.float32)
     assert torch.equal(GGUFProjection(kept, None, kernels).unpacked(), weights["w"].dequantize())
 
 
