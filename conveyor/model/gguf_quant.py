@@ -227,7 +227,8 @@ def place_weights(
         raise ConfigError(
             f"gguf_weights='compact' was requested, but {reason}; use gguf_weights='auto' or 'dequantize'"
         )
-    small = dense_bytes <= COMPACT_AUTO_BYTES
+    # float32 activations multiply exactly, and dense float32 products are faster than the exact compact ones
+    small = dense_bytes <= COMPACT_AUTO_BYTES or (dtype == torch.float32 and not int8_float32)
     chosen = mode == "dequantize" or (mode == "auto" and reason is None and small)
     if mode == "auto" and reason is None and small:
         reason = (

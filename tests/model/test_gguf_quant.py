@@ -26,7 +26,6 @@ from conveyor.model.gguf_quant import (
     quantize,
 )
 from conveyor.model.layers import interleave_gate_up, pack_bf16_tiles
-from conveyor.model.loader import resolve_dtype
 from helpers.gguf_convert import ConverterUnavailable, convert, rewrite
 from helpers.parity import Reference, compare
 from helpers.tiny_models import build_tiny_model
@@ -519,13 +518,10 @@ def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(
         Reference(o.token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.logprobs or []])
         for o in _greedy(reference, prompts, logprobs=2)
     ]
-    dtypes = [("float32", F32_TIE_GAP), ("bfloat16", BF16_TIE_GAP)]
-    if resolve_dtype("auto", path, "cpu") == "float32":  # no native bfloat16: float32 activations rounded to int8
-        dtypes.append(("auto", BF16_TIE_GAP))
-    for dtype, gap in dtypes:
+    for dtype, gap in (("float32", F32_TIE_GAP), ("bfloat16", BF16_TIE_GAP)):
         ours = LLM(dtype=dtype, kernels="native", gguf_weights="compact", **common)
         model = ours.engine.runner.model
-        assert model.layers[0].silu_gate.projection.int8_float32 == (dtype == "auto")
+        assert not model.layers[0].silu_gate.projection.int8_float32
         assert isinstance(model.embed, QuantizedWeight) and isinstance(model.layers[0].silu_gate, GGUFSiluGate)
         assert all(isinstance(p, QuantizedWeight) for p in model.layers[0].qkv.parts)  # no float copy
         got = [_greedy(ours, [p])[0].token_ids for p in prompts[:2]] + [o.token_ids for o in _greedy(ours, prompts)[2:]]
