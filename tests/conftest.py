@@ -67,6 +67,7 @@ FULL_TIER_ONLY = (
     "tests/bench/test_bench.py::test_decode_step",
     "tests/bench/test_bench.py::test_latency_cli",
     "tests/bench/test_bench.py::test_a_peer_that_cannot_run",
+    "tests/bench/test_bench.py::test_llama_cpp_peer_reads_gguf_only_and_batches_when_installed",
     # Servers in child processes (the fast tier keeps the in-process API and UI checks).
     "tests/server/test_server.py",
     "tests/server/test_server_errors.py",
