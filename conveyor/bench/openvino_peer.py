@@ -262,7 +262,7 @@ def run_workload(
     return seconds, outputs, pipeline.note
 
 
-def _TokenTimes(ov_genai: Any) -> Any:
+def _token_times(ov_genai: Any) -> Any:
     """A streamer that notes when each token arrives."""
 
     class TokenTimes(ov_genai.StreamerBase):
@@ -332,7 +332,7 @@ class OpenVINOLatency:
         config.do_sample = False
         ids = np.array([self.prompt], dtype=np.int64)
         inputs = self.ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
-        streamer = _TokenTimes(self.ov_genai)
+        streamer = _token_times(self.ov_genai)
         start = time.perf_counter()
         self.pipe.generate(inputs, config, streamer)
         end = time.perf_counter()

@@ -32,11 +32,6 @@ ROWS_MAX = 4
 """Activation rows up to which the row kernel is used: it streams the quantized weights once per row, which beats
 the tiled product only while rows are few. Tuned with `conveyor bench decode-step --num-seqs N` on a GGUF model."""
 
-ROWS_MAX_INT8_FLOAT32 = 64
-"""The same for float32 activations quantized to int8 (QuantizedWeight.int8_float32: CPUs without native bfloat16,
-whose tiled product multiplies float32 weights dequantized at each call): the int8 dot products, each group of 4
-activation rows sharing one unpacking of the weights, beat it up to about this many rows. Tuned as ROWS_MAX is."""
-
 
 PACKED_ROWS_MIN = 512
 """Activation rows from which a bfloat16 AMX product of an input up to PANEL_COLUMNS wide first dequantizes the
@@ -118,22 +113,16 @@ class GGUFProjection:
         self.bias = bias
         self.out_features, self.in_features = weight.shape
         compact = [p for p in self.parts if isinstance(p, QuantizedWeight)]
-        self.int8_float32 = any(p.int8_float32 for p in compact)
-        """Few-row products quantize float32 activations to int8 as they do bfloat16 ones (QuantizedWeight)."""
         # all parts in blocks: few rows take one call for the whole stack (x quantized once, one output)
         self.stacked: tuple[list[torch.Tensor], list[int]] | None = (
             ([p.blocks for p in compact], [p.type_id for p in compact]) if len(compact) == len(self.parts) else None
         )
 
-    def rows_max(self, x: torch.Tensor) -> int:
-        """Activation rows up to which the row kernel takes x (ROWS_MAX, or ROWS_MAX_INT8_FLOAT32)."""
-        return ROWS_MAX_INT8_FLOAT32 if self.int8_float32 and x.dtype == torch.float32 else ROWS_MAX
-
     def _part(self, part: QuantizedWeight | Projection, x: torch.Tensor) -> torch.Tensor:
         if isinstance(part, Projection):
             return part(x)
-        if x.shape[0] <= self.rows_max(x):
-            return self.kernels.gguf_linear_rows(x, part.blocks, part.type_id, part.in_features, self.int8_float32)
+        if x.shape[0] <= ROWS_MAX:
+            return self.kernels.gguf_linear_rows(x, part.blocks, part.type_id, part.in_features)
         if x.dtype == torch.bfloat16 and amx_rows(self.kernels):
             product = self.kernels.gguf_linear_amx
         else:
@@ -143,10 +132,8 @@ class GGUFProjection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in] -> [tokens, out]."""
         x = x.contiguous()
-        if self.stacked is not None and x.shape[0] <= self.rows_max(x):
-            y = self.kernels.gguf_linear_rows_parts(
-                x, *self.stacked, self.in_features, self.int8_float32
-            )  # [tokens, out]
+        if self.stacked is not None and x.shape[0] <= ROWS_MAX:
+            y = self.kernels.gguf_linear_rows_parts(x, *self.stacked, self.in_features)  # [tokens, out]
             return y if self.bias is None else y + self.bias
         if self.packs(x):
             y = self.kernels.bf16_linear_amx(x, self.packed(gate_up=False), self.out_features)  # [tokens, out]

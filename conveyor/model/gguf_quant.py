@@ -62,10 +62,6 @@ class QuantizedWeight:
     blocks: torch.Tensor  # [out_features, in_features / block * block_bytes] uint8
     in_features: int
     dtype: torch.dtype = torch.bfloat16
-    int8_float32: bool = False
-    """float32 activations of few-row products are quantized to int8 for the integer dot products, as bfloat16
-    ones always are (place_weights: where float32 computes only because the CPU lacks native bfloat16); else
-    float32 activations are multiplied exactly."""
 
     def __post_init__(self) -> None:
         fmt = FORMATS[self.kind]
@@ -191,44 +187,30 @@ def kernels_keep_compact(kernels: object | None, device: torch.device, dtype: to
     return None
 
 
-def _with_int8_float32(weight: AnyWeight, int8_float32: bool) -> AnyWeight:
-    if isinstance(weight, QuantizedWeight):
-        return replace(weight, int8_float32=int8_float32)
-    if isinstance(weight, RowStack):
-        return RowStack(
-            tuple(replace(p, int8_float32=int8_float32) if isinstance(p, QuantizedWeight) else p for p in weight.parts)
-        )
-    return weight
-
-
 COMPACT_AUTO_BYTES = 1 << 30
-"""gguf_weights='auto' keeps GGUF blocks compact when the dequantized weights would take more than this. (Below it,
-float32 activations quantized to int8 (int8_float32) would decode the small default model faster on AVX2, but its
-answers degrade: tests/test_cli.py's capital-of-France question loses "Paris"; so small models stay dense.)"""
+"""gguf_weights='auto' keeps GGUF blocks of a bfloat16 model compact when the dequantized weights would take more
+than this. A float32 model's are always dequantized under 'auto': the compact products multiply float32 activations
+exactly, slower than dense float32 products. (The kernels can round float32 activations to int8 instead,
+gguf_linear_rows' int8_float32, but with it the default model on AVX2 lost tests/test_cli.py's capital-of-France
+answer, which is not understood yet; nothing in the engine asks for it.)"""
 
 
 def place_weights(
-    weights: Mapping[str, AnyWeight],
-    device: torch.device,
-    kernels: object | None,
-    mode: str,
-    int8_float32: bool = False,
+    weights: Mapping[str, AnyWeight], device: torch.device, kernels: object | None, mode: str
 ) -> dict[str, AnyWeight]:
     """The model's weights on its device; GGUF blocks kept compact or dequantized to their compute dtype as
-    config.gguf_weights asks (see its doc), logged once; compact blocks carry int8_float32 (QuantizedWeight)."""
+    config.gguf_weights asks (see its doc), logged once."""
     quantized = [w for w in weights.values() if not isinstance(w, torch.Tensor)]
     if not quantized:
         return {name: w.to(device) for name, w in weights.items()}  # type: ignore[union-attr]
     dtype = quantized[0].dtype
-    int8_float32 = int8_float32 and dtype == torch.float32  # bfloat16 activations are quantized anyway
     reason = kernels_keep_compact(kernels, device, dtype)
     dense_bytes = sum(w.shape[0] * w.shape[1] for w in quantized) * torch.empty((), dtype=dtype).element_size()
     if mode == "compact" and reason is not None:
         raise ConfigError(
             f"gguf_weights='compact' was requested, but {reason}; use gguf_weights='auto' or 'dequantize'"
         )
-    # float32 activations multiply exactly, and dense float32 products are faster than the exact compact ones
-    small = dense_bytes <= COMPACT_AUTO_BYTES or (dtype == torch.float32 and not int8_float32)
+    small = dense_bytes <= COMPACT_AUTO_BYTES or dtype == torch.float32  # COMPACT_AUTO_BYTES says why
     chosen = mode == "dequantize" or (mode == "auto" and reason is None and small)
     if mode == "auto" and reason is None and small:
         reason = (
@@ -238,12 +220,8 @@ def place_weights(
     if mode == "dequantize":
         reason = "gguf_weights='dequantize'"
     if reason is None:
-        logger.info(
-            "GGUF-quantized weights kept compact (%d matrices)%s",
-            len(quantized),
-            "; float32 activations quantized to int8 for their few-row products" if int8_float32 else "",
-        )
-        return {name: _with_int8_float32(w, int8_float32) for name, w in weights.items()}
+        logger.info("GGUF-quantized weights kept compact (%d matrices)", len(quantized))
+        return dict(weights)
     log = logger.info if chosen else logger.warning  # a choice is noted; a fallback (no kernels here) warned
     log(
         "GGUF-quantized weights are dequantized to %s at load (%.0f MiB): %s",

@@ -35,13 +35,10 @@ class LlamaModel:
         quantization: str | None = None,
         kernels: NativeKernels | None = None,
         gguf_weights: str = "auto",
-        gguf_int8_float32: bool = False,
     ) -> None:
-        """gguf_int8_float32: compact GGUF products quantize float32 activations to int8 as they do bfloat16 ones
-        (QuantizedWeight.int8_float32)."""
         self.spec = spec
         self.device = device
-        w = place_weights(weights, device, kernels, gguf_weights, gguf_int8_float32)  # GGUF blocks compact or dense
+        w = place_weights(weights, device, kernels, gguf_weights)  # GGUF blocks compact or dequantized
         self.kernels = kernels
         self.dtype = w["embed"].dtype
         self.rotary = RotaryEmbedding(spec.rope, spec.head_dim, max_positions, device)

@@ -470,7 +470,7 @@ def _load_kernels() -> NativeKernels:
         raise NativeUnavailable(f"building the native kernels failed: {text[-1] if text else exc!r}") from exc
     kernels: NativeKernels = module
     flags = set(native_build.cpu_flags().split())
-    logger.info("native kernels: ISA tier %s (this CPU's best: %s)", kernel_tier(), isa.cpu_tier(flags))
+    logger.info("native kernels: ISA tier %s (this CPU's best: %s)", isa.requested_tier(flags), isa.cpu_tier(flags))
     return kernels
 
 

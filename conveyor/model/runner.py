@@ -145,16 +145,7 @@ class ModelRunner:
             )
         kernels = resolve_kernels(config.kernels, info.device)
         self.model = LlamaModel(
-            loaded.spec,
-            loaded.weights,
-            max_model_len,
-            info.device,
-            config.quantization,
-            kernels,
-            config.gguf_weights,
-            # float32 activations stay exact: quantized to int8 (gguf_int8_float32=True) the default model's answers
-            # degraded under dtype 'auto' on AVX2 (the CLI test's capital of France), which is not understood yet
-            gguf_int8_float32=False,
+            loaded.spec, loaded.weights, max_model_len, info.device, config.quantization, kernels, config.gguf_weights
         )
         self.decode_group_size = DECODE_GROUP_SIZE if kernels is None else 2**31
         """Decodes per attention group: the torch path pads each group to its longest context; the

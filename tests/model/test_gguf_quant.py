@@ -14,7 +14,7 @@ import torch
 from conveyor import LLM, SamplingParams
 from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
-from conveyor.model import gguf_projection
+from conveyor.model import gguf_projection, gguf_quant
 from conveyor.model.gguf_projection import PACKED_ROWS_MIN, ROWS_MAX, GGUFProjection, GGUFSiluGate
 from conveyor.model.gguf_quant import (
     FORMATS,
@@ -440,19 +440,22 @@ def test_the_small_default_model_is_dequantized_under_auto(default_llm: Any) -> 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_small_weights_are_dequantized_under_auto_and_compact_ones_carry_the_flag(
-    dtype: torch.dtype, request: pytest.FixtureRequest
+def test_auto_keeps_large_bfloat16_weights_compact_and_dequantizes_float32_ones(
+    dtype: torch.dtype, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """place_weights: under gguf_weights='auto' a small model's blocks are dequantized whatever int8_float32 says;
-    kept compact (gguf_weights='compact'), float32 blocks carry the flag to their products, bfloat16 ones need none."""
+    """place_weights under gguf_weights='auto': weights under COMPACT_AUTO_BYTES dequantized; past it, bfloat16 ones
+    kept compact and float32 ones still dequantized (their compact products are exact, slower than dense ones);
+    gguf_weights='compact' keeps either as they are."""
     kernels = _kernels(request)
     weights = {"w": random_blocks("Q4_K", 64, 256, seed=1).with_dtype(dtype)}
     cpu = torch.device("cpu")
-    for flag in (False, True):
-        dense = place_weights(weights, cpu, kernels, "auto", int8_float32=flag)["w"]
-        assert isinstance(dense, torch.Tensor) and dense.dtype == dtype
-    kept = place_weights(weights, cpu, kernels, "compact", int8_float32=True)["w"]
-    assert isinstance(kept, QuantizedWeight) and kept.int8_float32 == (dtype == torch.float32)
+    dense = place_weights(weights, cpu, kernels, "auto")["w"]
+    assert isinstance(dense, torch.Tensor) and dense.dtype == dtype
+    monkeypatch.setattr(gguf_quant, "COMPACT_AUTO_BYTES", 0)
+    large = place_weights(weights, cpu, kernels, "auto")["w"]
+    assert isinstance(large, QuantizedWeight if dtype == torch.bfloat16 else torch.Tensor)
+    kept = place_weights(weights, cpu, kernels, "compact")["w"]
+    assert isinstance(kept, QuantizedWeight)
     assert torch.equal(GGUFProjection(kept, None, kernels).unpacked(), weights["w"].dequantize())
 
 
@@ -521,7 +524,6 @@ def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(
     for dtype, gap in (("float32", F32_TIE_GAP), ("bfloat16", BF16_TIE_GAP)):
         ours = LLM(dtype=dtype, kernels="native", gguf_weights="compact", **common)
         model = ours.engine.runner.model
-        assert not model.layers[0].silu_gate.projection.int8_float32
         assert isinstance(model.embed, QuantizedWeight) and isinstance(model.layers[0].silu_gate, GGUFSiluGate)
         assert all(isinstance(p, QuantizedWeight) for p in model.layers[0].qkv.parts)  # no float copy
         got = [_greedy(ours, [p])[0].token_ids for p in prompts[:2]] + [o.token_ids for o in _greedy(ours, prompts)[2:]]

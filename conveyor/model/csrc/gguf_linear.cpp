@@ -102,20 +102,11 @@ namespace {
 
 using Part = conveyor_ops::GgufPart;
 
-// y[m, n] for one output row n of `part` (row bytes `row`) and every activation row m, through `store`.
+// The float path: y[m, n] for one output row n of `part` (row bytes `row`), dequantized once into w, and every
+// activation row m, through `store`.
 template <typename Store>
 inline void row_products(const Part& part, const uint8_t* row, int64_t n, int64_t rows, int64_t in_features,
-                         const float* xf, const conveyor_gguf::QuantizedActivations* acts, std::vector<float>& w,
-                         Store store) {
-  if (acts != nullptr && conveyor_gguf::vnni_kind(part.kind)) {  // the row unpacked once per kDotRowsMax rows
-    float out[conveyor_gguf::kDotRowsMax];
-    for (int64_t m0 = 0; m0 < rows; m0 += conveyor_gguf::kDotRowsMax) {
-      const int64_t count = std::min(rows - m0, conveyor_gguf::kDotRowsMax);
-      conveyor_gguf::vnni_dot_rows(part.kind, row, in_features, acts + m0, count, out);
-      for (int64_t m = 0; m < count; ++m) store(m0 + m, n, out[m]);
-    }
-    return;
-  }
+                         const float* xf, std::vector<float>& w, Store store) {
   w.resize(in_features);
   dequant_row(part.format, row, in_features, w.data());
   const float* wp = w.data();
@@ -174,7 +165,7 @@ void gguf_linear_rows_parts(const std::vector<Part>& parts, int64_t out_features
     // every weight row of the block (with many activation rows they no longer fit L1 whole)
     for (int64_t n0 = begin; n0 < end; n0 += kRowBlock) {
       const int64_t n1 = std::min(end, n0 + kRowBlock);
-      size_t first_part = p;
+      const size_t first_part = p;
       for (int64_t m0 = 0; m0 < rows; m0 += (acts != nullptr ? conveyor_gguf::kDotRowsMax : rows)) {
         p = first_part;
         for (int64_t n = n0; n < n1; ++n) {
@@ -187,7 +178,7 @@ void gguf_linear_rows_parts(const std::vector<Part>& parts, int64_t out_features
             conveyor_gguf::vnni_dot_rows(part.kind, row, in_features, acts + m0, count, out);
             for (int64_t m = 0; m < count; ++m) store(m0 + m, n, out[m]);
           } else if (m0 == 0) {  // the float path: every activation row at once
-            row_products(part, row, n, rows, in_features, xf, nullptr, w, store);
+            row_products(part, row, n, rows, in_features, xf, w, store);
           }
         }
       }
