@@ -93,7 +93,7 @@ class EngineConfig:
     """How a GGUF file's quantized weights of types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are held:
     'compact' (the file's own blocks, multiplied by the native GGUF kernels: weight memory near the file's
     size, the fastest single-request decoding; CPU with AVX2 + FMA or AVX-512 VNNI, or an error saying why
-    not; products of few rows (up to 4 bfloat16 or 64 float32 ones) round the activations to int8 per 32
+    not; products of few rows (up to 4 bfloat16 or 32 float32 ones) round the activations to int8 per 32
     columns (per 256 for the K-quants) and use integer dot products, as llama.cpp does with its Q8 activations,
     so greedy answers follow llama.cpp's rather than the exact product's where the two differ),
     'dequantize' (to the compute dtype at load: several times the memory, exact products, faster large

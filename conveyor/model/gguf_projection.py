@@ -33,10 +33,11 @@ ROWS_MAX = 4
 """Activation rows up to which the row kernel is used: it streams the quantized weights once per row, which beats
 the tiled product only while rows are few. Tuned with `conveyor bench decode-step --num-seqs N` on a GGUF model."""
 
-ROWS_MAX_FLOAT32 = 64
+ROWS_MAX_FLOAT32 = 32
 """The same for float32 activations (CPUs without native bfloat16): the tiled product then multiplies float32
 weights dequantized at every call, and the int8 dot products (each group of 4 activation rows sharing one unpacking
-of the weights) beat it up to about this many rows. Tuned as ROWS_MAX is, with --dtype float32."""
+of the weights) beat it up to about this many rows. Tuned as ROWS_MAX is, on a float32 model: `conveyor bench
+decode-step --num-seqs N`."""
 
 
 PACKED_ROWS_MIN = 512
