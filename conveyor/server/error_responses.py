@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor.errors import InvalidRequestError
-from conveyor.outputs import RequestOutput
+from conveyor.outputs import CompletionOutput, RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +116,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def as_api_error(out: RequestOutput) -> APIError:
-    """A failed request's error for the API, chosen by its code (504 for a timeout, else 500)."""
+    """A failed request's error for the API: 504 for a timeout, else 500, with the engine's message and its
+    error_code as `code` ("non_finite_logits", "grammar", ...)."""
     timed_out = out.error_code == "timeout"
-    return APIError(
-        504 if timed_out else 500, out.error or "the request failed", code="timeout" if timed_out else "engine_error"
-    )
+    return APIError(504 if timed_out else 500, out.error or "the request failed", code=out.error_code or "engine_error")
+
+
+def raise_if_ended_by_error(out: RequestOutput, c: CompletionOutput) -> None:
+    """A stream whose choice just ended with finish_reason "error" (its final chunk sent) ends with the request's
+    error event next, as a response body would be that error."""
+    if c.finish_reason == "error" and out.error is not None:
+        raise as_api_error(out)
