@@ -124,6 +124,7 @@ class SoakMix:
         "too_long",
         "unknown_model",
         "oversized",
+        "deep_nesting",
     )
 
     def __init__(
@@ -218,6 +219,9 @@ class SoakMix:
             body = _completion(self.too_long_text, 4)
         elif kind == "unknown_model":
             body = body | {"model": "no-such-model"}
+        elif kind == "deep_nesting":
+            depth = rng.choice([500, 20000])  # within Python's json's reach, and past it
+            raw = b'{"prompt": "hi", "max_tokens": 4, "metadata": ' + b"[" * depth + b"]" * depth + b"}"
         elif kind == "oversized":
             raw = b'{"prompt": "' + b"x" * (self.max_body_bytes + 1024) + b'"}'
         else:

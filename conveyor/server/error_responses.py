@@ -116,8 +116,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
-        if message == UNREADABLE_BODY:  # FastAPI's words for a body json cannot decode: bytes that are not UTF-8
-            message = "the request body could not be read as JSON text; send it as UTF-8"
+        if message == UNREADABLE_BODY:  # FastAPI's words for a body json cannot decode at all
+            message = "the request body could not be read as JSON (it is not UTF-8 text, or it nests too deeply)"
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -158,6 +157,12 @@ def test_no_error_poisons_the_connection(server: TinyServer) -> None:
         (COMPLETIONS, b"", 400),
         (COMPLETIONS, b'{"prompt": "\xff\xfe"}', 400),
         (COMPLETIONS, b'{"prompt": "x", "temperature": NaN}', 400),
+        (COMPLETIONS, b'{"prompt": ' + b"[" * 20000 + b"]" * 20000 + b"}", 400),  # deeper than Python's json goes
+        (
+            CHAT,
+            b'{"messages": [{"role": "user", "content": "x"}], "metadata": ' + b'{"a": ' * 500 + b"1" + b"}" * 501,
+            400,
+        ),
         (COMPLETIONS, b'{"prompt": "x", "model": "gpt-9"}', 404),
         ("/v1/nowhere", b"{}", 404),
         (COMPLETIONS, b'{"prompt": "' + b"x" * MAX_BODY + b'"}', 413),
@@ -222,7 +227,7 @@ def test_a_short_soak_passes(server: TinyServer) -> None:
         url=server.url,
         clients=4,
         duration_s=2.0,
-        seed=random.randrange(2**16),
+        seed=0,
         server_pid=os.getpid(),
         max_body_bytes=MAX_BODY,
         max_model_len=512,
