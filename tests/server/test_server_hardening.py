@@ -181,6 +181,33 @@ def test_no_error_poisons_the_connection(server: TinyServer) -> None:
         _good(client)
 
 
+EXTREMES: list[dict[str, Any]] = [
+    {"top_k": 2**70},  # once overflowed the step's int64 tensor and stopped the engine for everyone
+    {"top_k": 2**40, "temperature": 1.0},
+    {"max_tokens": 2**70},
+    {"min_tokens": 2**70},
+    {"seed": -(2**63), "n": 2},
+    {"logit_bias": {str(2**70): 1}},
+    {"stop_token_ids": [2**70]},
+    {"prompt": [2**70]},
+    {"temperature": 1e-30},
+    {"top_p": 1e-30},
+    {"repetition_penalty": 1e-30},
+    {"min_p": 1e-45},
+    {"stop": ["\u0000"], "user": "\u0000"},
+    {"logit_bias": {"-0": 1, "00005": 1}},
+]
+
+
+def test_extreme_values_are_served_or_refused(server: TinyServer) -> None:
+    """Values at and past the ends of every range: a 200 or a 400, and the engine serves the next request."""
+    with _client(server) as client:
+        for extra in EXTREMES:
+            r = client.post(COMPLETIONS, json={"prompt": "hello", "max_tokens": 3} | extra)
+            assert r.status_code in (200, 400), (extra, r.text)
+        _good(client)
+
+
 def test_hypothesis_bodies_never_get_a_5xx(server: TinyServer, openapi: dict[str, Any]) -> None:
     """Bodies of any JSON values for the generation routes' fields (a few right, most wrong): never a 5xx, always
     OpenAI's error shape when refused."""
