@@ -6,7 +6,7 @@ set_wait_policy()  # before anything imports torch: OpenMP threads spin briefly,
 
 from conveyor.config import EngineConfig  # noqa: E402
 from conveyor.errors import ConfigError, ConveyorError, InvalidRequestError, ModelLoadError  # noqa: E402
-from conveyor.llm import LLM  # noqa: E402
+from conveyor.llm import LLM, NonFiniteLogitsError  # noqa: E402
 from conveyor.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from conveyor.params import SamplingParams  # noqa: E402
 
@@ -20,6 +20,7 @@ __all__ = [
     "EngineConfig",
     "InvalidRequestError",
     "ModelLoadError",
+    "NonFiniteLogitsError",
     "RequestOutput",
     "SamplingParams",
     "__version__",

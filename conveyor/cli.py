@@ -337,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "bench":
             from conveyor.bench.commands import cmd_bench
 
-            return cmd_bench(args, None if args.bench_command == "serve" else engine_config_from(args))
+            return cmd_bench(args, None if args.bench_command in ("serve", "soak") else engine_config_from(args))
         return cmd_chat(args)
     except ConveyorError as exc:
         print(f"conveyor: error: {exc}", file=sys.stderr)

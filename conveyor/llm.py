@@ -11,8 +11,8 @@ from tqdm.auto import tqdm
 
 from conveyor.config import EngineConfig
 from conveyor.engine.engine import Engine
-from conveyor.errors import ConfigError, InvalidRequestError
-from conveyor.outputs import RequestOutput
+from conveyor.errors import ConfigError, ConveyorError, InvalidRequestError
+from conveyor.outputs import NON_FINITE_LOGITS, RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.tools import ToolParser, ToolPlan, parser_for, plan_tools, render_conversation
 
@@ -22,6 +22,29 @@ if TYPE_CHECKING:
 Prompt = str | Sequence[int] | dict[str, Any]
 """A string, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [int, ...]}."""
 Message = dict[str, Any]
+
+
+class NonFiniteLogitsError(ConveyorError):
+    """The model's logits held NaN or infinity for some of the prompts: LLM.generate and chat raise it once the
+    batch has ended, rather than return tokens drawn from them. `outputs` holds every prompt's output in input order
+    (the failed ones with finish_reason "error", their text up to the failure, and `error`)."""
+
+    def __init__(self, message: str, outputs: list[RequestOutput]) -> None:
+        super().__init__(message)
+        self.outputs = outputs
+
+
+def raise_if_non_finite(outputs: list[RequestOutput]) -> list[RequestOutput]:
+    """The outputs, unless any request ended because of non-finite logits: then NonFiniteLogitsError."""
+    failed = [i for i, out in enumerate(outputs) if out.error_code == NON_FINITE_LOGITS]
+    if not failed:
+        return outputs
+    first = outputs[failed[0]]
+    raise NonFiniteLogitsError(
+        f"{len(failed)} of {len(outputs)} prompt(s) failed (the first: prompt {failed[0]}): {first.error}; "
+        f"every output is in this error's .outputs",
+        outputs,
+    )
 
 
 class LLM:
@@ -93,7 +116,7 @@ class LLM:
                     "pass sampling_params with data_parallel_size > 1 (the model's recommended "
                     "settings are read from the model, which this process does not load)"
                 )
-            return self.replicas.generate(batch, _as_params_list(sampling_params, len(batch)))
+            return raise_if_non_finite(self.replicas.generate(batch, _as_params_list(sampling_params, len(batch))))
         if sampling_params is None:
             sampling_params = self._default_params()
         params = _as_params_list(sampling_params, len(batch))
@@ -104,7 +127,7 @@ class LLM:
         except Exception:
             self.engine.abort(ids)  # all or nothing: a bad prompt leaves no half-admitted batch behind
             raise
-        return self._run(ids, use_tqdm)
+        return raise_if_non_finite(self._run(ids, use_tqdm))
 
     def chat(
         self,

@@ -8,6 +8,9 @@ from typing import Any
 
 from conveyor.core.plan import TokenLogprobs
 
+NON_FINITE_LOGITS = "non_finite_logits"
+"""RequestOutput.error_code of a request ended because the model's logits for it held NaN or infinity."""
+
 
 @dataclass(frozen=True)
 class Logprob:
@@ -82,8 +85,8 @@ class RequestOutput:
     error: str | None = None
     error_code: str | None = None
     """Why the request failed, for programs (never parse `error`, which is for people): "timeout" (its
-    deadline passed), "grammar" (structured output could not continue), "engine_error" (anything else);
-    None when it did not fail."""
+    deadline passed), "grammar" (structured output could not continue), "non_finite_logits" (the model's logits
+    held NaN or infinity: NON_FINITE_LOGITS), "engine_error" (anything else); None when it did not fail."""
     metrics: dict[str, float] = field(default_factory=dict)
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     """When SamplingParams.prompt_logprobs was set: None for the first prompt token, then the

@@ -1,4 +1,4 @@
-"""`conveyor bench throughput | latency | serve | tp | decode-step | structured | async-vs-sync`."""
+"""`conveyor bench throughput | latency | serve | soak | tp | decode-step | structured | async-vs-sync`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from conveyor.bench.peers import PEERS
+from conveyor.bench.soak_command import add_soak_parser, cmd_soak
 from conveyor.bench.workloads import Workload, random_workload, shared_prefix_workload
 from conveyor.errors import ConfigError
 
@@ -139,6 +140,8 @@ def add_bench_parser(commands: Any, add_engine_flags: Any) -> None:
     _add_result_flags(so)
     add_engine_flags(so)
 
+    add_soak_parser(kinds, _count)
+
     cmp_ = kinds.add_parser(
         "async-vs-sync", help="async against sync batching, alternating runs, medians", allow_abbrev=False
     )
@@ -158,6 +161,8 @@ def _add_result_flags(parser: argparse.ArgumentParser) -> None:
 def cmd_bench(args: argparse.Namespace, config: Any) -> int:
     if args.bench_command == "serve":
         return _serve(args)
+    if args.bench_command == "soak":
+        return cmd_soak(args)
     if args.bench_command == "async-vs-sync":
         from conveyor.bench.async_compare import compare, markdown_table, save
 

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 PLACEHOLDER_TOKEN = -1
 """Id of a token that the previous, still in-flight step is sampling; the runner fills it
 on the device from that step's output (in inputs and in penalty histories alike)."""
+NONFINITE_TOKEN = -2
+"""Id the runner reports for a sampled row whose logits were not finite (NaN or +inf): no token could be drawn,
+and the commit ends that request with an error instead of appending a token."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,8 @@ class TokenLogprobs:
 class StepResult:
     step_id: int
     sampled_token_ids: list[int]
-    """One id per entry of plan.sampling_seqs, in that order."""
+    """One id per entry of plan.sampling_seqs, in that order (NONFINITE_TOKEN for a row whose logits were not
+    finite)."""
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     """Aligned with sampled_token_ids when any row asked for logprobs (else empty)."""
     prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)

@@ -458,6 +458,7 @@ class Engine:
             prefix_query_tokens=b.prefix_queries_tokens,
             num_preempted_waiting=sum(1 for r in s.waiting if r.num_preemptions),
             num_generated_tokens=self.outputs.num_generated_tokens,
+            num_non_finite=self.outputs.num_non_finite,
             async_batching=self.async_batching,
             device_busy_s=self.executor.device_busy_s,
             active_s=self._active_s,

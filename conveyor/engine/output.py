@@ -7,17 +7,20 @@ carries all n completions and is finished once every sample is.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from conveyor.core.plan import StepPlan, StepResult, TokenLogprobs
+from conveyor.core.plan import NONFINITE_TOKEN, StepPlan, StepResult, TokenLogprobs
 from conveyor.core.request import Request, RequestStatus
 from conveyor.core.scheduler import Scheduler
 from conveyor.engine.detokenizer import IncrementalDetokenizer
-from conveyor.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from conveyor.outputs import NON_FINITE_LOGITS, CompletionOutput, PositionLogprobs, RequestOutput
 from conveyor.structured.backend import GrammarMatcher
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +67,8 @@ class OutputProcessor:
         self._sample_of: dict[str, SampleState] = {}
         self._group_of: dict[str, GroupState] = {}
         self.num_generated_tokens = 0
+        self.num_non_finite = 0
+        """Requests (groups) ended because the model's logits were not finite."""
         decode = functools.lru_cache(maxsize=65536)(lambda token_id: str(tokenizer.decode([token_id])))
         self._decode: Callable[[int], str] | None = decode if tokenizer is not None else None
         """Token id -> text, for the decoded_token of vLLM-shaped logprobs (computed when read)."""
@@ -134,7 +139,7 @@ class OutputProcessor:
             self._commit_token(state, token_id, lp, now, in_flight)
             for tokens in later:
                 if state.request.is_finished:
-                    break  # the tokens past a stop (or max_tokens) are dropped
+                    break  # the tokens past a stop (or max_tokens, or an error) are dropped
                 self._commit_token(state, tokens[row], None, now, in_flight)
             group = self._group_of[state.request.request_id]
             touched[group.request_id] = group
@@ -143,8 +148,12 @@ class OutputProcessor:
     def _commit_token(
         self, state: SampleState, token_id: int, lp: TokenLogprobs | None, now: float, in_flight: int | None
     ) -> None:
-        """One sampled token: appended, detokenized, stops checked (the request finished when one holds)."""
+        """One sampled token: appended, detokenized, stops checked (the request finished when one holds); or, for
+        NONFINITE_TOKEN, the sample ended with an error."""
         request = state.request
+        if token_id == NONFINITE_TOKEN:
+            self._end_non_finite(state, in_flight)
+            return
         self.scheduler.commit_token(request, token_id)
         self.num_generated_tokens += 1
         text_before = len(state.detokenizer.text)
@@ -164,6 +173,27 @@ class OutputProcessor:
             status = self._advance_grammar(state, token_id, status)
         if status is not None:
             self.scheduler.finish(request, status, in_flight)
+        self._update_text(state)
+
+    def _end_non_finite(self, state: SampleState, in_flight: int | None) -> None:
+        """The model's logits for this sample's next token held NaN or +inf: nothing can be drawn from them, so the
+        sample ends with an error (its output so far kept), and its request fails with a message that says so."""
+        request = state.request
+        group = self._group_of[request.request_id]
+        if group.error_code != NON_FINITE_LOGITS:
+            self.num_non_finite += 1
+            logger.error(
+                "request %s: the model's logits were not finite at output token %d; the request ended with an error",
+                group.request_id,
+                request.num_output_tokens,
+            )
+        group.error_code = NON_FINITE_LOGITS
+        group.error = (
+            f"the model's logits were not finite (NaN or infinity) at output token {request.num_output_tokens} of "
+            f"this request, so no token could be sampled; the request was ended. This is a fault of the model or "
+            f"the engine, not of the request: check the model file (conveyor inspect), or try another dtype"
+        )
+        self.scheduler.finish(request, RequestStatus.FINISHED_ERROR, in_flight)
         self._update_text(state)
 
     def _advance_grammar(self, state: SampleState, token_id: int, status: RequestStatus | None) -> RequestStatus | None:

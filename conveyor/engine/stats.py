@@ -20,6 +20,8 @@ class EngineStats:
     num_preempted_waiting: int
     """Waiting requests that were preempted (their KV freed) and wait to be recomputed."""
     num_generated_tokens: int
+    num_non_finite: int
+    """Requests ended with an error because the model's logits for them held NaN or infinity."""
     async_batching: bool
     device_busy_s: float
     active_s: float

@@ -87,6 +87,16 @@ class Projection:
             )
         return self.kernels.bf16_linear_argmax_amx(x, self.tiles, self.out_features)
 
+    def weight_rows(self, index: torch.Tensor) -> torch.Tensor:
+        """index [k] int64 -> W[index] [k, in], the rows of those outputs (read in place from the AMX tiles: the
+        LM head's value at each argmax first_argmax found, without the logits)."""
+        if self.tiles is not None:
+            row_tiles, k_tiles = self.tiles.shape[:2]
+            pairs = self.tiles.view(row_tiles, k_tiles, _TILE_K // 2, _TILE_ROWS, 2)  # [out/16, in/32, pair, row, 2]
+            picked = pairs[index // _TILE_ROWS, :, :, index % _TILE_ROWS, :]  # [k, in / 32, pair, 2]
+            return picked.reshape(index.shape[0], self.in_features)
+        return self.unpacked()[index]
+
     def unpacked(self) -> torch.Tensor:
         """-> W [out, in] with the values this projection multiplies by (a view or a copy); raises for the
         opaque oneDNN pack."""

@@ -145,11 +145,12 @@ class LlamaModel:
                 delta = rms_norm(delta, layer.mlp_out_norm, eps)
         return h if delta is None else h + delta
 
-    def greedy_tokens(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """hidden: [rows, hidden] (only the rows that sample) -> [rows] int64, each row's argmax of logits(hidden)
-        (the first largest bfloat16 logit, as the sampler's argmax takes it), found by the LM head's product
-        without writing the logits; None where the head is not a bfloat16 one on our AMX kernel, or is sharded
-        or soft-capped (the caller then takes logits() and samples)."""
+    def greedy_tokens(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """hidden: [rows, hidden] (only the rows that sample) -> ([rows] int64, each row's argmax of logits(hidden)
+        (the first largest bfloat16 logit, as the sampler's argmax takes it), [rows] bool, whether that logit is
+        below +inf: the sampler's finite_rows, its value recomputed from the head's row), found by the LM head's
+        product without writing the logits; None where the head is not a bfloat16 one on our AMX kernel, or is
+        sharded or soft-capped (the caller then takes logits() and samples)."""
         if (
             self.parallel is not None
             or self.spec.final_logit_softcap is not None
@@ -158,7 +159,9 @@ class LlamaModel:
         ):
             return None
         _, x = self.ops.add_norm(hidden.contiguous(), None, self.final_norm, self.spec.rms_norm_eps)
-        return self.lm_head.first_argmax(x)
+        tokens = self.lm_head.first_argmax(x)  # [rows]
+        peak = (x.float() * self.lm_head.weight_rows(tokens).float()).sum(dim=-1)  # [rows]: the logit at each argmax
+        return tokens, peak < float("inf")
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [rows, hidden] (only the rows that sample) -> [rows, vocab] logits in the model's dtype

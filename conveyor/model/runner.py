@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ import torch
 from conveyor.config import EngineConfig
 from conveyor.core.kv_cache import CachePlan
 from conveyor.core.persistent_batch import PersistentBatch
-from conveyor.core.plan import PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
+from conveyor.core.plan import NONFINITE_TOKEN, PLACEHOLDER_TOKEN, StepPlan, StepResult, TokenLogprobs
 from conveyor.device import DeviceInfo, available_memory
 from conveyor.errors import ConfigError
 from conveyor.host_memory import advise_huge_pages, keep_freed_host_memory
@@ -121,12 +122,23 @@ class LaterSteps:
 
 @dataclass
 class StepOutput:
-    """Device tensors of one step, before they come back to the host."""
+    """Device tensors of one step, before they come back to the host. The sampled ids here are the ones the host
+    receives: NONFINITE_TOKEN where a row's logits were not finite (see reported)."""
 
     sample: SampleOutput | None
     prompt: SampleOutput | None
     later: list[torch.Tensor] | None = None
     """A multi-step plan: the sampled ids [rows] of its steps 2..n."""
+
+
+def reported(out: SampleOutput) -> SampleOutput:
+    """The samples as the host receives them: NONFINITE_TOKEN in each row whose logits were not finite (the engine
+    ends that request with an error), in the same tensor as the ids, so the check adds no transfer and no sync. The
+    next step's placeholders are filled from the ids as sampled (valid ids always), never from these."""
+    if out.finite is None:
+        return out
+    ids = torch.where(out.finite, out.tokens, NONFINITE_TOKEN)  # [rows]
+    return dataclasses.replace(out, tokens=ids, finite=None)
 
 
 class ModelRunner:
@@ -393,28 +405,29 @@ class ModelRunner:
             logits = self.model.logits(hidden[step.prompt_rows])  # [prompt_rows, vocab]
             prompt_out = raw_logprobs(logits, step.prompt_targets, step.prompt_top_n)
         later: list[torch.Tensor] | None = None
-        if step.later is not None and step.batch is not None and sample_out is not None:
+        tokens = None if sample_out is None else sample_out.tokens  # [rows]: the next step's inputs
+        if step.later is not None and step.batch is not None and tokens is not None:
             later = []
-            tokens = sample_out.tokens  # [rows]: the next step's inputs
             for j in range(1, len(step.later.positions) + 1):
                 positions = step.later.apply(j, step.batch)  # [rows]
                 hidden = self.model.forward(tokens, positions, step.batch, self.kv_caches)  # [rows, hidden]
-                tokens = self._sample(step, hidden).tokens
-                later.append(tokens)
-        self._last_sampled = None if sample_out is None else sample_out.tokens if not later else later[-1]
+                out = self._sample(step, hidden)
+                tokens = out.tokens
+                later.append(reported(out).tokens)
+        self._last_sampled = tokens
         self._last_step_id = step.step_id
-        return StepOutput(sample_out, prompt_out, later)
+        return StepOutput(None if sample_out is None else reported(sample_out), prompt_out, later)
 
     def _sample(self, step: PreparedStep, sampled_hidden: torch.Tensor) -> SampleOutput:
         """sampled_hidden [num_sampled, hidden] -> the step's samples: the argmax from the LM head's product where
         every row is plain greedy (no logits written), else logits and the sampler."""
-        tokens = (
+        fused = (
             self.model.greedy_tokens(sampled_hidden)
             if step.grammar is None and step.sampling is not None and plain_greedy(step.sampling)
             else None
         )
-        if tokens is not None:  # [num_sampled]
-            return SampleOutput(tokens)
+        if fused is not None:  # [num_sampled] ids, [num_sampled] finite
+            return SampleOutput(fused[0], finite=fused[1])
         assert step.sampling is not None
         logits = self.model.logits(sampled_hidden)  # [num_sampled, vocab]
         return sample(logits, step.sampling, self._grammar_mask(step), self.sampling_kernels, logits_owned=True)

@@ -82,6 +82,19 @@ class SampleOutput:
     rank: torch.Tensor | None = None  # [rows] int64
     top_ids: torch.Tensor | None = None  # [rows, N] int64
     top_logprobs: torch.Tensor | None = None  # [rows, N] float32
+    finite: torch.Tensor | None = None
+    """[rows] bool: False where the row's logits were not finite (see finite_rows); None where not checked."""
+
+
+def finite_rows(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logits [rows, vocab], tokens [rows] each row's first argmax of them -> [rows] bool: the value at the argmax
+    is below +inf, i.e. no logit of the row is NaN or +inf.
+
+    The check costs a gather of one value per row, no pass over the logits: the argmax the sampler takes anyway
+    already found the row's largest value, and it ranks NaN above everything (torch's max, the native argmax).
+    -inf is not an error: it is how masks (a grammar, min_tokens) forbid a token."""
+    peak = logits.gather(1, tokens.unsqueeze(1)).squeeze(1)  # [rows]
+    return peak < float("inf")
 
 
 def apply_penalties(logits: torch.Tensor, p: PenaltyTensors) -> torch.Tensor:
@@ -212,11 +225,20 @@ def sample(
     tokens in the model's dtype (widening is exact, so the ids are the same), with the native kernel
     without writing the mask at all; else masked in place when `logits_owned` (the caller reads
     `logits` no more). Every argmax goes through the native `kernels` too where given (the same ids as
-    torch's `max(dim=-1).indices`, ties and NaN included)."""
+    torch's `max(dim=-1).indices`, ties and NaN included).
+
+    `finite` flags each row whose logits were not finite (finite_rows): a NaN or +inf among the tokens the
+    row may draw (every token, or those its grammar and min_tokens allow; torch's grammar mask adds -inf, which
+    leaves a forbidden NaN in place, so it counts there too), and for a row that asks for logprobs among all.
+    One exception: a greedy grammar row on the native kernel, whose masked argmax does not rank NaN first, is
+    flagged when its chosen logit is NaN (always so when the whole row is, as a broken forward makes it) but
+    may pass a row with NaN in some allowed tokens only."""
     if plain_greedy(t):
         if grammar is not None:
-            return SampleOutput(_greedy_allowed(logits, *grammar, kernels, logits_owned))
-        return SampleOutput(_first_argmax(logits, kernels))
+            allowed = _greedy_allowed(logits, *grammar, kernels, logits_owned)  # [rows]
+            return SampleOutput(allowed, finite=finite_rows(logits, allowed))
+        tokens = _first_argmax(logits, kernels)  # [rows]
+        return SampleOutput(tokens, finite=finite_rows(logits, tokens))
     raw = logits
     logits = logits.float()  # [rows, vocab]
     processed = process_logits(logits, t)  # [rows, vocab]
@@ -227,6 +249,7 @@ def sample(
             processed, *grammar, native=None if kernels is None else kernels.apply_token_bitmask_, owned=own
         )
     tokens = _first_argmax(processed, kernels)  # [rows]
+    finite = finite_rows(processed, tokens)  # [rows]
     if not t.all_greedy:
         if t.temperature is None or t.top_k is None or t.top_p is None or t.seeds is None or t.output_index is None:
             raise ValueError(
@@ -245,5 +268,8 @@ def sample(
         sampled = _first_argmax(scaled + gumbel, kernels)  # [rows]
         tokens = torch.where(is_greedy, tokens, sampled)
     if t.num_logprobs is None:
-        return SampleOutput(tokens)
-    return raw_logprobs(logits, tokens, t.num_logprobs)
+        return SampleOutput(tokens, finite=finite)
+    out = raw_logprobs(logits, tokens, t.num_logprobs)
+    assert out.logprob is not None
+    out.finite = finite & out.logprob.isfinite()  # the raw logprobs read every logit, masked ones too
+    return out

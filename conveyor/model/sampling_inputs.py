@@ -14,6 +14,11 @@ from conveyor.model.sampler import PenaltyTensors, SamplingTensors
 ToDevice = Callable[[torch.Tensor], torch.Tensor]
 
 
+TOP_K_ALL = 2**31 - 1
+"""A top_k past every vocabulary (it keeps every token); larger ones are taken as this one, so that any integer a
+request may give fits the step's int64 tensor."""
+
+
 def build_sampling_tensors(
     specs: list[SamplingSpec],
     to_device: ToDevice,
@@ -27,7 +32,7 @@ def build_sampling_tensors(
     in-flight ids follow as placeholders. `history_holes` / `history_sources` are filled in (flattened-history
     position, row of the previous step's samples) for those placeholders."""
     temps = [s.temperature for s in specs]
-    top_k = [s.top_k for s in specs]
+    top_k = [min(s.top_k, TOP_K_ALL) for s in specs]
     top_p = [s.top_p for s in specs]
     min_p = [s.min_p for s in specs]
 

@@ -116,4 +116,5 @@ def _map_output(output: StepOutput, fn: Callable[[torch.Tensor], torch.Tensor]) 
             *(None if t is None else fn(t) for t in (s.tokens, s.logprob, s.rank, s.top_ids, s.top_logprobs))  # type: ignore[arg-type]  # tokens is never None
         )
 
-    return StepOutput(each(output.sample), each(output.prompt))
+    later = None if output.later is None else [fn(t) for t in output.later]
+    return StepOutput(each(output.sample), each(output.prompt), later)

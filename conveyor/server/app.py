@@ -44,7 +44,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     created = now()
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.api_route("/health", methods=["GET", "HEAD"], include_in_schema=False)  # a probe, not part of the API
     async def health() -> Response:
         engine = state.engine
         if engine.is_dead:

@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor.errors import InvalidRequestError
-from conveyor.outputs import RequestOutput
+from conveyor.outputs import CompletionOutput, RequestOutput
+from conveyor.server.strict_body import InvalidTextError
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,10 @@ class APIError(Exception):
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+UNREADABLE_BODY = "There was an error parsing the body"
+"""FastAPI's message (a 400) for a body it could not decode at all, before any validation."""
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
@@ -104,20 +109,39 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
         return error_response(400, str(exc), param_of(exc))
 
+    @app.exception_handler(InvalidTextError)
+    async def _text(_: Request, exc: InvalidTextError) -> JSONResponse:
+        return error_response(400, str(exc), exc.param)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        if message == UNREADABLE_BODY:  # FastAPI's words for a body json cannot decode at all
+            message = "the request body could not be read as JSON (it is not UTF-8 text, or it nests too deeply)"
         return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        """A bug, not the client's mistake: a JSON 500, and the connection closed after it (Connection: close), as
+        the server closes it anyway once the error has gone through; a keep-alive client then opens a new one
+        rather than send its next request into a closing connection."""
         logger.error("unhandled error", exc_info=exc)
-        return error_response(500, "internal server error; the request was not completed (see the server log)")
+        return error_response(
+            500,
+            "internal server error; the request was not completed (see the server log)",
+            headers={"Connection": "close"},
+        )
 
 
 def as_api_error(out: RequestOutput) -> APIError:
-    """A failed request's error for the API, chosen by its code (504 for a timeout, else 500)."""
+    """A failed request's error for the API: 504 for a timeout, else 500, with the engine's message and its
+    error_code as `code` ("non_finite_logits", "grammar", ...)."""
     timed_out = out.error_code == "timeout"
-    return APIError(
-        504 if timed_out else 500, out.error or "the request failed", code="timeout" if timed_out else "engine_error"
-    )
+    return APIError(504 if timed_out else 500, out.error or "the request failed", code=out.error_code or "engine_error")
+
+
+def raise_if_ended_by_error(out: RequestOutput, c: CompletionOutput) -> None:
+    """A stream whose choice just ended with finish_reason "error" (its final chunk sent) ends with the request's
+    error event next, as a response body would be that error."""
+    if c.finish_reason == "error" and out.error is not None:
+        raise as_api_error(out)

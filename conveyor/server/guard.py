@@ -77,10 +77,14 @@ class GuardMiddleware:
             await self._too_large(scope, receive, send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """413, before the body is read (or the rest of it). The connection stays open: the HTTP server discards
+        the rest of the body as it arrives and then reads the next request. Closing it instead would reset a
+        client still sending its body, which then never sees the 413."""
         await error_response(
             413, f"the request body is larger than {self.state.options.max_body_bytes} bytes", code="body_too_large"
         )(scope, receive, send)
 
 
-class _BodyTooLarge(Exception):
-    pass
+class _BodyTooLarge(BaseException):
+    """Raised from the capped receive. A BaseException, so that it passes the framework's catch-all around body
+    parsing (FastAPI turns any Exception raised there into a 400) and reaches the guard, which answers 413."""

@@ -45,7 +45,13 @@ class Metrics:
             ["status"],
             registry=r,
         )
+        self.non_finite = Counter(
+            "conveyor_non_finite_requests",
+            "Requests ended with an error because the model's logits for them held NaN or infinity",
+            registry=r,
+        )
         self._generated_seen = 0
+        self._non_finite_seen = 0
         self.extra_registries: list[CollectorRegistry] = []
         """Rendered after this one (vllm_metrics.py: the same series under vLLM's names)."""
 
@@ -71,4 +77,7 @@ class Metrics:
             if stats.num_generated_tokens > self._generated_seen:
                 self.generation_tokens.inc(stats.num_generated_tokens - self._generated_seen)
                 self._generated_seen = stats.num_generated_tokens
+            if stats.num_non_finite > self._non_finite_seen:
+                self.non_finite.inc(stats.num_non_finite - self._non_finite_seen)
+                self._non_finite_seen = stats.num_non_finite
         return generate_latest(self.registry) + b"".join(generate_latest(r) for r in self.extra_registries)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from conveyor.params import SamplingParams
+from conveyor.server.strict_body import StrictBody
 from conveyor.server.vllm_extras import VllmChatFields, VllmFields
 
 
@@ -30,8 +31,7 @@ MAX_N = 16
 MAX_STOP = 16
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StreamOptions(StrictBody):
     include_usage: bool = False
     include_obfuscation: bool = False
     """OpenAI pads chunks against side channels when true; accepted and ignored (no padding here)."""
@@ -40,9 +40,7 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingFields(VllmFields):
-    """Fields shared by completions and chat completions."""
-
-    model_config = ConfigDict(extra="forbid")
+    """Fields shared by completions and chat completions (strict types, valid Unicode: StrictBody)."""
 
     model: str | None = None
     n: int = Field(default=1, ge=1, le=MAX_N)
@@ -115,7 +113,7 @@ class CompletionRequest(_SamplingFields):
     best_of: int | None = Field(default=None, ge=1)
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(StrictBody):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | list[dict[str, Any]] | None = None

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from conveyor.outputs import RequestOutput
-from conveyor.server.error_responses import as_api_error
+from conveyor.server.error_responses import as_api_error, raise_if_ended_by_error
 from conveyor.server.logprobs import TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, generated
 from conveyor.server.serving import Prepared, completion_entries, finish_reason, merged, now, sse, stream_error, usage
 from conveyor.server.state import ServerState
@@ -134,6 +134,7 @@ async def _completion_chunks(
                 }
                 | running_usage(extras, len(out.prompt_token_ids), 0 if prepared.score_only else len(c.token_ids))
             )
+            raise_if_ended_by_error(out, c)
         if out.finished:
             finals[i] = out
     if include_usage:
@@ -218,6 +219,7 @@ async def _chat_chunks(
                 | {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason} | ids]}
                 | running_usage(extras, prompt_len, len(c.token_ids))
             )
+            raise_if_ended_by_error(out, c)
         if out.finished:
             final = out
     if include_usage and final is not None:

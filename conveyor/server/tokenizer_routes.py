@@ -7,20 +7,20 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from conveyor.server.error_responses import APIError
 from conveyor.server.protocol import ChatMessage
 from conveyor.server.serving import Serving
+from conveyor.server.strict_body import StrictBody
 from conveyor.server.vllm_extras import generation_prompt
 
 MAX_TOKENS_TO_DECODE = 1_000_000
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(StrictBody):
     """vLLM's two forms in one: a `prompt`, or chat `messages` rendered by the chat template."""
 
-    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
@@ -40,8 +40,7 @@ class TokenizeRequest(BaseModel):
         return self
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DetokenizeRequest(StrictBody):
     model: str | None = None
     tokens: list[int] = Field(max_length=MAX_TOKENS_TO_DECODE)
 

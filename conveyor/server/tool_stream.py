@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from conveyor.outputs import RequestOutput
-from conveyor.server.error_responses import as_api_error
+from conveyor.server.error_responses import as_api_error, raise_if_ended_by_error
 from conveyor.server.logprobs import TokenBytes, chat_logprobs, generated
 from conveyor.server.serving import Prepared, finish_reason, merged, now, sse, usage
 
@@ -76,6 +76,7 @@ async def tool_chat_chunks(
             if not calls:
                 rest = c.text[start:]
                 yield chunk(c.index, {"content": rest} if rest else {}, reason, logprobs)
+                raise_if_ended_by_error(out, c)
                 continue
             leftover = (content or "")[start:] if content and len(content) > start else ""
             if leftover:

@@ -14,18 +14,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from conveyor.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from conveyor.params import MAX_LOGPROBS
 from conveyor.server.error_responses import APIError
 from conveyor.server.logprobs import TokenBytes
+from conveyor.server.strict_body import StrictBody
 
 
-class VllmFields(BaseModel):
+class VllmFields(StrictBody):
     """vLLM's fields of both /v1/completions and /v1/chat/completions."""
-
-    model_config = ConfigDict(extra="forbid")
 
     prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     """Logprobs of each prompt token (and its top-N alternatives), in vLLM's shape; not when streaming."""
@@ -69,10 +68,8 @@ class VllmFields(BaseModel):
         return value
 
 
-class VllmChatFields(BaseModel):
+class VllmChatFields(StrictBody):
     """vLLM's fields of /v1/chat/completions only (add_generation_prompt is in protocol.py)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     echo: bool = False
     """Start the reply with the last message's content when that message has the reply's role."""
