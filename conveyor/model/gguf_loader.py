@@ -9,10 +9,8 @@ Hugging Face's layout and one rotary implementation (rotate-half) serves all.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import functools
 import logging
-import os
-import shutil
 from typing import Any, overload
 
 import numpy as np
@@ -20,7 +18,10 @@ import torch
 
 from conveyor.errors import ModelLoadError
 from conveyor.model.gguf_file import GGUFFile, GGUFFormatError, GGUFTensor, read_gguf
+from conveyor.model.gguf_metadata import check_metadata
 from conveyor.model.gguf_quant import FORMATS, QuantizedWeight
+from conveyor.model.gguf_tokenizer import load_gguf_tokenizer
+from conveyor.model.model_checks import check_finite, check_finite_blocks, check_shape, check_spec
 from conveyor.model.model_spec import ModelSpec, RopeSpec
 from conveyor.model.rope import yarn_attention_factor
 from conveyor.model.weights import LoadedModel, fuse_weights
@@ -91,71 +92,12 @@ def unpermute_rows(weight: np.ndarray | torch.Tensor, num_heads: int) -> np.ndar
     return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-_HONOURED_KEYS = {
-    "vocab_size",
-    "context_length",
-    "embedding_length",
-    "feed_forward_length",
-    "block_count",
-    "attention.head_count",
-    "attention.head_count_kv",
-    "attention.key_length",
-    "attention.value_length",
-    "attention.layer_norm_rms_epsilon",
-    "rope.freq_base",
-    "rope.dimension_count",
-    "rope.scaling.type",
-    "rope.scaling.factor",
-    "rope.scaling.original_context_length",
-    "rope.scaling.finetuned",
-    "rope.scaling.yarn_beta_fast",
-    "rope.scaling.yarn_beta_slow",
-    "rope.scaling.yarn_attn_factor",
-    "rope.scaling.yarn_ext_factor",
-}
-"""`{arch}.` metadata keys read (and checked) below; any other `{arch}.` key is refused by name."""
-_HONOURED_BY_ARCH = {
-    "gemma2": {"attn_logit_softcapping", "final_logit_softcapping", "attention.sliding_window"},
-    "gemma3": {
-        "final_logit_softcapping",
-        "attention.sliding_window",
-        "attention.sliding_window_pattern",
-        "rope.freq_base_swa",
-    },
-    "phi3": {"attention.sliding_window", "rope.scaling.attn_factor"},
-}
-_NEUTRAL_NAMESPACES = ("general.", "tokenizer.", "quantize.", "GGUF.")
-"""Metadata that describes the file, its tokenizer or how it was quantized: no effect on the computation."""
 _GGUF_ROPE_TYPES = {"none": "default", "linear": "linear", "yarn": "yarn"}
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 """Tensors read into the spec's rope (llama3's per-frequency factors; Phi-3's longrope sets), not weights."""
 PARTIAL_ROTARY_ARCHITECTURES = ("phi3",)
 """Architectures llama.cpp rotates with rotate-half (NEOX) over the first rope.dimension_count dimensions, as
 transformers does for them."""
-
-
-def check_metadata_keys(reader: GGUFFile, arch: str, path: str) -> None:
-    """Refuse every metadata key that is not honoured and could change the computation."""
-    for key in reader.fields:
-        if key.startswith(_NEUTRAL_NAMESPACES):
-            continue
-        if key == "split.count" and int(reader.field(key)) > 1:
-            raise ModelLoadError(
-                f"{path}: split.count={reader.field(key)}: split GGUF files are not supported; "
-                f"merge them with llama.cpp's gguf-split --merge"
-            )
-        if key.startswith("split."):
-            continue
-        honoured = _HONOURED_KEYS | _HONOURED_BY_ARCH.get(arch, set())
-        if key.startswith(f"{arch}.") and key[len(arch) + 1 :] in honoured:
-            continue
-        value = reader.field(key)
-        shown = value if len(repr(value)) < 80 else f"{repr(value)[:80]}..."
-        raise ModelLoadError(
-            f"{path}: GGUF metadata {key}={shown!r} is not supported for {arch} (it would change "
-            f"the computation, and Conveyor does not implement it); supported {arch}.* keys: "
-            f"{', '.join(sorted(honoured))}"
-        )
 
 
 def _rope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], rotary_dim: int) -> RopeSpec:
@@ -180,14 +122,10 @@ def _rope_spec(reader: GGUFFile, arch: str, path: str, names: set[str], rotary_d
             )
         tensor = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         factors = tuple(float(x) for x in tensor_array(tensor, path).reshape(-1))
-        dims = (
-            reader.field(f"{arch}.rope.dimension_count")
-            or reader.field(f"{arch}.attention.key_length")
-            or int(reader.field(f"{arch}.embedding_length")) // int(reader.field(f"{arch}.attention.head_count"))
-        )
-        if len(factors) != int(dims) // 2:
+        if len(factors) != rotary_dim // 2:
             raise ModelLoadError(
-                f"{path}: the rope_freqs tensor has {len(factors)} factors; the head size {dims} needs {int(dims) // 2}"
+                f"{path}: the rope_freqs tensor has {len(factors)} factors; {rotary_dim} rotating dimensions per "
+                f"head need {rotary_dim // 2}"
             )
         return RopeSpec(theta=theta, freq_factors=factors)
     factor = float(reader.field(f"{arch}.rope.scaling.factor", 1.0))
@@ -261,7 +199,7 @@ def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
         raise ModelLoadError(
             f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(GGUF_ARCHITECTURES)}"
         )
-    check_metadata_keys(reader, arch, path)
+    check_metadata(reader, arch, path)
 
     def need(key: str) -> Any:
         value = reader.field(f"{arch}.{key}")
@@ -290,10 +228,16 @@ def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
     rope = _rope_spec(reader, arch, path, names, rotary_dim)
     if rotary_dim != head_dim:
         rope = dataclasses.replace(rope, rotary_dim=rotary_dim)
-    vocab = reader.field(f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"])
+    tokens = len(reader.fields["tokenizer.ggml.tokens"])  # present: check_metadata saw to it
+    vocab = reader.field(f"{arch}.vocab_size", tokens)
+    if tokens > vocab:
+        raise ModelLoadError(
+            f"{path}: GGUF metadata {arch}.vocab_size={vocab} is smaller than the tokenizer's {tokens} tokens "
+            f"(tokenizer.ggml.tokens); every token needs a row of the embedding"
+        )
     eos = reader.field("tokenizer.ggml.eos_token_id")
     eot = reader.field("tokenizer.ggml.eot_token_id")
-    return ModelSpec(
+    spec = ModelSpec(
         architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -314,6 +258,8 @@ def read_spec(reader: GGUFFile, path: str) -> ModelSpec:
         **(_gemma3_fields(reader, hidden, heads, head_dim, int(need("block_count")), path) if arch == "gemma3" else {}),
         **(_phi3_fields(reader, int(need("block_count"))) if arch == "phi3" else {}),
     )
+    check_spec(spec, path)
+    return spec
 
 
 def _phi3_fields(reader: GGUFFile, layers: int) -> dict[str, Any]:
@@ -414,7 +360,8 @@ def float_tensor_view(tensor: GGUFTensor) -> torch.Tensor | None:
     return torch.from_numpy(data)
 
 
-def supported_weight_types() -> list[str]:
+@functools.cache
+def supported_weight_types() -> tuple[str, ...]:
     """GGML weight types this loader reads: the float types and every type `gguf` dequantizes."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
@@ -432,7 +379,7 @@ def supported_weight_types() -> list[str]:
         except NotImplementedError:
             continue
         names.append(kind.name)
-    return names
+    return tuple(names)
 
 
 def open_gguf(path: str) -> GGUFFile:
@@ -441,17 +388,19 @@ def open_gguf(path: str) -> GGUFFile:
         return read_gguf(path)
     except GGUFFormatError as exc:
         raise ModelLoadError(f"not a readable GGUF file: {exc}") from None
-    except OSError as exc:
-        raise ModelLoadError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (OSError, ValueError) as exc:  # unreadable, or a map numpy refuses
+        raise ModelLoadError(f"{path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
 
 
-def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
+def prepare_gguf(path: str) -> tuple[GGUFFile, ModelSpec]:
+    """Every check that needs no tensor data: the file's layout (read_gguf), its metadata and spec (read_spec), and
+    each tensor's name, type and shape against the spec. `conveyor inspect` runs the same."""
     reader = open_gguf(path)
     spec = read_spec(reader, path)
-    tensors: dict[str, torch.Tensor | QuantizedWeight] = {}
+    supported = supported_weight_types()
     for t in reader.tensors:
         if t.name in ROPE_TENSORS:
-            continue  # read into spec.rope
+            continue  # read into spec.rope (their lengths checked there)
         name = hf_name(t.name, spec.architecture)
         if name is None:
             raise ModelLoadError(
@@ -460,6 +409,22 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
                 f"output_norm, {', '.join(n.split('.')[0] for n in ROPE_TENSORS)} and "
                 f"blk.N.{{{', '.join(_LAYER_NAMES)}}}"
             )
+        if t.tensor_type.name not in supported:
+            raise ModelLoadError(
+                f"{path}: tensor {t.name!r} has weight type {t.tensor_type.name}, which Conveyor cannot read; "
+                f"supported: {', '.join(supported)}"
+            )
+        check_shape(spec, name, tuple(reversed(t.shape)), path, shown=t.name)
+    return reader, spec
+
+
+def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
+    reader, spec = prepare_gguf(path)
+    tensors: dict[str, torch.Tensor | QuantizedWeight] = {}
+    for t in reader.tensors:
+        name = hf_name(t.name, spec.architecture)
+        if name is None:
+            continue  # a rope tensor, read into spec.rope
         compact = t.tensor_type.name in FORMATS and len(t.shape) == 2
         # the tensor's rows: its blocks [rows, row bytes], else a view of the file's map (F32 / F16 / BF16, cast once
         # in fuse_weights), else its values dequantized to float32
@@ -473,38 +438,15 @@ def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
             array = unpermute_rows(array, heads)  # whole rows move: the same for blocks
         if compact:
             blocks = torch.from_numpy(np.array(array, dtype=np.uint8, order="C", copy=True))  # [rows, row bytes]
+            check_finite_blocks(t.tensor_type.name, blocks, t.name, path)
             tensors[name] = QuantizedWeight(t.tensor_type.name, blocks, int(t.shape[0]))
         else:
+            tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.asarray(array))
+            check_finite(tensor, t.name, path)
             tensors[name] = (
-                array.contiguous()
+                tensor.contiguous()
                 if isinstance(array, torch.Tensor)
                 else torch.from_numpy(np.array(array, dtype=np.float32, order="C", copy=True))
             )
     weights = fuse_weights(spec, tensors, dtype, path)
-    return LoadedModel(spec=spec, weights=weights, tokenizer=load_gguf_tokenizer(path), source=path)
-
-
-def load_gguf_tokenizer(path: str) -> Any:
-    """transformers builds the tokenizer (and chat template) from GGUF metadata; that takes
-    seconds, so the result is saved once under ~/.cache/conveyor and read from there."""
-    from transformers import AutoTokenizer
-
-    stat = os.stat(path)
-    key = hashlib.sha256(f"{os.path.abspath(path)}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    cache_root = os.environ.get("CONVEYOR_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "conveyor"))
-    cache_dir = os.path.join(cache_root, "tokenizers", key)
-    if os.path.isfile(os.path.join(cache_dir, "tokenizer.json")):
-        try:
-            return AutoTokenizer.from_pretrained(cache_dir)
-        except Exception:  # a damaged cache entry: rebuild it below
-            logger.warning("tokenizer cache %s is unreadable; rebuilding it from the GGUF file", cache_dir)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
-    try:
-        tmp = f"{cache_dir}.tmp{os.getpid()}"
-        tokenizer.save_pretrained(tmp)
-        if os.path.exists(cache_dir):
-            shutil.rmtree(cache_dir, ignore_errors=True)
-        os.replace(tmp, cache_dir)
-    except OSError as exc:
-        logger.info("could not cache the tokenizer in %s (%s); it will be rebuilt next time", cache_dir, exc)
-    return tokenizer
+    return LoadedModel(spec=spec, weights=weights, tokenizer=load_gguf_tokenizer(path, reader), source=path)
