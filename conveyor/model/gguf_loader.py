@@ -393,9 +393,14 @@ def open_gguf(path: str) -> GGUFFile:
 
 
 def prepare_gguf(path: str) -> tuple[GGUFFile, ModelSpec]:
-    """Every check that needs no tensor data: the file's layout (read_gguf), its metadata and spec (read_spec), and
-    each tensor's name, type and shape against the spec. `conveyor inspect` runs the same."""
+    """Every check that needs no tensor data (`conveyor inspect` runs the same): the file's layout (read_gguf),
+    then check_gguf."""
     reader = open_gguf(path)
+    return reader, check_gguf(reader, path)
+
+
+def check_gguf(reader: GGUFFile, path: str) -> ModelSpec:
+    """The metadata and spec (read_spec), and each tensor's name, type and shape against the spec."""
     spec = read_spec(reader, path)
     supported = supported_weight_types()
     for t in reader.tensors:
@@ -415,7 +420,7 @@ def prepare_gguf(path: str) -> tuple[GGUFFile, ModelSpec]:
                 f"supported: {', '.join(supported)}"
             )
         check_shape(spec, name, tuple(reversed(t.shape)), path, shown=t.name)
-    return reader, spec
+    return spec
 
 
 def load_gguf(path: str, dtype: torch.dtype) -> LoadedModel:
