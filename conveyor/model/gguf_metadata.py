@@ -51,7 +51,7 @@ class Rule(NamedTuple):
 
     def describe(self) -> str:
         if self.kind == "int":
-            return f"an integer from {self.low:g} to {self.high:g}"
+            return f"an integer from {int(self.low)} to {int(self.high)}"
         if self.kind == "float":
             return f"a finite float{' above' if self.low_open else ' from'} {self.low:g} (up to {self.high:g})"
         return "a string" if self.kind == "str" else "a bool"

@@ -17,6 +17,7 @@ from typing import Any
 
 from conveyor.errors import ModelLoadError
 from conveyor.model.gguf_file import GGUFFile, read_gguf
+from conveyor.model.model_checks import check_tokenizer_works
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def load_gguf_tokenizer(path: str, reader: GGUFFile | None = None) -> Any:
     cache_dir = tokenizer_cache_dir(reader or read_gguf(path))
     if os.path.isfile(os.path.join(cache_dir, "tokenizer.json")):
         try:
-            return AutoTokenizer.from_pretrained(cache_dir)
+            return check_tokenizer_works(AutoTokenizer.from_pretrained(cache_dir), path)
         except Exception:  # a damaged cache entry: rebuild it below
             logger.warning("tokenizer cache %s is unreadable; rebuilding it from the GGUF file", cache_dir)
     try:
@@ -46,6 +47,7 @@ def load_gguf_tokenizer(path: str, reader: GGUFFile | None = None) -> Any:
             f"{path}: transformers cannot build a tokenizer from the file's tokenizer.* metadata "
             f"({type(exc).__name__}: {str(exc)[:300]})"
         ) from None
+    check_tokenizer_works(tokenizer, path)
     try:
         tmp = f"{cache_dir}.tmp{os.getpid()}"
         tokenizer.save_pretrained(tmp)

@@ -15,7 +15,7 @@ import torch
 
 from conveyor.errors import ModelLoadError
 from conveyor.model.hf_config_values import MAX_JSON_BYTES, check_config_values
-from conveyor.model.model_checks import check_spec
+from conveyor.model.model_checks import check_spec, check_tokenizer_works
 from conveyor.model.model_spec import SUPPORTED_ARCHITECTURES, ModelSpec, RopeSpec
 from conveyor.model.rope import ROPE_SCALING_TYPES, yarn_attention_factor
 from conveyor.model.safetensors_files import check_entries, read_headers, read_tensors
@@ -390,6 +390,7 @@ def load_hf_tokenizer(path: str) -> Any | None:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as exc:
         raise ModelLoadError(f"{path}: the tokenizer files could not be read ({type(exc).__name__}: {exc})") from None
+    return check_tokenizer_works(tokenizer, path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from conveyor.errors import ModelLoadError
@@ -171,8 +172,29 @@ BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K
 
 
 def check_finite_blocks(kind: str, blocks: torch.Tensor, name: str, source: str) -> None:
-    """Refuse GGML blocks [rows, row bytes] (a kept-compact type) whose float16 scales hold a NaN or an infinity."""
-    flat = blocks.reshape(-1, BLOCK_BYTES[kind])  # [blocks, block bytes]
+    """Refuse GGML blocks [rows, row bytes] (a kept-compact type) whose float16 scales hold a NaN or an infinity.
+    Every block and scale offset is even, so the scales are a strided float16 view of the bytes (no copy)."""
+    halves = blocks.numpy().view(np.float16).reshape(-1, BLOCK_BYTES[kind] // 2)  # [blocks, block bytes / 2]
     for offset in SCALE_BYTES[kind]:
-        scales = flat[:, offset : offset + 2].contiguous().view(torch.float16).float()  # [blocks, 1]
-        check_finite(scales, name, source, what="block scale")
+        scales = halves[:, offset // 2]  # [blocks]
+        if not np.isfinite(scales).all():
+            bad = np.flatnonzero(~np.isfinite(scales))
+            raise ModelLoadError(
+                f"{source}: tensor {name!r} holds {len(bad)} NaN or infinite block scale(s) (the first, "
+                f"{scales[bad[0]]}, in block {int(bad[0])}); weights must be finite: the file is corrupt"
+            )
+
+
+PROBE_TEXT = "Hello, world! 123 \u00e9\u6771 <|im_end|>"
+
+
+def check_tokenizer_works(tokenizer: Any, source: str) -> Any:
+    """The tokenizer encodes and decodes a short text (some that build still fail on their first use, say a
+    sentencepiece vocabulary without its unknown token); returns it."""
+    try:
+        tokenizer.decode(tokenizer(PROBE_TEXT)["input_ids"])
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{source}: the tokenizer built from the file cannot encode text ({type(exc).__name__}: {str(exc)[:300]})"
+        ) from None
+    return tokenizer
