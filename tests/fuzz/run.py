@@ -37,24 +37,29 @@ class Seed:
     baseline: str = ""
 
 
-def build_seeds(workdir: str, which: set[str], default_share: float = 0.3) -> list[Seed]:
+def build_seeds(
+    workdir: str,
+    which: set[str],
+    default_share: float = 0.3,
+    tiny_gguf: tuple[tuple[str, str], ...] = TINY_GGUF,
+    tiny_folders: tuple[tuple[str, str], ...] = TINY_FOLDERS,
+) -> list[Seed]:
     """The seed files (under workdir/seeds), their mutators and each one's share of the cases of its kind."""
     root = os.path.join(workdir, "seeds")
     seeds: list[Seed] = []
     if "tiny" in which:
-        tiny_gguf = [(f, w) for f, w in TINY_GGUF]
         for family, weight_type in tiny_gguf:
             folder = os.path.join(root, f"{family}-{weight_type}")
             os.makedirs(folder, exist_ok=True)
             path = write_tiny_gguf(os.path.join(folder, "model.gguf"), family, weight_type)
             share = (1 - default_share if "default" in which else 1.0) / len(tiny_gguf)
             seeds.append(Seed(f"tiny:{family}-{weight_type}", "gguf", GGUFMutator(_read(path)), share))
-        for arch, dtype in TINY_FOLDERS:
+        for arch, dtype in tiny_folders:
             folder = write_tiny_folder(os.path.join(root, f"hf-{arch}-{dtype}"), arch, dtype)
             mutator = SafetensorsMutator(
                 _read(os.path.join(folder, "config.json")), _read(os.path.join(folder, "model.safetensors"))
             )
-            seeds.append(Seed(f"hf:{arch}-{dtype}", "safetensors", mutator, 1 / len(TINY_FOLDERS)))
+            seeds.append(Seed(f"hf:{arch}-{dtype}", "safetensors", mutator, 1 / len(tiny_folders)))
     if "default" in which:
         from conveyor.model.loader import default_model_path
 
@@ -127,46 +132,57 @@ def fuzz(
     jobs: int = 2,
     log: str | None = None,
     only: tuple[str, int] | None = None,
+    tiny_gguf: tuple[tuple[str, str], ...] = TINY_GGUF,
+    tiny_timeout: float = 90.0,
 ) -> list[Result]:
+    """Builds the seeds, takes their baselines and runs the cases; the calling process keeps its tokenizer cache
+    setting and torch thread count (its children run with one thread: they are forked from it)."""
+    import torch
+
+    saved = os.environ.get("CONVEYOR_CACHE"), torch.get_num_threads()
     os.environ["CONVEYOR_CACHE"] = os.path.join(workdir, "cache")
-    seeds = build_seeds(workdir, which)
-    take_baselines(seeds, workdir)
-    baselines = {s.name: s.baseline for s in seeds}
-
-    def all_cases() -> Iterator[Case]:
-        if only is not None:
-            yield from generate(seeds, only[0], 1, seed, only[1])
-            return
-        yield from generate(seeds, "gguf", cases, seed)
-        yield from generate(seeds, "safetensors", safetensors_cases, seed)
-
     log_file = open(log, "a") if log else None  # noqa: SIM115 - closed below, written per result
-
-    def on_result(result: Result) -> None:
-        if log_file is not None:
-            record = {
-                "seed": result.case.seed,
-                "index": result.case.index,
-                "tag": result.case.tag,
-                "what": result.case.what,
-                "outcome": result.outcome,
-                "seconds": round(result.seconds, 2),
-                "detail": result.detail[-2000:],
-            }
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
-
-    def timeout(case: Case) -> float:
-        return 300.0 if case.seed.startswith("default") else 90.0
-
-    def memory(case: Case) -> int:
-        return (4 if case.seed.startswith("default") else 2) * 2**30
-
     try:
+        seeds = build_seeds(workdir, which, tiny_gguf=tiny_gguf)
+        take_baselines(seeds, workdir)
+        baselines = {s.name: s.baseline for s in seeds}
+
+        def all_cases() -> Iterator[Case]:
+            if only is not None:
+                yield from generate(seeds, only[0], 1, seed, only[1])
+                return
+            yield from generate(seeds, "gguf", cases, seed)
+            yield from generate(seeds, "safetensors", safetensors_cases, seed)
+
+        def on_result(result: Result) -> None:
+            if log_file is not None:
+                record = {
+                    "seed": result.case.seed,
+                    "index": result.case.index,
+                    "tag": result.case.tag,
+                    "what": result.case.what,
+                    "outcome": result.outcome,
+                    "seconds": round(result.seconds, 2),
+                    "detail": result.detail[-2000:],
+                }
+                log_file.write(json.dumps(record) + "\n")
+                log_file.flush()
+
+        def timeout(case: Case) -> float:
+            return 300.0 if case.seed.startswith("default") else tiny_timeout
+
+        def memory(case: Case) -> int:
+            return (4 if case.seed.startswith("default") else 2) * 2**30
+
         return run_cases(all_cases(), baselines, workdir, jobs, timeout, memory, on_result)
     finally:
         if log_file is not None:
             log_file.close()
+        if saved[0] is None:
+            os.environ.pop("CONVEYOR_CACHE", None)
+        else:
+            os.environ["CONVEYOR_CACHE"] = saved[0]
+        torch.set_num_threads(saved[1])
 
 
 def main(argv: list[str] | None = None) -> int:
