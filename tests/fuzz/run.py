@@ -5,7 +5,8 @@
 Seeds: `default` (the embedded SmolLM2 GGUF), `tiny` (tests/fuzz/seeds.py: tiny GGUF files of several families and
 weight types, tiny Hugging Face folders). Each case is reproducible alone with the same --seed, --seeds and
 --case gguf:INDEX (or safetensors:INDEX); its mutant stays under --workdir. Prints the count of each outcome
-(tests/fuzz/harness.py) and every failing case; exits 1 when any case fails. --log writes one JSON line per case.
+(tests/fuzz/harness.py) and every failing case; exits 1 when any case fails. --log writes one JSON line per case;
+with --resume, a run skips the cases its log already holds (an interrupted run goes on) and sums up the whole log.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import random
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from .gguf_mutator import GGUFMutator
-from .harness import Case, Result, examine, run_cases, summarize
+from .harness import PASSING, Case, Result, examine, run_cases, summarize
 from .safetensors_mutator import SafetensorsMutator
 from .seeds import TINY_FOLDERS, TINY_GGUF, write_tiny_folder, write_tiny_gguf
 
@@ -88,12 +90,17 @@ def seed_case(seed: Seed, index: int, rng: random.Random) -> Case:
     return Case(seed.name, index, mutation.tag, mutation.what, mutation.nonfinite, mutation.files, "")
 
 
-def generate(seeds: list[Seed], kind: str, count: int, seed: int, offset: int = 0) -> Iterator[Case]:
-    """Case `offset + i` of `kind`, for i < count: its own random stream, so any one is reproducible alone."""
+def generate(
+    seeds: list[Seed], kind: str, count: int, seed: int, offset: int = 0, skip: frozenset[tuple[str, int]] = frozenset()
+) -> Iterator[Case]:
+    """Case `offset + i` of `kind`, for i < count (less those in `skip`): its own random stream, so any one is
+    reproducible alone."""
     pool = [s for s in seeds if s.kind == kind]
     if not pool:
         return
     for i in range(offset, offset + count):
+        if (kind, i) in skip:
+            continue
         rng = random.Random(f"{seed}:{kind}:{i}")
         chosen = rng.choices(pool, [s.weight for s in pool])[0]
         yield seed_case(chosen, i, rng)
@@ -134,6 +141,7 @@ def fuzz(
     only: tuple[str, int] | None = None,
     tiny_gguf: tuple[tuple[str, str], ...] = TINY_GGUF,
     tiny_timeout: float = 90.0,
+    skip: frozenset[tuple[str, int]] = frozenset(),
 ) -> list[Result]:
     """Builds the seeds, takes their baselines and runs the cases; the calling process keeps its tokenizer cache
     setting and torch thread count (its children run with one thread: they are forked from it)."""
@@ -151,12 +159,13 @@ def fuzz(
             if only is not None:
                 yield from generate(seeds, only[0], 1, seed, only[1])
                 return
-            yield from generate(seeds, "gguf", cases, seed)
-            yield from generate(seeds, "safetensors", safetensors_cases, seed)
+            yield from generate(seeds, "gguf", cases, seed, skip=skip)
+            yield from generate(seeds, "safetensors", safetensors_cases, seed, skip=skip)
 
         def on_result(result: Result) -> None:
             if log_file is not None:
                 record = {
+                    "kind": _kind(result.case.seed),
                     "seed": result.case.seed,
                     "index": result.case.index,
                     "tag": result.case.tag,
@@ -185,6 +194,30 @@ def fuzz(
         torch.set_num_threads(saved[1])
 
 
+def _kind(seed_name: str) -> str:
+    return "safetensors" if seed_name.startswith("hf:") else "gguf"
+
+
+def read_log(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summarize_log(records: list[dict[str, Any]]) -> str:
+    """The counts of each outcome by seed family, and every failing case, over a whole log (resumed runs too)."""
+    counts = Counter((r["seed"].split(":")[0], r["outcome"]) for r in records)
+    failing = [r for r in records if r["outcome"] not in PASSING]
+    lines = [f"{len(records)} cases, {len(failing)} failing"]
+    lines += [f"  {family:12} {outcome:18} {n}" for (family, outcome), n in sorted(counts.items())]
+    lines += [
+        f"FAIL {r['outcome']}: {r['seed']} #{r['index']} [{r['tag']}] {r['what']}: {r['detail'][-600:]}"
+        for r in failing
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=300, help="GGUF mutants")
@@ -197,16 +230,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log", default=None, help="append one JSON line per case to this file")
     parser.add_argument("--case", default=None, help="run only this case: gguf:INDEX or safetensors:INDEX")
+    parser.add_argument(
+        "--resume", action="store_true", help="skip the cases --log already holds; summarize the whole log"
+    )
     args = parser.parse_args(argv)
     workdir = args.workdir or tempfile.mkdtemp(prefix="conveyor-fuzz-")
     start = time.monotonic()
     only = (args.case.split(":")[0], int(args.case.split(":")[1])) if args.case else None
+    done = read_log(args.log) if args.resume and args.log else []
+    skip = frozenset((r.get("kind", _kind(r["seed"])), r["index"]) for r in done)
     results = fuzz(
-        args.cases, args.safetensors_cases, args.seed, set(args.seeds.split(",")), workdir, args.jobs, args.log, only
+        args.cases,
+        args.safetensors_cases,
+        args.seed,
+        set(args.seeds.split(",")),
+        workdir,
+        args.jobs,
+        args.log,
+        only,
+        skip=skip,
     )
-    print(summarize(results))
+    print(summarize_log(read_log(args.log)) if args.resume and args.log else summarize(results))
     print(f"{time.monotonic() - start:.0f} s; mutants and cache under {workdir}")
-    return 0 if all(r.passed for r in results) else 1
+    failing = [r for r in read_log(args.log) if r["outcome"] not in PASSING] if args.resume and args.log else []
+    return 0 if all(r.passed for r in results) and not failing else 1
 
 
 if __name__ == "__main__":
