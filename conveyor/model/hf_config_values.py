@@ -1,9 +1,11 @@
-"""config.json values checked for type and range before the loader reads them: sizes are integers within bounds,
-scales finite and positive, flags booleans (a string "false" is not false), token ids integers. Each error names the
-file, the field, the value seen and what is expected; what the fields mean is hf_loader's business."""
+"""A checkpoint's JSON files read safely, and config.json values checked for type and range before the loader reads
+them: sizes are integers within bounds, scales finite and positive, flags booleans (a string "false" is not false),
+token ids integers. Each error names the file, the field, the value seen and what is expected; what the fields mean
+is hf_loader's business."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -57,6 +59,23 @@ _ROPE_NUMBERS = (
     "attention_factor",
     "partial_rotary_factor",
 )
+
+
+def read_json(path: str) -> dict[str, Any]:
+    """A JSON object from a checkpoint's file; anything else is a ModelLoadError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
+        if len(raw) > MAX_JSON_BYTES:
+            raise ModelLoadError(f"{path}: over {MAX_JSON_BYTES} bytes; not a configuration file")
+        value = json.loads(raw.decode("utf-8"))
+    except OSError as exc:
+        raise ModelLoadError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON (or over MAX_JSON_BYTES), nested too deep
+        raise ModelLoadError(f"{path}: not valid JSON ({str(exc)[:200]})") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path}: holds a JSON {type(value).__name__}; expected an object")
+    return value
 
 
 def check_config_values(config: dict[str, Any], path: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import logging
 import math
 import os
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 
 from conveyor.errors import ModelLoadError
-from conveyor.model.hf_config_values import MAX_JSON_BYTES, check_config_values
+from conveyor.model.hf_config_values import check_config_values, read_json
 from conveyor.model.model_checks import check_spec, check_tokenizer_works
 from conveyor.model.model_spec import SUPPORTED_ARCHITECTURES, ModelSpec, RopeSpec
 from conveyor.model.rope import ROPE_SCALING_TYPES, yarn_attention_factor
@@ -240,23 +239,6 @@ def checkpoint_dtype(path: str) -> str | None:
         return None
     value = config.get("dtype") or config.get("torch_dtype")
     return value if isinstance(value, str) else None
-
-
-def read_json(path: str) -> dict[str, Any]:
-    """A JSON object from a checkpoint's file; anything else is a ModelLoadError naming the file."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_JSON_BYTES + 1)
-        if len(raw) > MAX_JSON_BYTES:
-            raise ModelLoadError(f"{path}: over {MAX_JSON_BYTES} bytes; not a configuration file")
-        value = json.loads(raw.decode("utf-8"))
-    except OSError as exc:
-        raise ModelLoadError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON (or over MAX_JSON_BYTES), nested too deep
-        raise ModelLoadError(f"{path}: not valid JSON ({str(exc)[:200]})") from None
-    if not isinstance(value, dict):
-        raise ModelLoadError(f"{path}: holds a JSON {type(value).__name__}; expected an object")
-    return value
 
 
 def read_hf_config(path: str) -> ModelSpec:

@@ -147,7 +147,8 @@ def _raw_gguf_facts(reader: GGUFFile, arch: str) -> dict[str, str]:
 
 
 def _inspect_folder(path: str) -> ModelSummary:
-    from conveyor.model.hf_loader import load_hf_tokenizer, read_hf_config, read_json
+    from conveyor.model.hf_config_values import read_json
+    from conveyor.model.hf_loader import load_hf_tokenizer, read_hf_config
 
     config_path = os.path.join(path, "config.json")
     config: dict[str, Any] = {}
