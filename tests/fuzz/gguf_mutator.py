@@ -114,7 +114,8 @@ class Layout:
 
 @dataclass(frozen=True)
 class Mutation:
-    data: bytes
+    data: bytes | bytearray
+    """The mutant (a bytearray where a copy of the seed was patched: one copy of a 100 MB file, not two)."""
     tag: str
     what: str
     nonfinite: bool = False
@@ -234,13 +235,13 @@ class GGUFMutator:
         i = bisect.bisect_right(self.value_starts, at) - 1
         return i >= 0 and at < self.value_spans[i][1]
 
-    def put(self, at: int, code: str, value: int | float) -> bytes:
+    def put(self, at: int, code: str, value: int | float) -> bytearray:
         data = bytearray(self.data)
         try:
             struct.pack_into(code, data, at, value)
         except OverflowError:  # a float past the type's range: an infinity
             struct.pack_into(code, data, at, math.copysign(math.inf, value))
-        return bytes(data)
+        return data
 
     def splice(self, start: int, end: int, new: bytes, kv_delta: int = 0, tensor_delta: int = 0) -> bytes:
         """The header with [start, end) replaced, the counts adjusted, the data section re-aligned: a consistent
@@ -274,7 +275,7 @@ class GGUFMutator:
         data = bytearray(self.data)
         i = rng.randrange(len(e.key))
         data[e.key_at + i] = rng.choice([data[e.key_at + i] ^ (1 << rng.randrange(8)), 0xFF, ord("_")])
-        return Mutation(bytes(data), "structure", f"{e.key!r} key byte {i} -> {data[e.key_at + i]}")
+        return Mutation(data, "structure", f"{e.key!r} key byte {i} -> {data[e.key_at + i]}")
 
     def value_type(self, rng: random.Random) -> Mutation:
         e = rng.choice(self.layout.entries)
@@ -421,7 +422,7 @@ class GGUFMutator:
         data = bytearray(self.data)
         i = rng.randrange(len(t.name))
         data[t.start + 8 + i] = rng.choice([data[t.start + 8 + i] ^ (1 << rng.randrange(8)), ord("1"), 0xC3])
-        return Mutation(bytes(data), "structure", f"tensor {t.name!r} name byte {i} -> {data[t.start + 8 + i]}")
+        return Mutation(data, "structure", f"tensor {t.name!r} name byte {i} -> {data[t.start + 8 + i]}")
 
     def rank(self, rng: random.Random) -> Mutation:
         t = rng.choice(self.layout.infos)
@@ -494,7 +495,7 @@ class GGUFMutator:
         data = bytearray(self.data)
         for _ in range(rng.randint(1, 8)):
             data[start + rng.randrange(size)] = rng.randrange(256)
-        return Mutation(bytes(data), "data", f"tensor {t.name!r} data bytes changed")
+        return Mutation(data, "data", f"tensor {t.name!r} data bytes changed")
 
     def nonfinite_weight(self, rng: random.Random) -> Mutation | None:
         t = rng.choice(self.layout.infos)
@@ -515,7 +516,7 @@ class GGUFMutator:
             return None
         data = bytearray(self.data)
         data[at : at + len(packed)] = packed
-        return Mutation(bytes(data), "data", f"tensor {t.name!r} ({kind}): {value} at byte {at - start}", True)
+        return Mutation(data, "data", f"tensor {t.name!r} ({kind}): {value} at byte {at - start}", True)
 
     def truncate_or_append(self, rng: random.Random) -> Mutation:
         if rng.random() < 0.7:
@@ -532,7 +533,7 @@ class GGUFMutator:
             data[at] ^= 1 << rng.randrange(8)
             places.append(at)
             structural |= not self.in_value(at)
-        return Mutation(bytes(data), "structure" if structural else "value", f"bits flipped at {places}")
+        return Mutation(data, "structure" if structural else "value", f"bits flipped at {places}")
 
 
 def _hostile_u64(old: int, rng: random.Random) -> int:

@@ -46,7 +46,8 @@ class Case:
     what: str
     nonfinite: bool
     files: dict[str, bytes]
-    """File name -> contents, written into the case's folder (one .gguf file, or a Hugging Face folder)."""
+    """File name -> contents, written into the case's folder (one .gguf file, or a Hugging Face folder); emptied
+    once written."""
     entry: str
     """What to load: the .gguf file's name, or "" for the folder itself."""
 
@@ -193,6 +194,7 @@ def run_cases(
                 break
             slot = free.pop()
             path = _write_case(case, os.path.join(workdir, f"slot{slot}"))
+            case.files = {}  # on disk now: a result keeps what the case was, not its (up to 100 MB of) bytes
             fd, pid = _fork(path, extra_memory(case), timeout(case))
             running[fd] = (case, pid, time.monotonic(), bytearray(), path, slot)
         if not running:
