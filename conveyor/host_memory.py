@@ -114,3 +114,25 @@ def advise_huge_pages(address: int, nbytes: int) -> bool:
         logger.debug("host memory: madvise(MADV_HUGEPAGE) refused (errno %d)", ctypes.get_errno())
         return False
     return True
+
+
+_MADV_PAGEOUT = 21  # madvise advice (Linux 5.4+), from Linux's mman-common.h
+_PAGE = 4096
+
+
+def page_out(address: int, nbytes: int) -> bool:
+    """Asks Linux to reclaim the pages of host memory [address, address + nbytes) now (madvise MADV_PAGEOUT,
+    widened to whole pages): a file's mapped pages that were only read (a checkpoint's weights checked at load) leave
+    the resident set and are read from the file again if touched; nothing is lost, so the advice is safe on any
+    mapping. True where the advice was taken; False off Linux or where madvise refuses (older kernels)."""
+    if platform.system() != "Linux" or nbytes <= 0:
+        return False
+    first = address // _PAGE * _PAGE
+    end = -(-(address + nbytes) // _PAGE) * _PAGE
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    if madvise(first, end - first, _MADV_PAGEOUT) != 0:
+        logger.debug("host memory: madvise(MADV_PAGEOUT) refused (errno %d)", ctypes.get_errno())
+        return False
+    return True

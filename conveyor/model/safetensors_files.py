@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 
 from conveyor.errors import ModelLoadError
+from conveyor.host_memory import page_out
 from conveyor.model.model_checks import check_finite, check_shape
 from conveyor.model.model_spec import ModelSpec
 
@@ -151,6 +152,9 @@ def read_tensors(entries: dict[str, TensorEntry]) -> dict[str, torch.Tensor]:
             raise ModelLoadError(f"{file}: safetensors cannot read it ({type(exc).__name__}: {exc})") from None
     for name, tensor in tensors.items():
         check_finite(tensor, name, entries[name].file)
+        # the check read every page of the map: let them go, or a matrix that is copied at load (fused, repacked)
+        # would keep its file pages resident beside the copy while the map lives
+        page_out(tensor.data_ptr(), tensor.numel() * tensor.element_size())
     return tensors
 
 
