@@ -42,9 +42,10 @@ RSS_BOUND_MIB = 64.0
 cache are allocated at start, and by half-time the server has run every kind of request at full concurrency, so its
 working set (the largest steps' activations, which glibc keeps for reuse: conveyor/host_memory.py) has been
 reached; what may still grow is allocator fragmentation and the bounded caches filling (the detokenizer's token-text
-LRU, the step timeline's ring, the tokenizers' caches): a few MiB to tens of MiB. Memory that grows with the number of requests or steps (a leak)
-keeps growing in the second half and passes the bound once it leaks more than that over it. The growth from the
-start is reported too, for information: it includes the working set, which is not a leak."""
+LRU, the step timeline's ring, the tokenizers' caches): a few MiB to tens of MiB. Memory that grows with the
+number of requests or steps (a leak) keeps growing in the second half and passes the bound once it leaks more than
+that over it. The growth from the start is reported too, for information: it includes the working set, which is not
+a leak."""
 
 
 @dataclass
