@@ -93,12 +93,12 @@ class EngineConfig:
     """How a GGUF file's quantized weights of types Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K are held:
     'compact' (the file's own blocks, multiplied by the native GGUF kernels: weight memory near the file's
     size, the fastest single-request decoding; CPU with AVX2 + FMA or AVX-512 VNNI, or an error saying why
-    not; few-row products quantize bfloat16 activations to int8 per 32 columns, as llama.cpp does, and multiply
-    float32 ones exactly),
-    'dequantize' (to the compute dtype at load, as before: several times the memory, faster large batches),
-    or 'auto' (compact where the kernels run, the compute dtype is bfloat16 and the dequantized weights would
-    take over 1 GiB, as a 1B model's do; else dequantize, so the embedded 135M model keeps its batch
-    throughput)."""
+    not; products of few rows (up to 4 bfloat16 or 32 float32 ones) round the activations to int8 per 32
+    columns (per 256 for the K-quants) and use integer dot products, as llama.cpp does with its Q8 activations,
+    so greedy answers follow llama.cpp's rather than the exact product's where the two differ),
+    'dequantize' (to the compute dtype at load: several times the memory, exact products, faster large
+    batches), or 'auto' (compact where the kernels run and the dequantized weights would take over 1 GiB, as a
+    1B model's do; else dequantize, so the embedded 135M model keeps its batch throughput and exact products)."""
     kv_cache_dtype: str = "auto"
     """How the KV cache stores keys and values: 'auto' (in the compute dtype: exact) or 'int8' (CPU: per token
     and KV head, int8 codes and a float32 scale, half a bfloat16 cache's bytes and of decode attention's memory

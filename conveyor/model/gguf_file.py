@@ -1,11 +1,15 @@
-"""A GGUF file's metadata and tensor views, read fast.
+"""A GGUF file's metadata and tensor views, read fast and trusting nothing.
 
 The `gguf` package's `GGUFReader` builds a numpy view per metadata value: for a tokenizer of 49,152 tokens and
 48,900 merges that is ~1 million memmap slices, seconds of every load (every server start, every `LLM()`).
-Here the header is walked once with `struct` over the file's memory map,
-array values are decoded in bulk, and each tensor is a numpy view of the map shaped as `GGUFReader` shapes it
-(float and integer types in their own dtype, block types as uint8 `[..., row bytes]`), so the loader code reads
-both alike. The type tables (`GGUFValueType`, `GGMLQuantizationType`, `GGML_QUANT_SIZES`) are the gguf package's.
+Here the header is walked once with `struct` over the file's memory map, array values are decoded in bulk, and
+each tensor is a numpy view of the map shaped as `GGUFReader` shapes it (float and integer types in their own
+dtype, block types as uint8 `[..., row bytes]`), so the loader code reads both alike. The type tables
+(`GGUFValueType`, `GGMLQuantizationType`, `GGML_QUANT_SIZES`) are the gguf package's.
+
+A model file is untrusted input. Every count and length is bounded by the bytes left in the file before it is
+used (no loop runs, and no buffer is sized, on a number the file merely claims), and an error message is built
+only when it is raised. The tensor table is checked against llama.cpp's rules (`gguf_layout.py`).
 """
 
 from __future__ import annotations
@@ -16,11 +20,30 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf import GGUFValueType
+
+from conveyor.model.gguf_layout import (
+    DEFAULT_ALIGNMENT,
+    GGUFFormatError,
+    GGUFTensor,
+    TensorInfo,
+    alignment_of,
+    tensor_views,
+)
+
+__all__ = ["DEFAULT_ALIGNMENT", "GGUFFile", "GGUFFormatError", "GGUFTensor", "read_gguf"]
 
 GGUF_MAGIC = 0x46554747  # b"GGUF" read as a little-endian uint32
 SUPPORTED_VERSIONS = (2, 3)
-DEFAULT_ALIGNMENT = 32
+MAX_KEY_BYTES = 65535
+"""The GGUF specification's bound on a metadata key."""
+MAX_NAME_BYTES = 63
+"""llama.cpp's bound on a tensor name (GGML_MAX_NAME, 64, less the terminating NUL)."""
+MAX_DIMS = 4
+"""llama.cpp's bound on a tensor's rank (GGML_MAX_DIMS)."""
+_HEADER_BYTES = 24  # magic, version, tensor count, metadata count
+_MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, a 1-byte key, the value type, a 1-byte value
+_MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, a 1-byte name, rank, one dimension, type, offset
 
 _SCALARS: dict[GGUFValueType, tuple[str, np.dtype]] = {  # struct code, numpy dtype (little endian)
     GGUFValueType.UINT8: ("<B", np.dtype("<u1")),
@@ -35,32 +58,10 @@ _SCALARS: dict[GGUFValueType, tuple[str, np.dtype]] = {  # struct code, numpy dt
     GGUFValueType.INT64: ("<q", np.dtype("<i8")),
     GGUFValueType.FLOAT64: ("<d", np.dtype("<f8")),
 }
-_ELEMENT_DTYPES = {
-    GGMLQuantizationType.F32: np.float32,
-    GGMLQuantizationType.F16: np.float16,
-    GGMLQuantizationType.F64: np.float64,
-    GGMLQuantizationType.I8: np.int8,
-    GGMLQuantizationType.I16: np.int16,
-    GGMLQuantizationType.I32: np.int32,
-    GGMLQuantizationType.I64: np.int64,
-}
-"""Tensor types held one element per value; every other type is blocks, viewed as bytes."""
 
 
-class GGUFFormatError(ValueError):
-    """The file is not a GGUF file this reader understands; the message says where and why."""
-
-
-@dataclass(frozen=True)
-class GGUFTensor:
-    name: str
-    tensor_type: GGMLQuantizationType
-    shape: tuple[int, ...]
-    """GGUF order: the row length (ne[0]) first."""
-    n_bytes: int
-    data_offset: int
-    data: np.ndarray
-    """A view of the file's map: [..., rows, cols] in the element dtype, or uint8 [..., rows, row bytes]."""
+class _Truncated(Exception):
+    """Internal: a read ran past the end of the file (the caller names what it was reading)."""
 
 
 @dataclass(frozen=True)
@@ -71,46 +72,43 @@ class GGUFFile:
     """Every metadata key -> its value: int / float / bool / str, or a list of them for an array."""
     tensors: list[GGUFTensor]
     data_offset: int
+    value_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]]
+    """Every metadata key -> its GGUF value type, and for an array the type of its elements."""
+    metadata_end: int
+    """Where the metadata ends (and the tensor table begins): the bytes before it decide the tokenizer."""
 
     def field(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
 
 
 class _Cursor:
-    """Reads little-endian values from a buffer, advancing an offset; running off the end is a format error."""
+    """Reads little-endian values from a buffer, advancing an offset; running off the end raises _Truncated."""
 
-    def __init__(self, buffer: memoryview, path: str) -> None:
-        self.buffer, self.path, self.offset = buffer, path, 0
+    def __init__(self, buffer: memoryview) -> None:
+        self.buffer, self.offset, self.size = buffer, 0, len(buffer)
 
-    def unpack(self, code: str, what: str) -> Any:
+    def unpack(self, code: str) -> Any:
         try:
             (value,) = struct.unpack_from(code, self.buffer, self.offset)
         except struct.error:
-            raise GGUFFormatError(
-                f"{self.path}: the file ends at byte {len(self.buffer)} inside {what} (offset "
-                f"{self.offset}); it is truncated or not a GGUF file"
-            ) from None
+            raise _Truncated from None
         self.offset += struct.calcsize(code)
         return value
 
-    def string(self, what: str) -> str:
-        length = self.unpack("<Q", what)
-        end = self.offset + length
-        if end > len(self.buffer):
-            raise GGUFFormatError(
-                f"{self.path}: {what} claims {length} bytes at offset {self.offset}, past the end "
-                f"of the file ({len(self.buffer)} bytes); it is truncated or corrupt"
-            )
-        raw = bytes(self.buffer[self.offset : end])
-        self.offset = end
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:  # tokenizer pieces may be raw bytes; GGUFReader decodes them the same way
-            return raw.decode("utf-8", errors="replace")
+    def left(self) -> int:
+        return self.size - self.offset
 
-    def strings(self, count: int, what: str) -> list[str]:
-        """`count` strings in a row (a tokenizer's tokens and merges: ~100k of them), in one tight loop."""
-        buffer, offset, size, values = self.buffer, self.offset, len(self.buffer), []
+    def raw(self, length: int) -> bytes:
+        if length > self.left():
+            raise _Truncated
+        raw = bytes(self.buffer[self.offset : self.offset + length])
+        self.offset += length
+        return raw
+
+    def strings(self, count: int) -> list[str]:
+        """`count` strings in a row (a tokenizer's tokens and merges: ~100k of them), in one tight loop; invalid
+        UTF-8 is replaced, as `GGUFReader` does (tokenizer pieces may be raw bytes)."""
+        buffer, offset, size, values = self.buffer, self.offset, self.size, []
         try:
             for _ in range(count):
                 (length,) = struct.unpack_from("<Q", buffer, offset)
@@ -120,116 +118,183 @@ class _Cursor:
                 values.append(str(buffer[offset + 8 : end], "utf-8", "replace"))
                 offset = end
         except struct.error:
-            raise GGUFFormatError(
-                f"{self.path}: {what}[{len(values)}] runs past the end of the file ({size} bytes, "
-                f"at offset {offset}); it is truncated or corrupt"
-            ) from None
+            self.offset = offset
+            raise _Truncated from None
         self.offset = offset
         return values
 
-    def value(self, kind: int, what: str) -> Any:
-        try:
-            value_type = GGUFValueType(kind)
-        except ValueError:
-            raise GGUFFormatError(f"{self.path}: {what} has value type {kind}, which is not a GGUF type") from None
-        if value_type == GGUFValueType.STRING:
-            return self.string(what)
-        if value_type == GGUFValueType.ARRAY:
-            return self.array(what)
-        code, _ = _SCALARS[value_type]
-        return self.unpack(code, what)
 
-    def array(self, what: str) -> list[Any]:
-        kind = self.unpack("<I", what)
-        count = self.unpack("<Q", what)
+class _MetadataReader:
+    """Reads one metadata value at a time; `key` names the entry in every error."""
+
+    def __init__(self, cursor: _Cursor, path: str) -> None:
+        self.cursor, self.path = cursor, path
+
+    def error(self, key: str, problem: str) -> GGUFFormatError:
+        return GGUFFormatError(f"{self.path}: metadata {key!r} {problem}")
+
+    def value_type(self, key: str, kind: int) -> GGUFValueType:
         try:
-            scalar = _SCALARS.get(GGUFValueType(kind))
+            return GGUFValueType(kind)
         except ValueError:
-            raise GGUFFormatError(f"{self.path}: {what} is an array of type {kind}, which is not a GGUF type") from None
-        if kind == GGUFValueType.STRING:
-            return self.strings(count, what)
-        if scalar is None:  # nested arrays: one at a time
-            return [self.value(kind, f"{what}[{i}]") for i in range(count)]
-        dtype = scalar[1]
-        end = self.offset + count * dtype.itemsize
-        if end > len(self.buffer):
-            raise GGUFFormatError(
-                f"{self.path}: {what} claims {count} values at offset {self.offset}, past the end "
-                f"of the file ({len(self.buffer)} bytes); it is truncated or corrupt"
+            raise self.error(key, f"has value type {kind}, which is not a GGUF type (0 to 12)") from None
+
+    def value(self, key: str, value_type: GGUFValueType) -> tuple[Any, GGUFValueType | None]:
+        """The value, and for an array the type of its elements."""
+        cursor = self.cursor
+        if value_type == GGUFValueType.STRING:
+            length = cursor.unpack("<Q")
+            if length > cursor.left():
+                raise self.error(key, f"claims a string of {length} bytes, but only {cursor.left()} bytes remain")
+            return str(cursor.raw(length), "utf-8", "replace"), None
+        if value_type != GGUFValueType.ARRAY:
+            return cursor.unpack(_SCALARS[value_type][0]), None
+        element = self.value_type(key, cursor.unpack("<I"))
+        count = cursor.unpack("<Q")
+        if element == GGUFValueType.ARRAY:
+            raise self.error(key, "is an array of arrays; GGUF readers (llama.cpp's too) support flat arrays only")
+        smallest = 8 if element == GGUFValueType.STRING else _SCALARS[element][1].itemsize
+        if count > cursor.left() // smallest:
+            raise self.error(
+                key,
+                f"claims {count} {element.name} values, but only {cursor.left()} bytes remain "
+                f"(each value takes at least {smallest})",
             )
-        values = np.frombuffer(self.buffer, dtype=dtype, count=count, offset=self.offset).tolist()
-        self.offset = end
-        return values
+        if element == GGUFValueType.STRING:
+            return cursor.strings(count), element
+        dtype = _SCALARS[element][1]
+        values = np.frombuffer(cursor.buffer, dtype=dtype, count=count, offset=cursor.offset).tolist()
+        cursor.offset += count * dtype.itemsize
+        return values, element
 
 
 def read_gguf(path: str) -> GGUFFile:
     """Open `path` (memory-mapped, copy-on-write, never written) and read its metadata and tensor table."""
-    if os.path.getsize(path) == 0:
+    size = os.path.getsize(path)
+    if size == 0:
         raise GGUFFormatError(f"{path}: the file is empty (0 bytes); it is truncated or not a GGUF file")
     mapped = np.memmap(path, mode="c")
-    cursor = _Cursor(mapped.data, path)  # the map's bytes as a memoryview (memoryview(mapped) likewise)
-    magic = cursor.unpack("<I", "the magic number")
+    cursor = _Cursor(mapped.data)  # the map's bytes as a memoryview
+    try:
+        magic = cursor.unpack("<I")
+    except _Truncated:
+        raise GGUFFormatError(f"{path}: the file has {size} bytes, too few for a header; it is truncated") from None
     if magic != GGUF_MAGIC:
         raise GGUFFormatError(f"{path}: starts with {struct.pack('<I', magic)!r}, not b'GGUF': not a GGUF file")
-    version = cursor.unpack("<I", "the version")
+    if size < _HEADER_BYTES:
+        raise GGUFFormatError(
+            f"{path}: the file has {size} bytes, fewer than a GGUF header's {_HEADER_BYTES}; it is truncated"
+        )
+    version = cursor.unpack("<I")
     if version not in SUPPORTED_VERSIONS:
         order = " (a big-endian file?)" if version & 0xFFFF == 0 else ""
         raise GGUFFormatError(
             f"{path}: GGUF version {version}{order} is not supported; supported versions: "
             f"{', '.join(map(str, SUPPORTED_VERSIONS))} (little-endian)"
         )
-    tensor_count = cursor.unpack("<Q", "the tensor count")
-    kv_count = cursor.unpack("<Q", "the metadata count")
+    tensor_count, kv_count = cursor.unpack("<Q"), cursor.unpack("<Q")
+    room = size - _HEADER_BYTES
+    for count, what, smallest in (
+        (kv_count, "metadata entries", _MIN_KV_BYTES),
+        (tensor_count, "tensors", _MIN_TENSOR_INFO_BYTES),
+    ):
+        if count > room // smallest:
+            raise GGUFFormatError(
+                f"{path}: the header claims {count} {what}, but a file of {size} bytes holds at most "
+                f"{room // smallest} (each takes at least {smallest} bytes); the file is truncated or its "
+                f"header corrupt"
+            )
     fields: dict[str, Any] = {"GGUF.version": version, "GGUF.tensor_count": tensor_count, "GGUF.kv_count": kv_count}
-    for i in range(kv_count):
-        key = cursor.string(f"metadata key {i}")
-        if key in fields:
-            raise GGUFFormatError(f"{path}: metadata key {key!r} appears twice")
-        fields[key] = cursor.value(cursor.unpack("<I", f"the type of {key}"), key)
-    infos = []
-    for i in range(tensor_count):
-        name = cursor.string(f"tensor name {i}")
-        n_dims = cursor.unpack("<I", f"the rank of tensor {name!r}")
-        shape = tuple(cursor.unpack("<Q", f"the shape of tensor {name!r}") for _ in range(n_dims))
-        kind = cursor.unpack("<I", f"the type of tensor {name!r}")
-        offset = cursor.unpack("<Q", f"the offset of tensor {name!r}")
-        infos.append((name, shape, kind, offset))
-    alignment = fields.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise GGUFFormatError(f"{path}: general.alignment={alignment!r} is not a power of two")
+    value_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
+    _read_metadata(cursor, path, kv_count, fields, value_types)
+    metadata_end = cursor.offset
+    infos = _read_tensor_infos(cursor, path, tensor_count)
+    alignment = alignment_of(path, fields.get("general.alignment"), value_types.get("general.alignment"))
     data_offset = -(-cursor.offset // alignment) * alignment
-    tensors = [_tensor(mapped, path, data_offset, *info) for info in infos]
-    if len({t.name for t in tensors}) != len(tensors):
-        raise GGUFFormatError(f"{path}: a tensor name appears twice")
-    return GGUFFile(path, version, fields, tensors, data_offset)
+    tensors = tensor_views(mapped, path, data_offset, alignment, [TensorInfo(*info) for info in infos])
+    return GGUFFile(path, version, fields, tensors, data_offset, value_types, metadata_end)
 
 
-def _tensor(
-    mapped: np.ndarray, path: str, data_offset: int, name: str, shape: tuple[int, ...], kind: int, offset: int
-) -> GGUFTensor:
+def _read_metadata(
+    cursor: _Cursor,
+    path: str,
+    kv_count: int,
+    fields: dict[str, Any],
+    value_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]],
+) -> None:
+    reader = _MetadataReader(cursor, path)
+    index, key = 0, ""
     try:
-        tensor_type = GGMLQuantizationType(kind)
-    except ValueError:
+        for index in range(kv_count):
+            key = ""
+            length = cursor.unpack("<Q")
+            if length == 0 or length > MAX_KEY_BYTES or length > cursor.left():
+                raise GGUFFormatError(
+                    f"{path}: metadata entry {index} (at byte {cursor.offset - 8}) has a key of {length} bytes; "
+                    f"expected 1 to {MAX_KEY_BYTES} bytes within the file ({cursor.left()} bytes remain)"
+                )
+            raw = cursor.raw(length)
+            if not raw.isascii():
+                raise GGUFFormatError(
+                    f"{path}: metadata entry {index} has the key {raw[:80]!r}, which is not ASCII (GGUF keys are)"
+                )
+            key = raw.decode("ascii")
+            if key in fields:
+                raise GGUFFormatError(f"{path}: metadata key {key!r} appears twice")
+            value_type = reader.value_type(key, cursor.unpack("<I"))
+            fields[key], element = reader.value(key, value_type)
+            value_types[key] = (value_type, element)
+    except _Truncated:
+        inside = f"the value of metadata key {key!r}" if key else f"metadata entry {index}"
         raise GGUFFormatError(
-            f"{path}: tensor {name!r} has type {kind}, which is not a GGML type this gguf package knows"
+            f"{path}: the file ends (at {cursor.size} bytes) inside {inside}; it is truncated or corrupt"
         ) from None
-    block_size, type_size = GGML_QUANT_SIZES[tensor_type]
-    elements = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    if shape and shape[0] % block_size:
+
+
+def _read_tensor_infos(cursor: _Cursor, path: str, tensor_count: int) -> list[tuple[str, tuple[int, ...], int, int]]:
+    """(name, shape, type id, offset) of each tensor, as the table lists them; names and ranks bounded."""
+    infos: list[tuple[str, tuple[int, ...], int, int]] = []
+    seen: set[str] = set()
+    index, name = 0, ""
+    try:
+        for index in range(tensor_count):
+            name = ""
+            length = cursor.unpack("<Q")
+            if length == 0 or length > MAX_NAME_BYTES:
+                raise GGUFFormatError(
+                    f"{path}: tensor {index} (at byte {cursor.offset - 8}) has a name of {length} bytes; expected "
+                    f"1 to {MAX_NAME_BYTES} (llama.cpp's limit)"
+                )
+            raw = cursor.raw(length)
+            try:
+                name = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise GGUFFormatError(f"{path}: tensor {index} has the name {raw!r}, which is not UTF-8") from None
+            if name in seen:
+                raise GGUFFormatError(f"{path}: tensor name {name!r} appears twice")
+            seen.add(name)
+            n_dims = cursor.unpack("<I")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise GGUFFormatError(
+                    f"{path}: tensor {name!r} has {n_dims} dimensions; expected 1 to {MAX_DIMS} (llama.cpp's limit)"
+                )
+            shape = _unpack_many(cursor, n_dims)
+            kind = cursor.unpack("<I")
+            offset = cursor.unpack("<Q")
+            infos.append((name, shape, kind, offset))
+    except _Truncated:
+        inside = f"the entry of tensor {name!r}" if name else f"tensor entry {index}"
         raise GGUFFormatError(
-            f"{path}: tensor {name!r} rows of {shape[0]} values are not whole {tensor_type.name} blocks of {block_size}"
-        )
-    n_bytes = elements // block_size * type_size
-    start = data_offset + offset
-    if start + n_bytes > mapped.shape[0]:
-        raise GGUFFormatError(
-            f"{path}: tensor {name!r} ({n_bytes} bytes at {start}) runs past the end of the file "
-            f"({mapped.shape[0]} bytes); it is truncated"
-        )
-    logical = tuple(reversed(shape))  # [..., rows, cols]
-    element_dtype = _ELEMENT_DTYPES.get(tensor_type)
-    if element_dtype is not None:
-        data = mapped[start : start + n_bytes].view(element_dtype).reshape(logical)
-    else:
-        data = mapped[start : start + n_bytes].reshape(*logical[:-1], logical[-1] // block_size * type_size)
-    return GGUFTensor(name, tensor_type, shape, n_bytes, start, data)
+            f"{path}: the file ends (at {cursor.size} bytes) inside {inside} of the tensor table; it is truncated "
+            f"or corrupt"
+        ) from None
+    return infos
+
+
+def _unpack_many(cursor: _Cursor, count: int) -> tuple[int, ...]:
+    try:
+        values = struct.unpack_from(f"<{count}Q", cursor.buffer, cursor.offset)
+    except struct.error:
+        raise _Truncated from None
+    cursor.offset += 8 * count
+    return tuple(values)

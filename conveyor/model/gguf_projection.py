@@ -1,7 +1,8 @@
 """A projection whose weight stays in GGUF blocks (gguf_quant.QuantizedWeight), or a RowStack of such parts.
 
 Few rows (single-request decoding) go to the kernel that multiplies each weight row by every activation row
-(int8 dot products, or the row dequantized once), all parts of a row stack in one call; more than ROWS_MAX
+(int8 dot products over activations rounded to int8 per 32 or 256 columns, as llama.cpp's Q8 activations; or the
+row dequantized once for types without them), all parts of a row stack in one call; more than ROWS_MAX
 rows (prefill chunks, busy decode steps) of bfloat16 activations to the AMX kernel where the CPU has AMX-BF16
 (each thread dequantizes 32 weight rows to bfloat16, csrc/gguf_amx.cpp, and multiplies them on tiles,
 csrc/amx_product.cpp), again all parts of a row stack (a fused QKV of Q4_K and Q6_K) in one call, else (no
@@ -32,6 +33,12 @@ ROWS_MAX = 4
 """Activation rows up to which the row kernel is used: it streams the quantized weights once per row, which beats
 the tiled product only while rows are few. Tuned with `conveyor bench decode-step --num-seqs N` on a GGUF model."""
 
+ROWS_MAX_FLOAT32 = 32
+"""The same for float32 activations (CPUs without native bfloat16): the tiled product then multiplies float32
+weights dequantized at every call, and the int8 dot products (each group of 4 activation rows sharing one unpacking
+of the weights) beat it up to about this many rows. Tuned as ROWS_MAX is, on a float32 model: `conveyor bench
+decode-step --num-seqs N`."""
+
 
 PACKED_ROWS_MIN = 512
 """Activation rows from which a bfloat16 AMX product of an input up to PANEL_COLUMNS wide first dequantizes the
@@ -46,6 +53,11 @@ would dequantize every block once per chunk, packing already pays (tuned as PACK
 
 PANEL_COLUMNS = 2048
 """Input columns the AMX product takes at a time (amx_product.cpp's kPanelValues)."""
+
+
+def rows_max(x: torch.Tensor) -> int:
+    """Activation rows up to which x's product takes the row kernel (ROWS_MAX, or ROWS_MAX_FLOAT32)."""
+    return ROWS_MAX_FLOAT32 if x.dtype == torch.float32 else ROWS_MAX
 
 
 def packed_rows_min(in_features: int) -> int:
@@ -121,8 +133,8 @@ class GGUFProjection:
     def _part(self, part: QuantizedWeight | Projection, x: torch.Tensor) -> torch.Tensor:
         if isinstance(part, Projection):
             return part(x)
-        if x.shape[0] <= ROWS_MAX:
-            return self.kernels.gguf_linear_rows(x, part.blocks, part.type_id, part.in_features)
+        if x.shape[0] <= rows_max(x):
+            return self.kernels.gguf_linear_rows(x, part.blocks, part.type_id, part.in_features, int8_float32=True)
         if x.dtype == torch.bfloat16 and amx_rows(self.kernels):
             product = self.kernels.gguf_linear_amx
         else:
@@ -132,8 +144,10 @@ class GGUFProjection:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in] -> [tokens, out]."""
         x = x.contiguous()
-        if self.stacked is not None and x.shape[0] <= ROWS_MAX:
-            y = self.kernels.gguf_linear_rows_parts(x, *self.stacked, self.in_features)  # [tokens, out]
+        if self.stacked is not None and x.shape[0] <= rows_max(x):
+            y = self.kernels.gguf_linear_rows_parts(
+                x, *self.stacked, self.in_features, int8_float32=True
+            )  # [tokens, out]
             return y if self.bias is None else y + self.bias
         if self.packs(x):
             y = self.kernels.bf16_linear_amx(x, self.packed(gate_up=False), self.out_features)  # [tokens, out]
@@ -170,7 +184,7 @@ class GGUFProjection:
 
     def unpacked(self) -> torch.Tensor:
         """-> W [out, in] float32, dequantized by the `gguf` package (the values the float paths multiply by;
-        the int8 dot products of bfloat16 activations round the activations, not these)."""
+        the int8 dot products of few-row products round the activations, not these)."""
         return torch.cat(
             [p.dequantize() if isinstance(p, QuantizedWeight) else p.unpacked().float() for p in self.parts]
         )

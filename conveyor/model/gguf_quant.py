@@ -188,11 +188,8 @@ def kernels_keep_compact(kernels: object | None, device: torch.device, dtype: to
 
 
 COMPACT_AUTO_BYTES = 1 << 30
-"""gguf_weights='auto' keeps GGUF blocks of a bfloat16 model compact when the dequantized weights would take more
-than this. A float32 model's are always dequantized under 'auto': the compact products multiply float32 activations
-exactly, slower than dense float32 products. (The kernels can round float32 activations to int8 instead,
-gguf_linear_rows' int8_float32, but with it the default model on AVX2 lost tests/test_cli.py's capital-of-France
-answer, which is not understood yet; nothing in the engine asks for it.)"""
+"""gguf_weights='auto' keeps GGUF blocks compact when the dequantized weights would take more than this (a 1B model's
+do, in bfloat16 or float32); smaller models are dequantized, for their batch throughput and exact products."""
 
 
 def place_weights(
@@ -210,7 +207,7 @@ def place_weights(
         raise ConfigError(
             f"gguf_weights='compact' was requested, but {reason}; use gguf_weights='auto' or 'dequantize'"
         )
-    small = dense_bytes <= COMPACT_AUTO_BYTES or dtype == torch.float32  # COMPACT_AUTO_BYTES says why
+    small = dense_bytes <= COMPACT_AUTO_BYTES
     chosen = mode == "dequantize" or (mode == "auto" and reason is None and small)
     if mode == "auto" and reason is None and small:
         reason = (
@@ -220,7 +217,11 @@ def place_weights(
     if mode == "dequantize":
         reason = "gguf_weights='dequantize'"
     if reason is None:
-        logger.info("GGUF-quantized weights kept compact (%d matrices)", len(quantized))
+        logger.info(
+            "GGUF-quantized weights kept compact (%d matrices); few-row products round the activations to int8 "
+            "per block, as llama.cpp does",
+            len(quantized),
+        )
         return dict(weights)
     log = logger.info if chosen else logger.warning  # a choice is noted; a fallback (no kernels here) warned
     log(

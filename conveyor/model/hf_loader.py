@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import logging
 import math
 import os
@@ -14,8 +13,11 @@ from typing import Any
 import torch
 
 from conveyor.errors import ModelLoadError
+from conveyor.model.hf_config_values import check_config_values, read_json
+from conveyor.model.model_checks import check_spec, check_tokenizer_works
 from conveyor.model.model_spec import SUPPORTED_ARCHITECTURES, ModelSpec, RopeSpec
 from conveyor.model.rope import ROPE_SCALING_TYPES, yarn_attention_factor
+from conveyor.model.safetensors_files import check_entries, read_headers, read_tensors
 from conveyor.model.weights import LoadedModel, fuse_weights
 
 logger = logging.getLogger(__name__)
@@ -226,12 +228,15 @@ def layer_windows(config: dict[str, Any], arch: str, path: str) -> tuple[int | N
 
 
 def checkpoint_dtype(path: str) -> str | None:
-    """The dtype a Hugging Face folder's config.json names (None for GGUF files and when absent)."""
+    """The dtype a Hugging Face folder's config.json names (None for GGUF files, when absent or unreadable: the
+    load then says what is wrong with it)."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         return None
-    with open(config_path) as f:
-        config = json.load(f)
+    try:
+        config = read_json(config_path)
+    except ModelLoadError:
+        return None
     value = config.get("dtype") or config.get("torch_dtype")
     return value if isinstance(value, str) else None
 
@@ -243,22 +248,34 @@ def read_hf_config(path: str) -> ModelSpec:
             f"{path} has no config.json; a Hugging Face checkpoint folder needs config.json and "
             f"*.safetensors files (or pass a .gguf file)"
         )
-    with open(config_path) as f:
-        config = json.load(f)
+    config = read_json(config_path)
     archs = config.get("architectures") or []
-    arch = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    names = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+    arch = next((SUPPORTED_ARCHITECTURES[a] for a in names if a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         raise ModelLoadError(
             f"{config_path}: architectures={archs} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
+    check_config_values(config, config_path)
     check_config_fields(config, arch, config_path)
+    try:
+        spec = _read_spec(config, arch, path, config_path)
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError, OverflowError) as exc:
+        raise ModelLoadError(
+            f"{config_path}: a field has a value of the wrong kind ({type(exc).__name__}: {exc})"
+        ) from None
+    check_spec(spec, config_path)
+    return spec
+
+
+def _read_spec(config: dict[str, Any], arch: str, path: str, config_path: str) -> ModelSpec:
     heads = int(config["num_attention_heads"])
     eos = config.get("eos_token_id")
     gen_path = os.path.join(path, "generation_config.json")
     if os.path.isfile(gen_path):
-        with open(gen_path) as f:
-            eos = json.load(f).get("eos_token_id", eos)
-    eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+        eos = read_json(gen_path).get("eos_token_id", eos)
+    eos_ids = tuple(int(t) for t in eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+    bos = config.get("bos_token_id")
     return ModelSpec(
         architecture=arch,
         vocab_size=int(config["vocab_size"]),
@@ -274,7 +291,7 @@ def read_hf_config(path: str) -> ModelSpec:
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(config.get("attention_bias", False)),
         qk_norm=arch in ("qwen3", "gemma3"),
-        bos_token_id=config.get("bos_token_id"),
+        bos_token_id=int(bos) if bos is not None else None,
         eos_token_ids=eos_ids,
         layer_windows=layer_windows(config, arch, config_path),
         **_gemma_fields(config, arch, config_path),
@@ -299,8 +316,6 @@ def _gemma_fields(config: dict[str, Any], arch: str, path: str) -> dict[str, Any
 
 
 def load_hf_folder(path: str, dtype: torch.dtype) -> LoadedModel:
-    from safetensors import safe_open
-
     spec = read_hf_config(path)
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
@@ -309,16 +324,14 @@ def load_hf_folder(path: str, dtype: torch.dtype) -> LoadedModel:
             f"{path} has no *.safetensors files (found: {found}); only safetensors weights are "
             f"read (convert .bin checkpoints with transformers' save_pretrained)"
         )
+    entries = read_headers(files)
+    spec = spec_for_tensors(spec, entries)
+    check_entries(spec, entries)
     # The tokenizer (seconds: most of it importing transformers, in Python) loads on a thread while the weights
     # are fused (torch's ops, outside the GIL). safetensors maps each file: the tensors are views of the map.
     with ThreadPoolExecutor(1, thread_name_prefix="conveyor-tokenizer") as pool:
         tokenizer = pool.submit(load_hf_tokenizer, path)
-        tensors: dict[str, torch.Tensor] = {}
-        for file in files:
-            with safe_open(file, framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - a safetensors handle has keys() but no __iter__
-                    tensors[name] = f.get_tensor(name)
-        spec = spec_for_tensors(spec, tensors)
+        tensors = read_tensors(entries)
         weights = fuse_weights(spec, tensors, dtype, path, HF_NORM_OFFSETS.get(spec.architecture, 0.0))
         return LoadedModel(
             spec=spec,
@@ -333,11 +346,14 @@ def _sampling_defaults(path: str) -> dict[str, float]:
     gen_path = os.path.join(path, "generation_config.json")
     if not os.path.isfile(gen_path):
         return {}
-    with open(gen_path) as f:
-        gen = json.load(f)
+    gen = read_json(gen_path)
     if gen.get("do_sample") is False:
         return {"temperature": 0.0}
-    return {k: float(gen[k]) for k in ("temperature", "top_p", "top_k") if isinstance(gen.get(k), (int, float))}
+    return {
+        k: float(gen[k])
+        for k in ("temperature", "top_p", "top_k")
+        if isinstance(gen.get(k), (int, float)) and not isinstance(gen.get(k), bool) and math.isfinite(gen[k])
+    }
 
 
 def spec_for_tensors(spec: ModelSpec, names: Any) -> ModelSpec:
@@ -356,6 +372,7 @@ def load_hf_tokenizer(path: str) -> Any | None:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as exc:
         raise ModelLoadError(f"{path}: the tokenizer files could not be read ({type(exc).__name__}: {exc})") from None
+    return check_tokenizer_works(tokenizer, path)

@@ -3,7 +3,6 @@ metadata and tensor headers only (no weights are loaded)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -97,35 +96,40 @@ def _spec_facts(spec: ModelSpec) -> dict[str, str]:
 
 
 def _inspect_gguf(path: str) -> ModelSummary:
-    from conveyor.model.gguf_loader import (
-        GGUF_ARCHITECTURES,
-        ROPE_TENSORS,
-        hf_name,
-        open_gguf,
-        read_spec,
-        supported_weight_types,
-    )
+    """Every check a load makes short of reading the weights' values: the file's layout, metadata, spec, each
+    tensor's name, type and shape, the set of tensors (fused as shape-only tensors) and the tokenizer (built, or
+    found in the cache a load uses)."""
+    import torch
 
-    reader = open_gguf(path)
-    arch = str(reader.field("general.architecture", "?"))
+    from conveyor.model.gguf_loader import GGUF_ARCHITECTURES, ROPE_TENSORS, check_gguf, hf_name, open_gguf
+    from conveyor.model.gguf_tokenizer import load_gguf_tokenizer
+    from conveyor.model.weights import fuse_weights
+
+    try:
+        reader = open_gguf(path)
+    except ModelLoadError as exc:
+        return ModelSummary(path, "gguf", "?", False, str(exc))
+    arch = str(reader.field("general.architecture", "?"))[:80]
     types = Counter(t.tensor_type.name for t in reader.tensors)
     facts = {"tensors": f"{len(reader.tensors)} ({', '.join(f'{n} {k}' for k, n in types.most_common())})"}
     try:
-        spec = read_spec(reader, path)
+        spec = check_gguf(reader, path)
     except ModelLoadError as exc:
         if arch not in GGUF_ARCHITECTURES:
             facts.update(_raw_gguf_facts(reader, arch))
         return ModelSummary(path, "gguf", arch, False, str(exc), facts)
     facts.update(_spec_facts(spec))
-    supported = set(supported_weight_types())
-    unknown = [t.name for t in reader.tensors if t.name not in ROPE_TENSORS and hf_name(t.name, arch) is None]
-    bad_types = sorted(k for k in types if k not in supported)
-    reason = ""
-    if unknown:
-        reason = f"tensors Conveyor does not know for {arch}: {unknown[:5]}"
-    elif bad_types:
-        reason = f"weight types Conveyor cannot read: {bad_types}"
-    return ModelSummary(path, "gguf", arch, not reason, reason, facts)
+    shapes = {
+        name: torch.empty(tuple(reversed(t.shape)), device="meta")
+        for t in reader.tensors
+        if t.name not in ROPE_TENSORS and (name := hf_name(t.name, arch)) is not None
+    }
+    try:
+        fuse_weights(spec, shapes, torch.float32, path)
+        load_gguf_tokenizer(path, reader)
+    except ModelLoadError as exc:
+        return ModelSummary(path, "gguf", arch, False, str(exc), facts)
+    return ModelSummary(path, "gguf", arch, True, "", facts)
 
 
 def _raw_gguf_facts(reader: GGUFFile, arch: str) -> dict[str, str]:
@@ -143,16 +147,20 @@ def _raw_gguf_facts(reader: GGUFFile, arch: str) -> dict[str, str]:
 
 
 def _inspect_folder(path: str) -> ModelSummary:
-    from conveyor.model.hf_loader import read_hf_config
+    from conveyor.model.hf_config_values import read_json
+    from conveyor.model.hf_loader import load_hf_tokenizer, read_hf_config
 
     config_path = os.path.join(path, "config.json")
     config: dict[str, Any] = {}
-    if os.path.isfile(config_path):
-        with open(config_path) as f:
-            config = json.load(f)
-    arch = ", ".join(config.get("architectures") or ["?"])
-    facts = {"weights": _safetensors_types(path)}
     try:
+        config = read_json(config_path) if os.path.isfile(config_path) else {}
+    except ModelLoadError:
+        pass  # read_hf_config says what is wrong with it
+    archs = config.get("architectures")
+    arch = ", ".join(map(str, archs)) if isinstance(archs, list) and archs else "?"
+    facts: dict[str, str] = {}
+    try:
+        facts["weights"] = _safetensors_types(path)
         spec = read_hf_config(path)
     except ModelLoadError as exc:
         for key, name in (
@@ -162,45 +170,40 @@ def _inspect_folder(path: str) -> ModelSummary:
             ("sliding_window", "window"),
         ):
             if config.get(key) is not None:
-                facts[name] = str(config[key])
+                facts[name] = str(config[key])[:80]
         return ModelSummary(path, "hf-folder", arch, False, str(exc), facts)
     facts.update(_spec_facts(spec))
     try:
-        _check_tensor_names(path, spec)
+        _check_tensors(path, spec)
+        load_hf_tokenizer(path)
     except ModelLoadError as exc:
         return ModelSummary(path, "hf-folder", arch, False, str(exc), facts)
     return ModelSummary(path, "hf-folder", arch, True, "", facts)
 
 
-def _check_tensor_names(path: str, spec: ModelSpec) -> None:
-    """Runs the loader's fusing over shape-only (meta) tensors built from the safetensors headers: a missing,
-    unknown or mis-shaped tensor is refused exactly as a load would, without reading any weight."""
+def _check_tensors(path: str, spec: ModelSpec) -> None:
+    """Runs the loader's checks over the safetensors headers and its fusing over shape-only (meta) tensors built
+    from them: a missing, unknown or mis-shaped tensor is refused exactly as a load would, without reading any
+    weight."""
     import torch
-    from safetensors import safe_open
 
     from conveyor.model.hf_loader import HF_NORM_OFFSETS, spec_for_tensors
-    from conveyor.model.loader import fuse_weights
+    from conveyor.model.safetensors_files import check_entries, read_headers
+    from conveyor.model.weights import fuse_weights
 
-    tensors: dict[str, torch.Tensor] = {}
-    for name in sorted(f for f in os.listdir(path) if f.endswith(".safetensors")):
-        with safe_open(os.path.join(path, name), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - a safetensors handle has keys() but no __iter__
-                tensors[key] = torch.empty(f.get_slice(key).get_shape(), device="meta")
-    fuse_weights(
-        spec_for_tensors(spec, tensors), tensors, torch.float32, path, HF_NORM_OFFSETS.get(spec.architecture, 0.0)
-    )
+    entries = read_headers(sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors")))
+    spec = spec_for_tensors(spec, entries)
+    check_entries(spec, entries)
+    tensors = {name: torch.empty(entry.shape, device="meta") for name, entry in entries.items()}
+    fuse_weights(spec, tensors, torch.float32, path, HF_NORM_OFFSETS.get(spec.architecture, 0.0))
 
 
 def _safetensors_types(path: str) -> str:
-    """'N tensors (dtype counts)' from the safetensors headers (no tensor data read)."""
-    from safetensors import safe_open
+    """'N tensors (dtype counts)' from the checked safetensors headers (no tensor data read)."""
+    from conveyor.model.safetensors_files import read_headers
 
-    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
         return "no *.safetensors files"
-    types: Counter[str] = Counter()
-    for name in files:
-        with safe_open(os.path.join(path, name), framework="pt") as f:
-            for key in f.keys():  # noqa: SIM118 - a safetensors handle has keys() but no __iter__
-                types[str(f.get_slice(key).get_dtype())] += 1
+    types = Counter(entry.dtype for entry in read_headers(files).values())
     return f"{sum(types.values())} ({', '.join(f'{n} {k}' for k, n in types.most_common())}) in {len(files)} file(s)"

@@ -11,6 +11,7 @@ import os
 
 import torch
 
+from conveyor.device import DeviceInfo, available_memory
 from conveyor.errors import ModelLoadError
 from conveyor.model.model_spec import ModelSpec
 from conveyor.model.weights import LoadedModel, fuse_weights
@@ -107,12 +108,25 @@ def load_model(model: str | None, dtype: str) -> LoadedModel:
 
 
 def resolve_max_model_len(spec: ModelSpec, requested: int | None) -> int:
-    if requested is None:
-        return spec.max_position_embeddings
-    if requested > spec.max_position_embeddings and spec.rope.scaling_type == "default":
+    """The engine's max_model_len: the requested one, else the model's context length; refused when even the
+    least one request of that length needs (its rotary tables, its KV cache at one byte per value) exceeds the
+    memory available, before anything of that size is allocated."""
+    if requested is not None and requested > spec.max_position_embeddings and spec.rope.scaling_type == "default":
         raise ModelLoadError(
             f"max_model_len={requested} is longer than the model's context of "
             f"{spec.max_position_embeddings} tokens; lower it (or omit it to use "
             f"{spec.max_position_embeddings})"
         )
-    return requested
+    length = spec.max_position_embeddings if requested is None else requested
+    ropes = 1 if spec.local_rope is None else 2
+    per_token = ropes * 2 * spec.head_dim * 4 + spec.kv_bytes_per_token(1)  # cos + sin float32; K + V at 1 byte
+    available = available_memory(DeviceInfo(torch.device("cpu"), False, "cpu"))
+    if length * per_token > available:
+        fits = max(available // per_token // 1024 * 1024, 1)
+        what = "the model's context length" if requested is None else "max_model_len"
+        raise ModelLoadError(
+            f"max_model_len={length} ({what}) would need {length * per_token / 2**30:.1f} GiB for one request's "
+            f"rotary tables and KV cache alone, more than the {available / 2**30:.1f} GiB of memory available; pass "
+            f"a smaller max_model_len (at most about {fits} here)"
+        )
+    return length

@@ -131,13 +131,17 @@ class RotaryEmbedding:
         inv_freq = rope_inv_freq(rope, head_dim, max_positions)  # [head_dim // 2]
         positions = torch.arange(max_positions, dtype=torch.int64).float()  # [max_positions]
         freqs = positions[:, None] * inv_freq[None, :]  # [max_positions, head_dim // 2]
-        angles = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
         rotating = (rope.rotary_dim or head_dim) // 2
         factor = torch.ones(head_dim // 2)  # [head_dim // 2]: the attention factor scales rotating pairs only
         factor[:rotating] = rope.attention_factor
-        factor = torch.cat([factor, factor])  # [head_dim]
-        self.cos = (angles.cos() * factor).to(device)  # [max_positions, head_dim] float32
-        self.sin = (angles.sin() * factor).to(device)  # [max_positions, head_dim] float32
+        half = head_dim // 2
+        tables = []
+        for function in (torch.cos, torch.sin):  # each half of the table is f(freqs) * factor: no [P, head_dim] temps
+            table = torch.empty(max_positions, head_dim)  # [max_positions, head_dim] float32
+            torch.mul(function(freqs), factor, out=table[:, :half])
+            table[:, half:] = table[:, :half]
+            tables.append(table.to(device))
+        self.cos, self.sin = tables  # [max_positions, head_dim] float32 each
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [tokens] -> cos, sin [tokens, 1, head_dim] in dtype (computed once per step)."""

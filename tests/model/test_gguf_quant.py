@@ -15,7 +15,7 @@ from conveyor import LLM, SamplingParams
 from conveyor.config import EngineConfig
 from conveyor.errors import ConfigError
 from conveyor.model import gguf_projection, gguf_quant
-from conveyor.model.gguf_projection import PACKED_ROWS_MIN, ROWS_MAX, GGUFProjection, GGUFSiluGate
+from conveyor.model.gguf_projection import PACKED_ROWS_MIN, ROWS_MAX, GGUFProjection, GGUFSiluGate, rows_max
 from conveyor.model.gguf_quant import (
     FORMATS,
     INT8_DOT_TYPES,
@@ -30,8 +30,7 @@ from helpers.gguf_convert import ConverterUnavailable, convert, rewrite
 from helpers.parity import Reference, compare
 from helpers.tiny_models import build_tiny_model
 
-BF16_TIE_GAP = 0.5  # as in test_parity_bf16: bfloat16 activations against a float32 reference
-F32_TIE_GAP = 1e-3  # float32 both sides, sums in another order
+TIE_GAP = 0.5  # as in test_parity_bf16: activations rounded to bfloat16 or int8 against a float32 reference
 NEW_TOKENS = 24
 
 
@@ -69,7 +68,7 @@ def test_native_dequantization_is_the_reference_one(kind: str, request: pytest.F
 def test_products_match_float64_over_the_dequantized_weights(
     kind: str, rows: int, dtype: torch.dtype, request: pytest.FixtureRequest
 ) -> None:
-    """Both kernels at every row count (the projection picks one by ROWS_MAX), odd output widths, input widths
+    """Both kernels at every row count (the projection picks one by rows_max), odd output widths, input widths
     of an odd number of blocks; bias added."""
     kernels = _kernels(request)
     out_features, in_features = 37, 3 * FORMATS[kind].block
@@ -104,14 +103,27 @@ def test_products_match_float64_over_the_dequantized_weights(
         step = x.double().reshape(rows, -1, group).abs().amax(-1) / 127  # [rows, in / group]
         rounding = (step.repeat_interleave(group, dim=1) / 2) @ w.abs().t()  # [rows, out]: half a step each
         assert ((got.double() - exact).abs() <= rounding * 1.001 + magnitude * 2**-16).all()
+        rounded = _int8_activations(x, group).double()  # [rows, in]: llama.cpp's Q8 activations, as the kernel rounds
+        assert ((got.double() - rounded @ w.t()).abs() <= (rounded.abs() @ w.abs().t()) * 2**-16).all()
         assert not torch.equal(got, kernels.gguf_linear_rows(x, weight.blocks, weight.type_id, in_features))
         blocks, kind_id = weight.blocks, weight.type_id
         alone = [kernels.gguf_linear_rows(x[m : m + 1], blocks, kind_id, in_features, True) for m in range(rows)]
         assert torch.equal(got, torch.cat(alone))  # a row's sums do not depend on the rows beside it
-    direct = (
-        kernels.gguf_linear_rows if rows <= ROWS_MAX else kernels.gguf_linear_amx if amx else kernels.gguf_linear_tiles
-    )
-    assert torch.equal(projection(x), direct(x, weight.blocks, weight.type_id, in_features) + bias)
+    if rows <= rows_max(x):  # the row kernel, float32 activations rounded to int8 as bfloat16 ones are
+        direct = kernels.gguf_linear_rows(x, weight.blocks, weight.type_id, in_features, int8_float32=True)
+    else:
+        product = kernels.gguf_linear_amx if amx else kernels.gguf_linear_tiles
+        direct = product(x, weight.blocks, weight.type_id, in_features)
+    assert torch.equal(projection(x), direct + bias)
+
+
+def _int8_activations(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x [rows, in] float32 rounded as the int8 dot products round it: per `group` columns, scale = max |x| / 127 and
+    q = x * (127 / max |x|) rounded to the nearest integer (ties to even) -> scale * q [rows, in] float32."""
+    blocks = x.reshape(x.shape[0], -1, group)  # [rows, in / group, group]
+    amax = blocks.abs().amax(-1, keepdim=True)  # [rows, in / group, 1]
+    inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inverse) * (amax / 127)).reshape(x.shape)
 
 
 def _within_bf16_weights(got: torch.Tensor, x: torch.Tensor, weight: QuantizedWeight) -> bool:
@@ -352,14 +364,15 @@ def test_stacked_parts_in_one_call_equal_each_part_alone(
     dtype: torch.dtype, rows: int, request: pytest.FixtureRequest
 ) -> None:
     """A fused QKV of mixed types (as in Q4_K_M files) and a type without int8 dot products: one call over the
-    stack (x quantized once) gives exactly the separate products side by side, and within the rounding bound of
-    float64 over the dequantized weights; the projection uses it for few rows."""
+    stack (x quantized to int8 once, float32 or bfloat16) gives exactly the separate products side by side, and
+    within the rounding bound of float64 over the dequantized weights; the projection uses it for few rows."""
     kernels = _kernels(request)
     in_features = 512
     parts = [random_blocks(kind, n, in_features, seed=n) for kind, n in (("Q4_K", 40), ("Q6_K", 9), ("Q5_K", 7))]
     x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)  # [rows, in]
-    got = kernels.gguf_linear_rows_parts(x, [p.blocks for p in parts], [p.type_id for p in parts], in_features)
-    alone = torch.cat([kernels.gguf_linear_rows(x, p.blocks, p.type_id, in_features) for p in parts], dim=1)
+    blocks, kinds = [p.blocks for p in parts], [p.type_id for p in parts]
+    got = kernels.gguf_linear_rows_parts(x, blocks, kinds, in_features, int8_float32=True)
+    alone = torch.cat([kernels.gguf_linear_rows(x, p.blocks, p.type_id, in_features, True) for p in parts], dim=1)
     assert got.dtype == dtype and got.shape == (rows, 56) and torch.equal(got, alone)
     w = torch.cat([p.dequantize() for p in parts]).double()  # [56, in]
     exact = x.double() @ w.t()  # [rows, 56]
@@ -440,12 +453,11 @@ def test_the_small_default_model_is_dequantized_under_auto(default_llm: Any) -> 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_auto_keeps_large_bfloat16_weights_compact_and_dequantizes_float32_ones(
+def test_auto_keeps_large_weights_compact_and_dequantizes_small_ones(
     dtype: torch.dtype, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """place_weights under gguf_weights='auto': weights under COMPACT_AUTO_BYTES dequantized; past it, bfloat16 ones
-    kept compact and float32 ones still dequantized (their compact products are exact, slower than dense ones);
-    gguf_weights='compact' keeps either as they are."""
+    """place_weights under gguf_weights='auto': weights under COMPACT_AUTO_BYTES dequantized, past it kept compact,
+    in either dtype; gguf_weights='compact' keeps them so at any size."""
     kernels = _kernels(request)
     weights = {"w": random_blocks("Q4_K", 64, 256, seed=1).with_dtype(dtype)}
     cpu = torch.device("cpu")
@@ -453,7 +465,7 @@ def test_auto_keeps_large_bfloat16_weights_compact_and_dequantizes_float32_ones(
     assert isinstance(dense, torch.Tensor) and dense.dtype == dtype
     monkeypatch.setattr(gguf_quant, "COMPACT_AUTO_BYTES", 0)
     large = place_weights(weights, cpu, kernels, "auto")["w"]
-    assert isinstance(large, QuantizedWeight if dtype == torch.bfloat16 else torch.Tensor)
+    assert isinstance(large, QuantizedWeight)
     kept = place_weights(weights, cpu, kernels, "compact")["w"]
     assert isinstance(kept, QuantizedWeight)
     assert torch.equal(GGUFProjection(kept, None, kernels).unpacked(), weights["w"].dequantize())
@@ -507,10 +519,11 @@ def _greedy(llm: Any, prompts: list[list[int]], logprobs: int | None = None) -> 
 def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(
     kind: str, tiny_f32_gguf: str, tmp_path: Any, request: pytest.FixtureRequest
 ) -> None:
-    """Ours with the weights kept compact (bfloat16 and float32 activations) against kernels='torch', where
-    the same file is dequantized at load by the `gguf` package and run in float32: token for token, near-ties
-    excepted. One request alone (the row kernel) and all at once with prefill chunks (the tile kernel; with
-    bfloat16 activations the AMX kernel where the CPU has one)."""
+    """Ours with the weights kept compact (bfloat16 and float32 activations, both rounded to int8 in few-row
+    products) against kernels='torch', where the same file is dequantized at load by the `gguf` package and run in
+    float32: token for token, near-ties excepted. One request alone (the row kernel) and all at once with prefill
+    chunks (the tile kernel past the row kernel's rows; with bfloat16 activations the AMX kernel where the CPU has
+    one)."""
     _kernels(request)
     path = _quantized_file(tiny_f32_gguf, kind, str(tmp_path))
     rng = np.random.default_rng(len(kind))
@@ -521,13 +534,13 @@ def test_tiny_model_greedy_matches_float32_over_the_dequantized_weights(
         Reference(o.token_ids, [lp.top[0][1] - lp.top[1][1] for lp in o.logprobs or []])
         for o in _greedy(reference, prompts, logprobs=2)
     ]
-    for dtype, gap in (("float32", F32_TIE_GAP), ("bfloat16", BF16_TIE_GAP)):
+    for dtype in ("float32", "bfloat16"):
         ours = LLM(dtype=dtype, kernels="native", gguf_weights="compact", **common)
         model = ours.engine.runner.model
         assert isinstance(model.embed, QuantizedWeight) and isinstance(model.layers[0].silu_gate, GGUFSiluGate)
         assert all(isinstance(p, QuantizedWeight) for p in model.layers[0].qkv.parts)  # no float copy
         got = [_greedy(ours, [p])[0].token_ids for p in prompts[:2]] + [o.token_ids for o in _greedy(ours, prompts)[2:]]
-        ties = compare(refs, got, allow_ties=True, tie_gap=gap)
+        ties = compare(refs, got, allow_ties=True, tie_gap=TIE_GAP)
         print(f"{kind} {dtype}: {ties} of {len(prompts)} sequences diverged at a reference near-tie")
         ours.engine.check_idle()
 
