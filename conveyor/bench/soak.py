@@ -38,13 +38,14 @@ GREEDY = {
 FINISHED = ("stop", "length", "tool_calls")
 RSS_BOUND_MIB = 64.0
 """Default bound on the server's resident-memory growth over the second half of the load: the RSS at the end
-(every request done) against the highest RSS of the first half. The weights and the KV cache are allocated at start,
-and by half-time the server has run every kind of request at full concurrency, so its working set (the largest
-steps' activations, which glibc keeps for reuse: conveyor/host_memory.py) has been reached; what may still grow is
-allocator fragmentation and the bounded caches filling (the detokenizer's token-text LRU, the step timeline's ring,
-the tokenizers' caches): a few MiB to tens of MiB. Memory that grows with the number of requests or steps (a leak)
-keeps growing in the second half and passes the bound once it leaks more than that over it. The growth from the
-start is reported too, for information: it includes the working set, which is not a leak."""
+(every request done) against the highest RSS of the first half of the load's wall time. The weights and the KV
+cache are allocated at start, and by half-time the server has run every kind of request at full concurrency, so its
+working set (the largest steps' activations, which glibc keeps for reuse: conveyor/host_memory.py) has been
+reached; what may still grow is allocator fragmentation and the bounded caches filling (the detokenizer's token-text
+LRU, the step timeline's ring, the tokenizers' caches): a few MiB to tens of MiB. Memory that grows with the
+number of requests or steps (a leak) keeps growing in the second half and passes the bound once it leaks more than
+that over it. The growth from the start is reported too, for information: it includes the working set, which is not
+a leak."""
 
 
 @dataclass
@@ -258,7 +259,7 @@ def report(
         "non_finite_requests": metrics.get("conveyor_non_finite_requests_total"),
     }
     idle = end["running"] == 0 and end["waiting"] == 0 and end["kv_cache_usage_ratio"] == 0
-    rss = _rss_summary(config, run.rss, rss_start, rss_end)
+    rss = _rss_summary(config, run.rss, load_s, rss_start, rss_end)
     greedy_same = before == after and bool(before[0])
     passed = not failures and idle and greedy_same and rss.get("within_bound", True)
     return {
@@ -280,15 +281,16 @@ def report(
         "greedy_text": before[1],
         "rss": rss,
         "completed_latency_s": _latency(run.outcomes),
+        "slowest": [(o.kind, o.seconds) for o in sorted(run.outcomes, key=lambda o: -o.seconds)[:5]],
     }
 
 
 def _rss_summary(
-    config: SoakConfig, samples: list[tuple[float, int]], start: int | None, end: int | None
+    config: SoakConfig, samples: list[tuple[float, int]], load_s: float, start: int | None, end: int | None
 ) -> dict[str, Any]:
     if start is None or end is None or not samples:
         return {}
-    half = [value for t, value in samples if t <= config.duration_s / 2] or [samples[0][1]]
+    half = [value for t, value in samples if t <= load_s / 2] or [samples[0][1]]
     mib = 2**20
     growth = (end - max(half)) / mib
     return {
