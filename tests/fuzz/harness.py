@@ -14,7 +14,7 @@ Outcome classes (a case passes in the first five):
   traceback          an exception other than ModelLoadError, from inspect or the load
   memory             the address-space limit was hit
   crash              the child died of a signal
-  hang               the child ran past its timeout
+  hang               the child spent more CPU time than its timeout, or was blocked for 4 times it
   unnamed            a refusal whose message does not name the file
   inspect-disagrees  inspect said it runs and the load refused (or the other way round)
 """
@@ -180,12 +180,18 @@ def run_cases(
     extra_memory: Callable[[Case], int] = lambda case: 3 * 2**30,
     on_result: Callable[[Result], None] = lambda result: None,
 ) -> list[Result]:
-    """Runs every case in a forked child, `jobs` at a time; returns the results in completion order."""
+    """Runs every case in a forked child, `jobs` at a time; returns the results in completion order.
+
+    A hang is a child that spent more CPU time than its timeout (it also has that as RLIMIT_CPU), or that made no
+    report for WALL_FACTOR times its timeout of wall time (blocked). Wall time this process spends stopped (a
+    job-control stop of the whole run) does not count: a turn of the loop that takes over STALL_S (it takes half a
+    second, or the time to write a mutant) moves every deadline by its length."""
     results: list[Result] = []
-    running: dict[int, tuple[Case, int, float, bytearray, str, int]] = {}  # fd -> case, pid, start, output, path, slot
+    running: dict[int, list[Any]] = {}  # fd -> [case, pid, start, output, path, slot]
     free = list(range(jobs))
     pending = iter(cases)
     exhausted = False
+    last = time.monotonic()
     while running or not exhausted:
         while free and not exhausted:
             case = next(pending, None)
@@ -196,11 +202,15 @@ def run_cases(
             path = _write_case(case, os.path.join(workdir, f"slot{slot}"))
             case.files = {}  # on disk now: a result keeps what the case was, not its (up to 100 MB of) bytes
             fd, pid = _fork(path, extra_memory(case), timeout(case))
-            running[fd] = (case, pid, time.monotonic(), bytearray(), path, slot)
+            running[fd] = [case, pid, time.monotonic(), bytearray(), path, slot]
         if not running:
             break
         ready, _, _ = select.select(list(running), [], [], 0.5)
         now = time.monotonic()
+        if now - last > STALL_S:  # this process was stopped (or starved) since the last turn, its children with it
+            for entry in running.values():
+                entry[2] += now - last
+        last = now
         for fd in list(running):
             case, pid, start, output, path, slot = running[fd]
             done = False
@@ -208,7 +218,8 @@ def run_cases(
                 chunk = os.read(fd, 1 << 16)
                 output += chunk
                 done = not chunk
-            if not done and now - start <= timeout(case):
+            spinning = _cpu_seconds(pid) > timeout(case)
+            if not done and not spinning and now - start <= WALL_FACTOR * timeout(case):
                 continue
             if not done:
                 os.kill(pid, signal.SIGKILL)
@@ -218,7 +229,11 @@ def run_cases(
             free.append(slot)
             seconds = now - start
             if not done:
-                result = Result(case, "hang", f"still running after {timeout(case):.0f} s", seconds)
+                result = Result(
+                    case, "hang", f"no report after {seconds:.0f} s ({'CPU' if spinning else 'blocked'})", seconds
+                )
+            elif os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXCPU:
+                result = Result(case, "hang", f"over its CPU time limit of {timeout(case):.0f} s", seconds)
             elif os.WIFSIGNALED(status) and not output:
                 result = Result(case, "crash", f"signal {os.WTERMSIG(status)}", seconds)
             elif not output:
@@ -230,6 +245,21 @@ def run_cases(
             results.append(result)
             on_result(result)
     return results
+
+
+WALL_FACTOR = 4
+"""A child blocked (using no CPU) gets this many times its timeout of wall time before it is called hung."""
+STALL_S = 10.0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a running child (0 once it has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _write_case(case: Case, folder: str) -> str:
@@ -253,7 +283,7 @@ def _fork(path: str, extra_memory: int, timeout: float) -> tuple[int, int]:
             os.dup2(devnull, 1)
             os.dup2(devnull, 2)
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-            signal.alarm(int(timeout) + 5)
+            resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 10, int(timeout) + 11))
             report = json.dumps(examine(path)).encode()
             while report:
                 report = report[os.write(write_fd, report) :]
