@@ -107,13 +107,7 @@ def advise_huge_pages(address: int, nbytes: int) -> bool:
     end = (address + nbytes) // _HUGE_PAGE * _HUGE_PAGE
     if end <= first:
         return False
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise.restype = ctypes.c_int
-    if madvise(first, end - first, _MADV_HUGEPAGE) != 0:
-        logger.debug("host memory: madvise(MADV_HUGEPAGE) refused (errno %d)", ctypes.get_errno())
-        return False
-    return True
+    return _madvise(first, end - first, _MADV_HUGEPAGE, "MADV_HUGEPAGE")
 
 
 _MADV_PAGEOUT = 21  # madvise advice (Linux 5.4+), from Linux's mman-common.h
@@ -129,10 +123,15 @@ def page_out(address: int, nbytes: int) -> bool:
         return False
     first = address // _PAGE * _PAGE
     end = -(-(address + nbytes) // _PAGE) * _PAGE
+    return _madvise(first, end - first, _MADV_PAGEOUT, "MADV_PAGEOUT")
+
+
+def _madvise(address: int, nbytes: int, advice: int, name: str) -> bool:
+    """madvise(address, nbytes, advice) through libc (address page-aligned); False, logged, where it is refused."""
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     madvise.restype = ctypes.c_int
-    if madvise(first, end - first, _MADV_PAGEOUT) != 0:
-        logger.debug("host memory: madvise(MADV_PAGEOUT) refused (errno %d)", ctypes.get_errno())
+    if madvise(address, nbytes, advice) != 0:
+        logger.debug("host memory: madvise(%s) refused (errno %d)", name, ctypes.get_errno())
         return False
     return True
