@@ -72,3 +72,37 @@ def compare(refs: list[Reference], got: list[list[int]], allow_ties: bool, tie_g
             f"{ref.top2_gap[mismatch]:.3g})\nours {ours}\nref  {ref.token_ids}"
         )
     return ties
+
+
+def check_teacher_forced(
+    model: Any,
+    prompts: list[list[int]],
+    got: list[list[int]],
+    new_tokens: int,
+    allow_ties: bool,
+    tie_gap: float = TIE_GAP,
+) -> int:
+    """Greedy parity checked with one transformers forward pass per sequence, over the prompt and our continuation:
+    at every generated position our token must be transformers' argmax given the same prefix, the token its greedy
+    generate would choose there, so by induction over the positions the continuation is transformers' greedy one.
+    With allow_ties, a token whose reference logit is within tie_gap of the argmax's is accepted as a near tie (the
+    reference's own greedy generate and its whole-sequence pass differ by float32 rounding there); the check goes on
+    past it, on our prefix. One pass per sequence instead of one generate step per token. Returns the near ties."""
+    ties = 0
+    for i, (ids, ours) in enumerate(zip(prompts, got, strict=True)):
+        assert len(ours) == new_tokens, f"prompt {i}: {len(ours)} tokens, asked for {new_tokens}"
+        with torch.no_grad(), reference_threads():
+            logits = model(torch.tensor([ids + ours])).logits[0, len(ids) - 1 : -1].float()  # [new_tokens, vocab]
+        best = logits.argmax(-1).tolist()  # [new_tokens]
+        for j, token in enumerate(ours):
+            if token == best[j]:
+                continue
+            gap = (logits[j, best[j]] - logits[j, token]).item()
+            if allow_ties and gap < tie_gap:
+                ties += 1
+                continue
+            raise AssertionError(
+                f"prompt {i} diverges at generated token {j}: ours {token}, reference {best[j]} (reference logit "
+                f"gap {gap:.3g})\nours {ours}"
+            )
+    return ties

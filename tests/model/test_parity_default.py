@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from conveyor import LLM, SamplingParams
-from helpers.parity import Reference, compare, hf_greedy
+from helpers.parity import check_teacher_forced
 
 NEW_TOKENS = 64
 QUESTIONS = [
@@ -47,11 +47,6 @@ def prompts(default_llm: Any) -> list[list[int]]:
     return [tok(p).input_ids for p in chat + RAW]
 
 
-@pytest.fixture(scope="module")
-def references(hf_default_model: Any, prompts: list[list[int]]) -> list[Reference]:
-    return hf_greedy(hf_default_model, prompts, NEW_TOKENS)
-
-
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
@@ -61,16 +56,17 @@ def test_prompts_are_varied(prompts: list[list[int]]) -> None:
 
 
 def test_default_model_batch_matches_transformers(
-    default_llm: Any, prompts: list[list[int]], references: list[Reference]
+    default_llm: Any, hf_default_model: Any, prompts: list[list[int]]
 ) -> None:
     outs = default_llm.generate(prompts, GREEDY, use_tqdm=False)
-    compare(references, [o.outputs[0].token_ids for o in outs], allow_ties=False)
+    got = [o.outputs[0].token_ids for o in outs]
+    check_teacher_forced(hf_default_model, prompts, got, NEW_TOKENS, allow_ties=False)
     default_llm.engine.check_idle()
 
 
 @pytest.mark.parametrize("case", ["preemption", "chunked"])
 def test_default_model_under_pressure_matches_transformers(
-    prompts: list[list[int]], references: list[Reference], case: str
+    hf_default_model: Any, prompts: list[list[int]], case: str
 ) -> None:
     n, new = 8, 32
     if case == "preemption":  # 13 blocks of 16 tokens: room for one 200-token request, not for eight
@@ -79,8 +75,7 @@ def test_default_model_under_pressure_matches_transformers(
         llm = LLM(dtype="float32", max_model_len=512, kv_cache_memory="64MiB", max_num_batched_tokens=24)
     chosen = prompts[::2][:n]
     outs = llm.generate(chosen, GREEDY.clone(max_tokens=new), use_tqdm=False)
-    refs = [Reference(r.token_ids[:new], r.top2_gap[:new]) for r in references[::2][:n]]
-    compare(refs, [o.outputs[0].token_ids for o in outs], allow_ties=False)
+    check_teacher_forced(hf_default_model, chosen, [o.outputs[0].token_ids for o in outs], new, allow_ties=False)
     stats = llm.engine.stats()
     if case == "preemption":
         assert stats.num_preemptions > 0
