@@ -74,25 +74,24 @@ def compare(refs: list[Reference], got: list[list[int]], allow_ties: bool, tie_g
     return ties
 
 
-def check_teacher_forced(
-    model: Any,
-    prompts: list[list[int]],
-    got: list[list[int]],
-    new_tokens: int,
-    allow_ties: bool,
-    tie_gap: float = TIE_GAP,
-) -> int:
-    """Greedy parity checked with one transformers forward pass per sequence, over the prompt and our continuation:
-    at every generated position our token must be transformers' argmax given the same prefix, the token its greedy
-    generate would choose there, so by induction over the positions the continuation is transformers' greedy one.
-    With allow_ties, a token whose reference logit is within tie_gap of the argmax's is accepted as a near tie (the
-    reference's own greedy generate and its whole-sequence pass differ by float32 rounding there); the check goes on
-    past it, on our prefix. One pass per sequence instead of one generate step per token. Returns the near ties."""
-    ties = 0
-    for i, (ids, ours) in enumerate(zip(prompts, got, strict=True)):
-        assert len(ours) == new_tokens, f"prompt {i}: {len(ours)} tokens, asked for {new_tokens}"
+def teacher_forced_logits(model: Any, prompts: list[list[int]], got: list[list[int]]) -> list[torch.Tensor]:
+    """transformers' float32 logits at each generated position of prompt + our continuation, one forward pass per
+    sequence: -> per sequence [len(continuation), vocab], row j predicting continuation token j."""
+    out = []
+    for ids, ours in zip(prompts, got, strict=True):
         with torch.no_grad(), reference_threads():
-            logits = model(torch.tensor([ids + ours])).logits[0, len(ids) - 1 : -1].float()  # [new_tokens, vocab]
+            out.append(model(torch.tensor([ids + ours])).logits[0, len(ids) - 1 : -1].float())  # [new, vocab]
+    return out
+
+
+def check_greedy_logits(
+    reference_logits: list[torch.Tensor], got: list[list[int]], allow_ties: bool, tie_gap: float = TIE_GAP
+) -> int:
+    """Every token of our continuations is the reference's argmax at its position (teacher_forced_logits), or, with
+    allow_ties, one whose reference logit is within tie_gap of the argmax's (a near tie, counted; the check goes on
+    past it, on our prefix). Returns the near ties."""
+    ties = 0
+    for i, (logits, ours) in enumerate(zip(reference_logits, got, strict=True)):
         best = logits.argmax(-1).tolist()  # [new_tokens]
         for j, token in enumerate(ours):
             if token == best[j]:
@@ -106,3 +105,22 @@ def check_teacher_forced(
                 f"gap {gap:.3g})\nours {ours}"
             )
     return ties
+
+
+def check_teacher_forced(
+    model: Any,
+    prompts: list[list[int]],
+    got: list[list[int]],
+    new_tokens: int,
+    allow_ties: bool,
+    tie_gap: float = TIE_GAP,
+) -> int:
+    """Greedy parity checked with one transformers forward pass per sequence, over the prompt and our continuation:
+    at every generated position our token must be transformers' argmax given the same prefix, the token its greedy
+    generate would choose there, so by induction over the positions the continuation is transformers' greedy one.
+    With allow_ties, a token whose reference logit is within tie_gap of the argmax's is accepted as a near tie (the
+    reference's own greedy generate and its whole-sequence pass differ by rounding there); the check goes on past
+    it, on our prefix. One pass per sequence instead of one generate step per token. Returns the near ties."""
+    for i, ours in enumerate(got):
+        assert len(ours) == new_tokens, f"prompt {i}: {len(ours)} tokens, asked for {new_tokens}"
+    return check_greedy_logits(teacher_forced_logits(model, prompts, got), got, allow_ties, tie_gap)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import pathlib
 from typing import Any
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 
 from conveyor import LLM, SamplingParams
 from conveyor.model.layers import Projection, native_bf16_cpu
-from helpers.parity import Reference, compare, hf_greedy, reference_threads
+from helpers.parity import check_greedy_logits, teacher_forced_logits
 
 BF16_TIE_GAP = 0.5
 """bfloat16 logits of magnitude 32-64 (this model's top logits) are spaced 0.25 apart, and
@@ -47,8 +48,23 @@ def hf_bf16(hf_default_model: Any) -> Any:
     return copy.deepcopy(hf_default_model).to(torch.bfloat16).eval()
 
 
+@dataclasses.dataclass
+class Bf16Case:
+    prompts: list[list[int]]
+    ours: list[list[int]]
+    """Our bfloat16 greedy continuations."""
+    ours_logprobs: list[list[float]]
+    """Our bfloat16 logprob of each continuation token, teacher-forced (prompt_logprobs over prompt + continuation)."""
+    exact: list[torch.Tensor]
+    """transformers float32 logits at each continuation position [new, vocab], teacher-forced."""
+    theirs: list[torch.Tensor]
+    """The same from transformers in bfloat16."""
+
+
 @pytest.fixture(scope="module")
-def bf16_case(hf_bf16: Any, default_llm: Any) -> tuple[list[list[int]], list[Reference], Any]:
+def bf16_case(hf_default_model: Any, hf_bf16: Any, default_llm: Any) -> Bf16Case:
+    """Our bfloat16 greedy run of 8 prompts and, over prompt + our continuation, the logits of transformers in
+    float32 and bfloat16 (one forward pass each per sequence), shared by the tests below."""
     tok = default_llm.get_tokenizer()
     questions = [
         "What is the capital of France?",
@@ -68,43 +84,47 @@ def bf16_case(hf_bf16: Any, default_llm: Any) -> tuple[list[list[int]], list[Ref
     ]
     prompts = [tok(p).input_ids for p in chat + raw]
     llm = LLM(dtype="bfloat16", kv_cache_memory="64MiB", max_model_len=512)
-    return prompts, hf_greedy(hf_bf16, prompts, NEW_TOKENS), llm
-
-
-def test_default_model_bf16_greedy_matches_transformers_bf16(
-    bf16_case: tuple[list[list[int]], list[Reference], Any],
-) -> None:
-    """Identical until a bfloat16 near-tie (greedy bf16 decoding of a 135M model meets one often)."""
-    prompts, refs, llm = bf16_case
     outs = llm.generate(
         prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True), use_tqdm=False
     )
-    ties = compare(refs, [o.outputs[0].token_ids for o in outs], allow_ties=True, tie_gap=BF16_TIE_GAP)
-    print(f"bfloat16: {ties} of {len(prompts)} sequences diverged at a reference near-tie")
-    llm.engine.check_idle()
-
-
-def test_default_model_bf16_is_as_accurate_as_transformers_bf16(
-    bf16_case: tuple[list[list[int]], list[Reference], Any], hf_default_model: Any, hf_bf16: Any
-) -> None:
-    """Teacher-forced over prompt + reference continuation: our bfloat16 logprobs of the actual next
-    tokens are as close to transformers' float32 ones as transformers' own bfloat16 are."""
-    prompts, refs, llm = bf16_case
-    sequences = [p + r.token_ids for p, r in zip(prompts, refs)]
-    outs = llm.generate(sequences, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0), use_tqdm=False)
-    ours_err, hf_err = [], []
-    for seq, prompt, out in zip(sequences, prompts, outs):
+    ours = [o.outputs[0].token_ids for o in outs]
+    assert all(len(o) == NEW_TOKENS for o in ours)
+    sequences = [p + o for p, o in zip(prompts, ours)]
+    forced = llm.generate(sequences, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0), use_tqdm=False)
+    ours_logprobs = []
+    for seq, prompt, out in zip(sequences, prompts, forced):
         assert out.prompt_logprobs is not None
-        ids = torch.tensor([seq])
-        with torch.no_grad(), reference_threads():
-            exact = torch.log_softmax(hf_default_model(ids).logits[0].float(), -1)  # [len, vocab]
-            theirs = torch.log_softmax(hf_bf16(ids).logits[0].float(), -1)  # [len, vocab]
+        row = []
         for pos in range(len(prompt), len(seq)):  # logprob of token `pos` given the ones before it
-            token = seq[pos]
-            ours = out.prompt_logprobs[pos]
-            assert ours is not None and ours.token_id == token
-            ours_err.append(abs(ours.logprob - exact[pos - 1, token].item()))
-            hf_err.append(abs(theirs[pos - 1, token].item() - exact[pos - 1, token].item()))
+            entry = out.prompt_logprobs[pos]
+            assert entry is not None and entry.token_id == seq[pos]
+            row.append(entry.logprob)
+        ours_logprobs.append(row)
+    llm.engine.check_idle()
+    exact = teacher_forced_logits(hf_default_model, prompts, ours)
+    theirs = teacher_forced_logits(hf_bf16, prompts, ours)
+    return Bf16Case(prompts, ours, ours_logprobs, exact, theirs)
+
+
+def test_default_model_bf16_greedy_matches_transformers_bf16(bf16_case: Bf16Case) -> None:
+    """Identical until a bfloat16 near-tie (greedy bf16 decoding of a 135M model meets one often): every token is
+    transformers bfloat16's argmax after the same prefix, or within BF16_TIE_GAP of it."""
+    ties = check_greedy_logits(bf16_case.theirs, bf16_case.ours, allow_ties=True, tie_gap=BF16_TIE_GAP)
+    print(f"bfloat16: {ties} of {len(bf16_case.prompts) * NEW_TOKENS} tokens were reference near-ties")
+
+
+def test_default_model_bf16_is_as_accurate_as_transformers_bf16(bf16_case: Bf16Case) -> None:
+    """Teacher-forced over prompt + our continuation: our bfloat16 logprobs of the actual next tokens are as close
+    to transformers' float32 ones as transformers' own bfloat16 are."""
+    ours_err, hf_err = [], []
+    for tokens, ours, exact_logits, their_logits in zip(
+        bf16_case.ours, bf16_case.ours_logprobs, bf16_case.exact, bf16_case.theirs
+    ):
+        exact = torch.log_softmax(exact_logits, -1)  # [new, vocab]
+        theirs = torch.log_softmax(their_logits, -1)  # [new, vocab]
+        for j, token in enumerate(tokens):
+            ours_err.append(abs(ours[j] - exact[j, token].item()))
+            hf_err.append(abs(theirs[j, token].item() - exact[j, token].item()))
     ours_mean, hf_mean = sum(ours_err) / len(ours_err), sum(hf_err) / len(hf_err)
     print(
         f"mean |logprob - float32 logprob| over {len(ours_err)} tokens: ours bf16 {ours_mean:.4f}, "
