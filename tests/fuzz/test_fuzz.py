@@ -1,4 +1,4 @@
-"""The fuzzer in the fast suite: two hundred seeded mutants of tiny GGUF files and Hugging Face folders, each
+"""The fuzzer in the fast suite: a hundred seeded mutants of tiny GGUF files and Hugging Face folders, each
 inspected and loaded in a forked child under a memory limit and a timeout. None may crash, hang, raise anything but
 ModelLoadError, or load computing something its tag does not allow (tests/fuzz/harness.py); the thousands of the
 acceptance run (docs/models.md) take `python -m tests.fuzz.run`."""
@@ -15,8 +15,8 @@ FAST_SEEDS = (("llama", "F32"), ("llama", "Q4_1"), ("phi3", "Q5_0"), ("gemma2", 
 
 
 def test_mutants_are_refused_by_name_or_load_unchanged(tmp_path: Any) -> None:
-    results = fuzz(150, 50, seed=0, which={"tiny"}, workdir=str(tmp_path), tiny_gguf=FAST_SEEDS, tiny_timeout=45.0)
+    results = fuzz(75, 25, seed=0, which={"tiny"}, workdir=str(tmp_path), tiny_gguf=FAST_SEEDS, tiny_timeout=45.0)
     assert all(r.passed for r in results), summarize(results)
     outcomes = Counter(r.outcome for r in results)
-    assert len(results) == 200 and outcomes["refused"] > 120, outcomes  # the mutants do reach the checks
-    assert outcomes["loaded-data"] + outcomes["loaded-value"] + outcomes["loaded-same"] > 10, outcomes
+    assert len(results) == 100 and outcomes["refused"] > 60, outcomes  # the mutants do reach the checks
+    assert outcomes["loaded-data"] + outcomes["loaded-value"] + outcomes["loaded-same"] > 5, outcomes
