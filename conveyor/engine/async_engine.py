@@ -25,7 +25,7 @@ from conveyor.engine.engine import Engine
 from conveyor.engine.info import EngineInfo
 from conveyor.engine.stats import EngineStats
 from conveyor.errors import ConveyorError
-from conveyor.outputs import RequestOutput
+from conveyor.outputs import SHUTDOWN, RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.runtime.timeline import Span
 
@@ -45,9 +45,31 @@ class _Stream:
     queue: asyncio.Queue[RequestOutput | BaseException]
     loop: asyncio.AbstractEventLoop
     deadline: float | None
+    params: SamplingParams
     arrival: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
     last_token_time: float | None = None
     num_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class FinishedRequest:
+    """One request that ended (stop, length, abort or error), for the server's per-request metrics."""
+
+    prompt_tokens: int
+    generation_tokens: int
+    """Over all its samples."""
+    n: int
+    max_tokens: int
+    """What it asked for, or what the context left it when it asked for no limit."""
+    finish_reasons: tuple[str, ...]
+    """One per sample."""
+    queue_s: float | None = None
+    """From arrival until first scheduled; None when it never was."""
+    prefill_s: float | None = None
+    """From first scheduled to its first token; None when it had none."""
+    decode_s: float | None = None
+    """From its first token to its last."""
 
 
 @dataclass
@@ -57,6 +79,7 @@ class StreamTimings:
     ttft: list[float] = field(default_factory=list)
     inter_token: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
+    finished: list[FinishedRequest] = field(default_factory=list)
 
 
 class AsyncEngine:
@@ -140,7 +163,7 @@ class AsyncEngine:
         if self.error is not None:
             raise EngineDeadError(self.error)
         loop = asyncio.get_running_loop()
-        stream = _Stream(asyncio.Queue(), loop, None if timeout_s is None else time.perf_counter() + timeout_s)
+        stream = _Stream(asyncio.Queue(), loop, None if timeout_s is None else time.perf_counter() + timeout_s, params)
         admitted: Future[str] = Future()
         with self._streams_lock:
             if request_id in self._streams:
@@ -185,6 +208,8 @@ class AsyncEngine:
         self._commands.put(("abort", request_id, None))
 
     def abort_all(self, reason: str) -> None:
+        """End every request now, as the server does when it shuts down: each fails with `reason` and error_code
+        SHUTDOWN."""
         self._commands.put(("abort_all", reason, None))
 
     # ---- the engine thread ------------------------------------------------------------
@@ -257,7 +282,7 @@ class AsyncEngine:
         elif kind == "abort_all":
             with self._streams_lock:
                 ids = list(self._streams)
-            self._dispatch(engine.abort(ids, error=payload))
+            self._dispatch(engine.abort(ids, error=payload, error_code=SHUTDOWN))
 
     def _fail_admission(self, request_id: str, reply: Future[Any] | None, exc: BaseException) -> None:
         with self._streams_lock:
@@ -289,14 +314,36 @@ class AsyncEngine:
             if tokens > stream.num_tokens:
                 if stream.last_token_time is None:
                     timings.ttft.append(now - stream.arrival)
+                    stream.first_token_time = now
                 else:
                     timings.inter_token.append(now - stream.last_token_time)
                 stream.last_token_time, stream.num_tokens = now, tokens
             if out.finished:
                 timings.e2e.append(now - stream.arrival)
+                timings.finished.append(self._finished(out, stream))
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
         if self._on_timings is not None and (timings.ttft or timings.inter_token or timings.e2e):
             self._on_timings(timings)
+
+    def _finished(self, out: RequestOutput, stream: _Stream) -> FinishedRequest:
+        prompt = len(out.prompt_token_ids)
+        queued = out.metrics.get("queued_s")
+        ttft = out.metrics.get("ttft_s")
+        limit = stream.params.max_tokens
+        context = self.info.max_model_len if self.info is not None else prompt
+        decode = None
+        if stream.first_token_time is not None and stream.last_token_time is not None:
+            decode = stream.last_token_time - stream.first_token_time
+        return FinishedRequest(
+            prompt_tokens=prompt,
+            generation_tokens=sum(len(c.token_ids) for c in out.outputs),
+            n=stream.params.n,
+            max_tokens=limit if limit is not None else max(0, context - prompt),
+            finish_reasons=tuple(c.finish_reason or "abort" for c in out.outputs),
+            queue_s=queued,
+            prefill_s=None if queued is None or ttft is None else max(0.0, ttft - queued),
+            decode_s=decode,
+        )
 
     def _die(self, exc: BaseException) -> None:
         self.error = f"the engine loop failed: {type(exc).__name__}: {exc}"
