@@ -285,6 +285,9 @@ def test_root_path_serves_under_the_prefix_and_without_it(flagged: TinyServer) -
         assert reply.status_code == 200, reply.text
     schema = httpx.get(flagged.url + "/llm/openapi.json", headers=auth, timeout=30).json()
     assert schema["servers"] == [{"url": "/llm"}]
+    page = httpx.get(flagged.url + "/llm/", timeout=30).text  # the web page: its URLs relative to the prefix
+    assert '<base href="/llm/">' in page and 'src="ui/main.js"' in page
+    assert httpx.get(flagged.url + "/llm/ui/main.js", timeout=30).status_code == 200
 
 
 def test_force_include_usage_and_prompt_tokens_details(flagged: TinyServer) -> None:
@@ -422,3 +425,11 @@ def test_requests_the_shutdown_ends_get_a_503(server: TinyServer) -> None:
     assert lines[-1] == "data: [DONE]"
     event = json.loads(lines[-2][len("data: ") :])["error"]
     assert event["code"] == "shutdown" and event["type"] == "service_unavailable_error"
+
+
+def test_dtype_half_and_float_are_vllms_names() -> None:
+    from conveyor.cli import build_parser, engine_config_from
+
+    for name, meant in (("half", "float16"), ("float", "float32"), ("bfloat16", "bfloat16")):
+        assert EngineConfig(dtype=name).dtype == meant
+        assert engine_config_from(build_parser().parse_args(["serve", "--dtype", name])).dtype == meant
