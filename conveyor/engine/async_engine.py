@@ -24,6 +24,7 @@ from conveyor.config import EngineConfig
 from conveyor.engine.engine import Engine
 from conveyor.engine.info import EngineInfo
 from conveyor.engine.stats import EngineStats
+from conveyor.engine.timings import StreamTimings, finished_request
 from conveyor.errors import ConveyorError
 from conveyor.outputs import SHUTDOWN, RequestOutput
 from conveyor.params import SamplingParams
@@ -50,36 +51,6 @@ class _Stream:
     first_token_time: float | None = None
     last_token_time: float | None = None
     num_tokens: int = 0
-
-
-@dataclass(frozen=True)
-class FinishedRequest:
-    """One request that ended (stop, length, abort or error), for the server's per-request metrics."""
-
-    prompt_tokens: int
-    generation_tokens: int
-    """Over all its samples."""
-    n: int
-    max_tokens: int
-    """What it asked for, or what the context left it when it asked for no limit."""
-    finish_reasons: tuple[str, ...]
-    """One per sample."""
-    queue_s: float | None = None
-    """From arrival until first scheduled; None when it never was."""
-    prefill_s: float | None = None
-    """From first scheduled to its first token; None when it had none."""
-    decode_s: float | None = None
-    """From its first token to its last."""
-
-
-@dataclass
-class StreamTimings:
-    """Latency observations the server turns into metrics."""
-
-    ttft: list[float] = field(default_factory=list)
-    inter_token: list[float] = field(default_factory=list)
-    e2e: list[float] = field(default_factory=list)
-    finished: list[FinishedRequest] = field(default_factory=list)
 
 
 class AsyncEngine:
@@ -320,30 +291,13 @@ class AsyncEngine:
                 stream.last_token_time, stream.num_tokens = now, tokens
             if out.finished:
                 timings.e2e.append(now - stream.arrival)
-                timings.finished.append(self._finished(out, stream))
+                context = self.info.max_model_len if self.info is not None else len(out.prompt_token_ids)
+                timings.finished.append(
+                    finished_request(out, stream.params, stream.first_token_time, stream.last_token_time, context)
+                )
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
         if self._on_timings is not None and (timings.ttft or timings.inter_token or timings.e2e):
             self._on_timings(timings)
-
-    def _finished(self, out: RequestOutput, stream: _Stream) -> FinishedRequest:
-        prompt = len(out.prompt_token_ids)
-        queued = out.metrics.get("queued_s")
-        ttft = out.metrics.get("ttft_s")
-        limit = stream.params.max_tokens
-        context = self.info.max_model_len if self.info is not None else prompt
-        decode = None
-        if stream.first_token_time is not None and stream.last_token_time is not None:
-            decode = stream.last_token_time - stream.first_token_time
-        return FinishedRequest(
-            prompt_tokens=prompt,
-            generation_tokens=sum(len(c.token_ids) for c in out.outputs),
-            n=stream.params.n,
-            max_tokens=limit if limit is not None else max(0, context - prompt),
-            finish_reasons=tuple(c.finish_reason or "abort" for c in out.outputs),
-            queue_s=queued,
-            prefill_s=None if queued is None or ttft is None else max(0.0, ttft - queued),
-            decode_s=decode,
-        )
 
     def _die(self, exc: BaseException) -> None:
         self.error = f"the engine loop failed: {type(exc).__name__}: {exc}"

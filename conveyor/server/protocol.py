@@ -36,7 +36,7 @@ class StreamOptions(StrictBody):
     include_obfuscation: bool = False
     """OpenAI pads chunks against side channels when true; accepted and ignored (no padding here)."""
     continuous_usage_stats: bool = False
-    """vLLM's: usage (this choice's tokens so far) in every chunk, not only in the last one."""
+    """vLLM's: with include_usage, usage (this choice's tokens so far) in every chunk too (server/usage.py)."""
 
 
 class _SamplingFields(VllmFields):

@@ -26,8 +26,8 @@ from prometheus_client.registry import Collector
 
 from conveyor.config import EngineConfig
 from conveyor.core.step_tokens import STEP_TOKEN_BUCKETS
-from conveyor.engine.async_engine import FinishedRequest, StreamTimings
 from conveyor.engine.stats import EngineStats
+from conveyor.engine.timings import FinishedRequest, StreamTimings
 from conveyor.server.metrics import Metrics
 
 _TIME_BUCKETS = (

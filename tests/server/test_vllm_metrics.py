@@ -9,8 +9,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.config import EngineConfig
-from conveyor.engine.async_engine import FinishedRequest, StreamTimings
 from conveyor.engine.stats import EngineStats
+from conveyor.engine.timings import FinishedRequest, StreamTimings
 from conveyor.server.metrics import Metrics
 from conveyor.server.vllm_metrics import VLLM_NAMES, export_vllm_names
 
