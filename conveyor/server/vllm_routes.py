@@ -51,11 +51,12 @@ def vllm_routes(
             "as /v1/completions)",
         )
 
-    @router.post("/v1/load_lora_adapter")
+    # not in the OpenAPI schema: they serve nothing yet
+    @router.post("/v1/load_lora_adapter", include_in_schema=False)
     async def load_lora_adapter() -> Response:
         raise APIError(400, LORA_MESSAGE.format(verb="load"), "lora_name", "lora_not_supported")
 
-    @router.post("/v1/unload_lora_adapter")
+    @router.post("/v1/unload_lora_adapter", include_in_schema=False)
     async def unload_lora_adapter() -> Response:
         raise APIError(400, LORA_MESSAGE.format(verb="unload"), "lora_name", "lora_not_supported")
 
