@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from conveyor.config import (
+    DTYPE_ALIASES,
     RENAMED_QUANTIZATIONS,
     SUPPORTED_DEVICES,
     SUPPORTED_DTYPES,
@@ -75,7 +76,7 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
             )
         elif f.name in ("dtype", "device", "quantization", "kernels", "tool_call_parser", "gguf_weights"):
             choices = {
-                "dtype": list(SUPPORTED_DTYPES),
+                "dtype": [*SUPPORTED_DTYPES, *DTYPE_ALIASES],
                 "device": list(SUPPORTED_DEVICES),
                 "quantization": [*(q for q in SUPPORTED_QUANTIZATIONS if q), *RENAMED_QUANTIZATIONS],
                 "kernels": list(SUPPORTED_KERNELS),

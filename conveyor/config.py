@@ -18,6 +18,8 @@ from typing import Any, Literal
 from conveyor.errors import ConfigError
 
 SUPPORTED_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
+"""vLLM's (and PyTorch's) other names for dtypes: accepted everywhere and stored as the name they stand for."""
 SUPPORTED_QUANTIZATIONS = (None, "int4_latency", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 """int4_latency: 4-bit weights for small batches plus a bfloat16 copy for large ones; q*: GGUF formats kept
 compact (conveyor/model/gguf_quant.py)."""
@@ -74,7 +76,8 @@ class EngineConfig:
     """Path to a .gguf file or a Hugging Face checkpoint folder; None = the embedded SmolLM2-135M-Instruct."""
     dtype: str = "auto"
     """Compute and KV-cache dtype: 'auto' (float32 for float32 checkpoints; otherwise bfloat16 where
-    the CPU/GPU computes it natively, else float32), float32, bfloat16 or float16."""
+    the CPU/GPU computes it natively, else float32), float32, bfloat16 or float16 ('half' and 'float', vLLM's
+    names, mean float16 and float32; float16 computes in float16 on a CPU too)."""
     quantization: str | None = None
     """Weight-only quantization of a checkpoint at load: None; 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1',
     'q4_k', 'q5_k' or 'q6_k' (CPU with the native kernels: decoder weights and the LM head quantized into
@@ -160,10 +163,12 @@ class EngineConfig:
                 new_name,
             )
             object.__setattr__(self, "quantization", new_name)
+        if self.dtype in DTYPE_ALIASES:
+            object.__setattr__(self, "dtype", DTYPE_ALIASES[self.dtype])
         if self.dtype not in SUPPORTED_DTYPES:
             raise ConfigError(
                 f"dtype={self.dtype!r} is not supported; choose one of "
-                f"{', '.join(SUPPORTED_DTYPES)} ('auto' is the default)"
+                f"{', '.join(SUPPORTED_DTYPES)} ('auto' is the default; 'half' and 'float' are float16 and float32)"
             )
         if self.quantization not in SUPPORTED_QUANTIZATIONS:
             raise ConfigError(

@@ -10,6 +10,8 @@ from conveyor.core.plan import TokenLogprobs
 
 NON_FINITE_LOGITS = "non_finite_logits"
 """RequestOutput.error_code of a request ended because the model's logits for it held NaN or infinity."""
+SHUTDOWN = "shutdown"
+"""RequestOutput.error_code of a request the server ended because it shut down before the request finished."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +88,11 @@ class RequestOutput:
     error_code: str | None = None
     """Why the request failed, for programs (never parse `error`, which is for people): "timeout" (its
     deadline passed), "grammar" (structured output could not continue), "non_finite_logits" (the model's logits
-    held NaN or infinity: NON_FINITE_LOGITS), "engine_error" (anything else); None when it did not fail."""
+    held NaN or infinity: NON_FINITE_LOGITS), "shutdown" (the server stopped before it finished: SHUTDOWN),
+    "engine_error" (anything else); None when it did not fail."""
     metrics: dict[str, float] = field(default_factory=dict)
+    """Timings in seconds from the engine's arrival of the request: "ttft_s" (to its first token) and "queued_s"
+    (waiting in the queue, until first scheduled), once they happened."""
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     """When SamplingParams.prompt_logprobs was set: None for the first prompt token, then the
     logprob of each prompt token given the ones before it (vLLM's PromptLogprobs shape too)."""

@@ -43,6 +43,8 @@ class Request:
     num_inflight_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    first_scheduled_time: float | None = None
+    """time.perf_counter() when it was first scheduled (it stopped waiting in the queue); None before."""
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     eos_token_ids: tuple[int, ...] = ()

@@ -8,14 +8,16 @@ tokens recomputed later). Knows nothing of tensors.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from conveyor.core.kv_cache import EMPTY_MATCH, BlockManager
 from conveyor.core.plan import PLACEHOLDER_TOKEN, SamplingSpec, ScheduledSeq, StepPlan
 from conveyor.core.request import Request, RequestStatus
+from conveyor.core.step_tokens import StepTokens
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_partial_prefills: int = 0
     """Prefill chunks planned that did not reach the end of the known tokens."""
+    step_tokens: StepTokens = field(default_factory=StepTokens)
+    """Tokens per step planned, as vLLM counts an iteration's (core/step_tokens.py)."""
 
 
 class Scheduler:
@@ -163,6 +167,8 @@ class Scheduler:
             self.blocks.allocate(request.request_id, start + count, prefix)
             self.blocks.count_prefix_query(request.num_tokens)
             self.waiting.popleft()
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = time.perf_counter()
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = start
             request.num_cached_tokens = start
@@ -172,10 +178,20 @@ class Scheduler:
 
         steps = self._decode_steps(planned, num_preempted) if self.limits.max_decode_steps > 1 else 1
         seqs: list[ScheduledSeq] = []
+        prompt_tokens = 0  # the whole prompt of each sequence sampling its first token (see core/step_tokens.py)
         for request, count in planned:
             seqs.append(self._plan_seq(request, count, steps))
+            if seqs[-1].sampling is not None and seqs[-1].start_position < request.num_prompt_tokens:
+                prompt_tokens += request.num_prompt_tokens
             if seqs[-1].sampling is not None and request.request_id in self._awaiting_fork:
-                seqs.extend(self._fork(request, seqs[-1]))
+                forks = self._fork(request, seqs[-1])
+                prompt_tokens += len(forks) * request.num_prompt_tokens
+                seqs.extend(forks)
+        if seqs:
+            sampled = sum(1 for seq in seqs if seq.sampling is not None)
+            self.stats.step_tokens.observe(prompt_tokens + sampled)
+            if steps > 1:  # the plan's later steps (decodes only)
+                self.stats.step_tokens.observe(sampled, steps - 1)
         dropped: list[str] = []
         if seqs:  # an empty plan is never run: the drops wait for one that is
             dropped, self._dropped = self._dropped, []

@@ -24,8 +24,9 @@ from conveyor.config import EngineConfig
 from conveyor.engine.engine import Engine
 from conveyor.engine.info import EngineInfo
 from conveyor.engine.stats import EngineStats
+from conveyor.engine.timings import StreamTimings, finished_request
 from conveyor.errors import ConveyorError
-from conveyor.outputs import RequestOutput
+from conveyor.outputs import SHUTDOWN, RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.runtime.timeline import Span
 
@@ -45,18 +46,11 @@ class _Stream:
     queue: asyncio.Queue[RequestOutput | BaseException]
     loop: asyncio.AbstractEventLoop
     deadline: float | None
+    params: SamplingParams
     arrival: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
     last_token_time: float | None = None
     num_tokens: int = 0
-
-
-@dataclass
-class StreamTimings:
-    """Latency observations the server turns into metrics."""
-
-    ttft: list[float] = field(default_factory=list)
-    inter_token: list[float] = field(default_factory=list)
-    e2e: list[float] = field(default_factory=list)
 
 
 class AsyncEngine:
@@ -140,7 +134,7 @@ class AsyncEngine:
         if self.error is not None:
             raise EngineDeadError(self.error)
         loop = asyncio.get_running_loop()
-        stream = _Stream(asyncio.Queue(), loop, None if timeout_s is None else time.perf_counter() + timeout_s)
+        stream = _Stream(asyncio.Queue(), loop, None if timeout_s is None else time.perf_counter() + timeout_s, params)
         admitted: Future[str] = Future()
         with self._streams_lock:
             if request_id in self._streams:
@@ -185,6 +179,8 @@ class AsyncEngine:
         self._commands.put(("abort", request_id, None))
 
     def abort_all(self, reason: str) -> None:
+        """End every request now, as the server does when it shuts down: each fails with `reason` and error_code
+        SHUTDOWN."""
         self._commands.put(("abort_all", reason, None))
 
     # ---- the engine thread ------------------------------------------------------------
@@ -257,7 +253,7 @@ class AsyncEngine:
         elif kind == "abort_all":
             with self._streams_lock:
                 ids = list(self._streams)
-            self._dispatch(engine.abort(ids, error=payload))
+            self._dispatch(engine.abort(ids, error=payload, error_code=SHUTDOWN))
 
     def _fail_admission(self, request_id: str, reply: Future[Any] | None, exc: BaseException) -> None:
         with self._streams_lock:
@@ -289,11 +285,16 @@ class AsyncEngine:
             if tokens > stream.num_tokens:
                 if stream.last_token_time is None:
                     timings.ttft.append(now - stream.arrival)
+                    stream.first_token_time = now
                 else:
                     timings.inter_token.append(now - stream.last_token_time)
                 stream.last_token_time, stream.num_tokens = now, tokens
             if out.finished:
                 timings.e2e.append(now - stream.arrival)
+                context = self.info.max_model_len if self.info is not None else len(out.prompt_token_ids)
+                timings.finished.append(
+                    finished_request(out, stream.params, stream.first_token_time, stream.last_token_time, context)
+                )
             stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
         if self._on_timings is not None and (timings.ttft or timings.inter_token or timings.e2e):
             self._on_timings(timings)

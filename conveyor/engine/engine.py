@@ -462,6 +462,8 @@ class Engine:
             async_batching=self.async_batching,
             device_busy_s=self.executor.device_busy_s,
             active_s=self._active_s,
+            step_token_counts=tuple(s.stats.step_tokens.counts),
+            step_tokens_total=s.stats.step_tokens.total,
         )
 
     def check_idle(self) -> None:

@@ -276,6 +276,9 @@ class OutputProcessor:
         metrics: dict[str, float] = {}
         if group.first_token_time is not None:
             metrics["ttft_s"] = group.first_token_time - group.arrival_time
+        scheduled = group.samples[0].request.first_scheduled_time
+        if scheduled is not None:
+            metrics["queued_s"] = max(0.0, scheduled - group.arrival_time)
         completions = [
             CompletionOutput(
                 index=s.index,

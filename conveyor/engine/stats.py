@@ -25,6 +25,11 @@ class EngineStats:
     async_batching: bool
     device_busy_s: float
     active_s: float
+    step_token_counts: tuple[int, ...] = ()
+    """Steps run per bucket of core.step_tokens.STEP_TOKEN_BUCKETS, by their tokens as vLLM counts an iteration's
+    (core/step_tokens.py); not cumulative, the last entry past every bound."""
+    step_tokens_total: int = 0
+    """The steps' tokens (as counted for step_token_counts), over all steps."""
 
     @property
     def kv_blocks_used(self) -> int:

@@ -17,18 +17,21 @@ from conveyor.server.guard import GuardMiddleware
 from conveyor.server.logprobs import TokenBytes
 from conveyor.server.protocol import ChatCompletionRequest, CompletionRequest
 from conveyor.server.request_id import RequestIdMiddleware, response_id
-from conveyor.server.serving import Prepared, Serving, chat_choice, completion_choice, new_id, now, usage
+from conveyor.server.root_path import RootPathMiddleware
+from conveyor.server.serving import Prepared, Serving, chat_choice, completion_choice, new_id, now
 from conveyor.server.state import ServerState
 from conveyor.server.streaming import sse_response, stream_chat, stream_completion
 from conveyor.server.tokenizer_routes import tokenizer_routes
 from conveyor.server.ui import mount_ui
+from conveyor.server.usage import usage
 from conveyor.server.vllm_extras import TokenIdNames, prompt_fields
+from conveyor.server.vllm_routes import vllm_routes
 
 
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="Conveyor", version=__version__, docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    serving = Serving(state.engine, state.options.model_name, state.options.request_timeout)
+    serving = Serving(state.engine, state.options)
     if state.options.allowed_origins:
         origins = list(state.options.allowed_origins)
         app.add_middleware(
@@ -39,7 +42,9 @@ def build_app(state: ServerState) -> FastAPI:
             allow_headers=["Authorization", "Content-Type"],
         )
     app.add_middleware(GuardMiddleware, state=state)  # runs before CORS and routing
-    app.add_middleware(RequestIdMiddleware)  # outermost: every response, refusals too, carries X-Request-Id
+    app.add_middleware(RequestIdMiddleware)  # every response, refusals too, carries X-Request-Id
+    if state.options.root_path:
+        app.add_middleware(RootPathMiddleware, root_path=state.options.root_path)  # outermost
     app.include_router(tokenizer_routes(serving))  # /tokenize, /detokenize, /tokenizer_info (as vLLM)
 
     created = now()
@@ -77,6 +82,13 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await complete(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        return await chat_complete(body, request)
+
+    async def complete(body: CompletionRequest, request: Request) -> Response:
         await _require_ready(state)
         prepared = await serving.prepare_completion(body)
 
@@ -89,8 +101,7 @@ def build_app(state: ServerState) -> FastAPI:
             state, serving, request, body, prepared, "cmpl", "text_completion", stream_completion, choices
         )
 
-    @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_complete(body: ChatCompletionRequest, request: Request) -> Response:
         await _require_ready(state)
         prepared = await serving.prepare_chat(body)
 
@@ -101,6 +112,7 @@ def build_app(state: ServerState) -> FastAPI:
             state, serving, request, body, prepared, "chatcmpl", "chat.completion", stream_chat, choices
         )
 
+    app.include_router(vllm_routes(health, complete, chat_complete))  # /ping, /invocations, LoRA adapter routes
     mount_ui(app, state, serve_page=state.options.ui)
     return app
 
@@ -125,9 +137,7 @@ async def _respond(
     if prepared.extras.tokens_as_ids:
         tokens = TokenIdNames(tokens)
     if body.stream:
-        return sse_response(
-            stream(streams, prepared, rid, state.options.model_name, tokens, _include_usage(body), state)
-        )
+        return sse_response(stream(streams, prepared, rid, state.options.model_name, tokens, state))
     try:
         outputs = await _until_disconnect(request, serving.collect(streams))
         _raise_if_failed(outputs)
@@ -144,14 +154,10 @@ async def _respond(
             "created": now(),
             "model": state.options.model_name,
             "choices": body_choices,
-            "usage": usage(outputs, prepared.score_only),
+            "usage": usage(outputs, prepared.score_only, prepared.extras.usage),
         }
         | (prompt_fields(prepared.extras, outputs[0]) if object_name == "chat.completion" else {})
     )
-
-
-def _include_usage(body: CompletionRequest | ChatCompletionRequest) -> bool:
-    return bool(body.stream_options and body.stream_options.include_usage)
 
 
 async def _require_ready(state: ServerState) -> None:

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor.errors import InvalidRequestError
-from conveyor.outputs import CompletionOutput, RequestOutput
+from conveyor.outputs import SHUTDOWN, CompletionOutput, RequestOutput
 from conveyor.server.strict_body import InvalidTextError
 
 logger = logging.getLogger(__name__)
@@ -134,8 +134,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 def as_api_error(out: RequestOutput) -> APIError:
-    """A failed request's error for the API: 504 for a timeout, else 500, with the engine's message and its
-    error_code as `code` ("non_finite_logits", "grammar", ...)."""
+    """A failed request's error for the API, with the engine's message and its error_code as `code`: 504 for a
+    timeout, 503 with Retry-After for a request the server's shutdown ended (another server may take it), else 500
+    ("non_finite_logits", "grammar", ...)."""
+    if out.error_code == SHUTDOWN:
+        return APIError(503, out.error or "the server shut down", code=SHUTDOWN, headers={"Retry-After": "5"})
     timed_out = out.error_code == "timeout"
     return APIError(504 if timed_out else 500, out.error or "the request failed", code=out.error_code or "engine_error")
 

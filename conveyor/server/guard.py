@@ -11,7 +11,7 @@ from conveyor.server.error_responses import error_response
 from conveyor.server.state import ServerOptions
 from conveyor.server.ui import is_page_path
 
-OPEN_PATHS = ("/health", "/metrics", "/version")
+OPEN_PATHS = ("/health", "/ping", "/metrics", "/version")
 """Paths served without an API key (as vLLM guards only /v1): probes and Prometheus scrapes."""
 
 
@@ -34,8 +34,8 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path = scope.get("raw_path", scope["path"].encode()).split(b"?", 1)[0].decode("latin-1")
         opts = self.state.options
+        path = _route_path(scope.get("raw_path", scope["path"].encode()).split(b"?", 1)[0].decode("latin-1"), opts)
         public = path in OPEN_PATHS or (opts.ui and is_page_path(path))
         if opts.api_keys and not public and scope["method"] != "OPTIONS":
             given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
@@ -83,6 +83,15 @@ class GuardMiddleware:
         await error_response(
             413, f"the request body is larger than {self.state.options.max_body_bytes} bytes", code="body_too_large"
         )(scope, receive, send)
+
+
+def _route_path(path: str, options: ServerOptions) -> str:
+    """The path the routes see: without --root-path's prefix when it starts with it (the app answers under the
+    prefix and without it, as a proxy may or may not strip it)."""
+    root = options.root_path
+    if root and (path == root or path.startswith(root + "/")):
+        return path[len(root) :] or "/"
+    return path
 
 
 class _BodyTooLarge(BaseException):

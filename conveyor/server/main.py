@@ -15,6 +15,7 @@ import uvicorn
 
 from conveyor.config import EngineConfig
 from conveyor.engine.async_engine import AsyncEngine
+from conveyor.errors import ConfigError
 from conveyor.server.app import build_app
 from conveyor.server.metrics import Metrics
 from conveyor.server.state import ServerOptions, ServerState
@@ -43,6 +44,28 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "(vllm:*, labelled model_name), for dashboards made for vLLM",
     )
     g.add_argument(
+        "--root-path",
+        default="",
+        help="path prefix of the app behind a proxy that strips it (e.g. /llm): the API answers under it and "
+        "without it (as vLLM's --root-path)",
+    )
+    g.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="streams always carry usage: in every chunk and in a last usage-only chunk, as if every request "
+        "sent stream_options include_usage and continuous_usage_stats",
+    )
+    g.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help="name logprob tokens 'token_id:<id>' unless a request sets return_tokens_as_token_ids false",
+    )
+    g.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="add usage.prompt_tokens_details.cached_tokens (prompt tokens served from the prefix cache)",
+    )
+    g.add_argument(
         "--no-ui",
         action="store_true",
         help="do not serve the web page (playground and engine view) at /; the API, /v1/engine/status included, stays",
@@ -54,6 +77,14 @@ def model_name(config: EngineConfig) -> str:
         return "SmolLM2-135M-Instruct"
     base = os.path.basename(os.path.normpath(config.model))
     return base[:-5] if base.endswith(".gguf") else base
+
+
+SHUTDOWN_MESSAGE = (
+    "the server is shutting down and --shutdown-timeout ran out before this request finished; it was aborted "
+    "(retry it, on another server or once this one is back)"
+)
+"""What a request still in flight when the shutdown timeout runs out ends with: a 503 with Retry-After, or a
+stream's error event with status 503 (error_code SHUTDOWN)."""
 
 
 class Drainable(Protocol):
@@ -71,7 +102,7 @@ class Draining(Protocol):
 
 class DrainingServer(uvicorn.Server):
     """On SIGTERM / SIGINT: refuse new work (503), let in-flight requests finish for up to
-    `shutdown_timeout`, abort the rest (each ends with an error event), then exit 0."""
+    `shutdown_timeout`, abort the rest (each a 503 with Retry-After, or a stream's error event), then exit 0."""
 
     def __init__(
         self, config: uvicorn.Config, state: Draining, shutdown_timeout: float, work: Drainable | None = None
@@ -108,12 +139,22 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(0.05)
         if engine.num_active:
             logger.info("shutdown timeout: aborting %d request(s)", engine.num_active)
-            engine.abort_all("the server is shutting down (--shutdown-timeout reached); the request was aborted")
+            engine.abort_all(SHUTDOWN_MESSAGE)
             for _ in range(100):
                 if not engine.num_active:
                     break
                 await asyncio.sleep(0.05)
         self.should_exit = True
+
+
+def root_path(value: str) -> str:
+    """--root-path as the ASGI root_path: '' (none), or '/' plus the prefix without a trailing slash."""
+    stripped = value.strip().strip("/")
+    if not stripped:
+        return ""
+    if any(c in stripped for c in "?#") or not stripped.isprintable() or " " in stripped:
+        raise ConfigError(f"--root-path {value!r} is not a URL path prefix; give one such as /llm")
+    return "/" + stripped
 
 
 def api_keys(args: argparse.Namespace) -> tuple[str, ...]:
@@ -134,11 +175,15 @@ def serve(args: argparse.Namespace, config: EngineConfig) -> int:
             request_timeout=args.request_timeout,
             allowed_origins=origins,
             ui=not args.no_ui,
+            root_path=root_path(args.root_path),
+            force_include_usage=args.enable_force_include_usage,
+            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+            prompt_tokens_details=args.enable_prompt_tokens_details,
         ),
         metrics,
     )
     if args.vllm_metrics:
-        export_vllm_names(state.metrics, state.options.model_name)
+        export_vllm_names(state.metrics, state.options.model_name, config)
     engine.start()  # loads the model in the background; /health says 503 until it is ready
     app = build_app(state)
     server = DrainingServer(

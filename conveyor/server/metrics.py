@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from conveyor.engine.async_engine import StreamTimings
 from conveyor.engine.stats import EngineStats
+from conveyor.engine.timings import StreamTimings
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -53,7 +55,11 @@ class Metrics:
         self._generated_seen = 0
         self._non_finite_seen = 0
         self.extra_registries: list[CollectorRegistry] = []
-        """Rendered after this one (vllm_metrics.py: the same series under vLLM's names)."""
+        """Rendered after this one (vllm_metrics.py: the same series under vLLM's names, and vLLM's own)."""
+        self.timing_listeners: list[Callable[[StreamTimings], None]] = []
+        """Also given every observation (vllm_series.py)."""
+        self.last_stats: EngineStats | None = None
+        """The engine's stats at the latest scrape (None before one, or while the model loads)."""
 
     def observe(self, timings: StreamTimings) -> None:
         for v in timings.ttft:
@@ -62,8 +68,11 @@ class Metrics:
             self.itl.observe(v)
         for v in timings.e2e:
             self.e2e.observe(v)
+        for listener in self.timing_listeners:
+            listener(timings)
 
     def render(self, stats: EngineStats | None) -> bytes:
+        self.last_stats = stats
         if stats is not None:
             self.running.set(stats.num_running)
             self.waiting.set(stats.num_waiting)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 
@@ -36,7 +36,7 @@ class StreamOptions(StrictBody):
     include_obfuscation: bool = False
     """OpenAI pads chunks against side channels when true; accepted and ignored (no padding here)."""
     continuous_usage_stats: bool = False
-    """vLLM's: usage (this choice's tokens so far) in every chunk, not only in the last one."""
+    """vLLM's: with include_usage, usage (this choice's tokens so far) in every chunk too (server/usage.py)."""
 
 
 class _SamplingFields(VllmFields):
@@ -115,7 +115,9 @@ class CompletionRequest(_SamplingFields):
 
 class ChatMessage(StrictBody):
     model_config = ConfigDict(extra="allow")
-    role: Literal["system", "user", "assistant", "developer", "tool"]
+    role: str = Field(min_length=1, max_length=64)
+    """OpenAI's system, user, assistant, developer and tool, or any other role the chat template takes (as vLLM
+    passes custom roles on; a template that refuses one makes the request a 400)."""
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
 

@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +17,11 @@ from conveyor.outputs import CompletionOutput, RequestOutput
 from conveyor.params import SamplingParams
 from conveyor.server.error_responses import APIError, param_of, sse_error
 from conveyor.server.logprobs import Entry, TokenBytes, chat_logprobs, completion_logprobs, echoed, generated
+from conveyor.server.prompt_truncation import truncate_prompt
 from conveyor.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from conveyor.server.request_constraints import chat_constraint, request_constraint
+from conveyor.server.state import ServerOptions
+from conveyor.server.template_kwargs import template_kwargs
 from conveyor.server.vllm_extras import (
     ResponseExtras,
     choice_token_ids,
@@ -49,10 +52,11 @@ class Prepared:
 
 
 class Serving:
-    def __init__(self, engine: AsyncEngine, model_name: str, request_timeout: float | None) -> None:
+    def __init__(self, engine: AsyncEngine, options: ServerOptions) -> None:
         self.engine = engine
-        self.model_name = model_name
-        self.request_timeout = request_timeout
+        self.options = options
+        self.model_name = options.model_name
+        self.request_timeout = options.request_timeout
         self._token_bytes: TokenBytes | None = None
 
     @property
@@ -192,8 +196,10 @@ class Serving:
             )
         prompts = [await self._tokenize(x) if isinstance(x, str) else list(x) for x in items]
         max_tokens = 1 if score_only else body.max_tokens
+        kept = [self._truncate(ids, body, max_tokens, "max_tokens") for ids in prompts]
+        texts = [x if isinstance(x, str) and len(k) == len(ids) else None for x, k, ids in zip(items, kept, prompts)]
+        prompts = kept
         self._check_lengths(prompts, max_tokens, "max_tokens")
-        texts = [x if isinstance(x, str) else None for x in items]
         echo = None
         if body.echo:
             tokenizer = self._core.tokenizer
@@ -205,11 +211,13 @@ class Serving:
         wanted = [n for n in (body.logprobs if body.echo else None, body.prompt_logprobs) if n is not None]
         constraint = request_constraint(body)
         params = self._params(body, max_tokens, body.logprobs, max(wanted) if wanted else None, constraint)
-        return Prepared(prompts, texts, params, echo, score_only, extras_of(body), constraint_param=constraint[1])
+        extras = extras_of(body, self.options)
+        return Prepared(prompts, texts, params, echo, score_only, extras, constraint_param=constraint[1])
 
     async def prepare_chat(self, body: ChatCompletionRequest) -> Prepared:
         self.check_model(body.model)
         add_generation_prompt = generation_prompt(body)
+        extra = template_kwargs(body.chat_template_kwargs, add_generation_prompt, body.continue_final_message)
         tools, constraint, source = chat_constraint(body)
         parser = self.tool_parser()
         text = self.chat_text(
@@ -218,10 +226,12 @@ class Serving:
             body.continue_final_message,
             tools.tools if tools.offers_tools else None,
             parser,
+            extra,
         )
-        ids = await self._tokenize(text, add_special_tokens=False)
+        full = await self._tokenize(text, add_special_tokens=False)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        ids = self._truncate(full, body, max_tokens, param)
         self._check_lengths([ids], max_tokens, param)
         top = body.top_logprobs if body.top_logprobs is not None else 0
         if body.top_logprobs is not None and not body.logprobs:
@@ -229,11 +239,19 @@ class Serving:
         no_streamed_prompt_logprobs(body, completions=False)
         last = body.messages[-1]
         role = "assistant" if add_generation_prompt else last.role  # as vLLM: the role whose turn it is
-        extras = extras_of(body, role, last.text() if body.echo and last.role == role else "")
+        extras = extras_of(body, self.options, role, last.text() if body.echo and last.role == role else "")
         params = self._params(
             body, max_tokens, top if body.logprobs else None, body.prompt_logprobs, (constraint, source)
         )
-        return Prepared([ids], [text], params, extras=extras, tools=tools, parser=parser, constraint_param=source)
+        texts: list[str | None] = [text if len(ids) == len(full) else None]
+        return Prepared([ids], texts, params, extras=extras, tools=tools, parser=parser, constraint_param=source)
+
+    def _truncate(
+        self, ids: list[int], body: CompletionRequest | ChatCompletionRequest, max_tokens: int | None, param: str
+    ) -> list[int]:
+        return truncate_prompt(
+            ids, body.truncate_prompt_tokens, body.truncation_side, self._core.max_model_len, max_tokens, param
+        )
 
     def tool_parser(self) -> ToolParser:
         """The tool-call format of this model (--tool-call-parser, else read from its chat template)."""
@@ -247,9 +265,11 @@ class Serving:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         parser: ToolParser | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> str:
         """The conversation rendered by the model's chat template (400 when it has none or refuses), tool
-        calls and tool results included; `tools` are offered to the model."""
+        calls and tool results included; `tools` are offered to the model, `extra` are more template variables
+        (chat_template_kwargs, checked by template_kwargs.py)."""
         tokenizer = self._core.tokenizer
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
@@ -262,6 +282,7 @@ class Serving:
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                **(extra or {}),
                 **template_args,
             )
         except Exception as exc:
@@ -308,12 +329,6 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(outputs: Sequence[RequestOutput], score_only: bool = False) -> dict[str, int]:
-    prompt = sum(len(o.prompt_token_ids) for o in outputs)
-    completion = 0 if score_only else sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
 def finish_reason(reason: str | None, error: str | None, score_only: bool = False) -> str | None:
     if reason == "abort":
         return "error" if error else "abort"
@@ -347,34 +362,34 @@ def completion_choice(
             "stop_reason": None if prepared.score_only else c.stop_reason,
         }
         | prompt_fields(prepared.extras, out)
-        | choice_token_ids(prepared.extras, c, len(c.token_ids) if prepared.score_only else 0)
+        | choice_token_ids(prepared.extras, c, len(c.token_ids) if prepared.score_only else 0, nulls=True)
     )
 
 
 def chat_choice(
     out: RequestOutput, c: CompletionOutput, tokens: TokenBytes | None, prepared: Prepared | None = None
 ) -> dict[str, Any]:
+    """One choice of a /v1/chat/completions response: the reply, or the tool calls read from it."""
     extras = prepared.extras if prepared is not None else ResponseExtras()
     message: dict[str, Any] = {"role": extras.role, "content": extras.chat_echo + c.text}
     reason = finish_reason(c.finish_reason, out.error)
-    if (
-        prepared is not None
-        and prepared.tools is not None
-        and prepared.tools.offers_tools
-        and prepared.parser is not None
-        and reason == "stop"
-    ):
-        content, calls = prepared.tools.read_reply(c.text, prepared.parser)
-        if calls:
-            message = {"role": extras.role, "content": content, "tool_calls": [call.to_openai() for call in calls]}
-            reason = "tool_calls"
+    plan = prepared.tools if prepared is not None else None
+    if plan is not None and plan.offers_tools and prepared is not None and prepared.parser is not None:
+        read = plan.read_reply(c.text, prepared.parser) if reason == "stop" else None
+        if read is None and reason == "length":
+            read = plan.read_cut_reply(c.text)  # tool_choice required: the calls completed, no content
+            if read is not None:
+                message = {"role": extras.role, "content": read[0]}
+        if read is not None and read[1]:
+            message = {"role": extras.role, "content": read[0], "tool_calls": [call.to_openai() for call in read[1]]}
+            reason = "tool_calls" if reason == "stop" else reason
     return {
         "index": c.index,
         "message": message,
         "logprobs": chat_logprobs(tokens, generated(c.logprobs)) if c.logprobs is not None else None,
         "finish_reason": reason,
         "stop_reason": c.stop_reason,
-    } | choice_token_ids(extras, c)
+    } | choice_token_ids(extras, c, nulls=True)
 
 
 async def merged(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -11,9 +11,10 @@ from fastapi.responses import StreamingResponse
 from conveyor.outputs import RequestOutput
 from conveyor.server.error_responses import as_api_error, raise_if_ended_by_error
 from conveyor.server.logprobs import TextOffsets, TokenBytes, chat_logprobs, completion_logprobs, generated
-from conveyor.server.serving import Prepared, completion_entries, finish_reason, merged, now, sse, stream_error, usage
+from conveyor.server.serving import Prepared, completion_entries, finish_reason, merged, now, sse, stream_error
 from conveyor.server.state import ServerState
-from conveyor.server.vllm_extras import choice_token_ids, running_usage
+from conveyor.server.usage import running_usage, usage
+from conveyor.server.vllm_extras import choice_token_ids
 
 
 def sse_response(body: AsyncIterator[str]) -> StreamingResponse:
@@ -46,10 +47,9 @@ def stream_completion(
     rid: str,
     model: str,
     tokens: TokenBytes | None,
-    include_usage: bool,
     state: ServerState,
 ) -> AsyncIterator[str]:
-    return _terminated(_completion_chunks(streams, prepared, rid, model, tokens, include_usage), state)
+    return _terminated(_completion_chunks(streams, prepared, rid, model, tokens), state)
 
 
 def stream_chat(
@@ -58,14 +58,13 @@ def stream_chat(
     rid: str,
     model: str,
     tokens: TokenBytes | None,
-    include_usage: bool,
     state: ServerState,
 ) -> AsyncIterator[str]:
     if prepared.tools is not None and prepared.tools.offers_tools:
         from conveyor.server.tool_stream import tool_chat_chunks
 
-        return _terminated(tool_chat_chunks(streams, prepared, rid, model, tokens, include_usage), state)
-    return _terminated(_chat_chunks(streams, prepared, rid, model, tokens, include_usage), state)
+        return _terminated(tool_chat_chunks(streams, prepared, rid, model, tokens), state)
+    return _terminated(_chat_chunks(streams, prepared, rid, model, tokens), state)
 
 
 async def _completion_chunks(
@@ -74,7 +73,6 @@ async def _completion_chunks(
     rid: str,
     model: str,
     tokens: TokenBytes | None,
-    include_usage: bool,
 ) -> AsyncIterator[str]:
     """Chunks of every choice as they grow. A choice's first chunk carries the echoed prompt (with its
     logprobs) when asked; text_offset counts the characters of the choice sent before."""
@@ -132,12 +130,12 @@ async def _completion_chunks(
                         | ids
                     ],
                 }
-                | running_usage(extras, len(out.prompt_token_ids), 0 if prepared.score_only else len(c.token_ids))
+                | running_usage(extras.usage, len(out.prompt_token_ids), 0 if prepared.score_only else len(c.token_ids))
             )
             raise_if_ended_by_error(out, c)
         if out.finished:
             finals[i] = out
-    if include_usage:
+    if extras.usage.final:
         yield sse(
             {
                 "id": rid,
@@ -145,7 +143,7 @@ async def _completion_chunks(
                 "created": created,
                 "model": model,
                 "choices": [],
-                "usage": usage(list(finals.values()), prepared.score_only),
+                "usage": usage(list(finals.values()), prepared.score_only, extras.usage),
             }
         )
 
@@ -156,7 +154,6 @@ async def _chat_chunks(
     rid: str,
     model: str,
     tokens: TokenBytes | None,
-    include_usage: bool,
 ) -> AsyncIterator[str]:
     created = now()
     base: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}
@@ -177,7 +174,7 @@ async def _chat_chunks(
                     }
                 ]
             }
-            | running_usage(extras, prompt_len, 0)
+            | running_usage(extras.usage, prompt_len, 0)
         )
     for index in range(prepared.params.n if extras.chat_echo else 0):  # echo: the last message, then the reply
         yield sse(
@@ -187,7 +184,7 @@ async def _chat_chunks(
                     {"index": index, "delta": {"content": extras.chat_echo}, "logprobs": None, "finish_reason": None}
                 ]
             }
-            | running_usage(extras, prompt_len, 0)
+            | running_usage(extras.usage, prompt_len, 0)
         )
     sent_text: dict[int, int] = {}
     sent_lp: dict[int, int] = {}
@@ -217,10 +214,10 @@ async def _chat_chunks(
             yield sse(
                 base
                 | {"choices": [{"index": c.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason} | ids]}
-                | running_usage(extras, prompt_len, len(c.token_ids))
+                | running_usage(extras.usage, prompt_len, len(c.token_ids))
             )
             raise_if_ended_by_error(out, c)
         if out.finished:
             final = out
-    if include_usage and final is not None:
-        yield sse(base | {"choices": [], "usage": usage([final])})
+    if extras.usage.final and final is not None:
+        yield sse(base | {"choices": [], "usage": usage([final], policy=extras.usage)})

@@ -13,7 +13,9 @@ from conveyor.server.error_responses import APIError
 from conveyor.server.protocol import ChatMessage
 from conveyor.server.serving import Serving
 from conveyor.server.strict_body import StrictBody
+from conveyor.server.template_kwargs import template_kwargs
 from conveyor.server.vllm_extras import generation_prompt
+from conveyor.tools.choice import ToolRequestError, plan_tools
 
 MAX_TOKENS_TO_DECODE = 1_000_000
 
@@ -29,6 +31,10 @@ class TokenizeRequest(StrictBody):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     return_token_strs: bool = False
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    """Messages only: tools offered to the model, rendered as a chat completion with them renders them."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Messages only: more variables for the chat template (server/template_kwargs.py)."""
 
     @model_validator(mode="after")
     def _prompt_or_messages(self) -> TokenizeRequest:
@@ -37,6 +43,10 @@ class TokenizeRequest(StrictBody):
                 "send either `prompt` (text) or `messages` (a chat), not "
                 + ("both" if self.prompt is not None else "neither")
             )
+        if self.messages is None:
+            extra = [name for name in ("tools", "chat_template_kwargs") if getattr(self, name) is not None]
+            if extra:
+                raise ValueError(f"{extra[0]} applies to `messages` only, and this request tokenizes a `prompt`")
         return self
 
 
@@ -63,7 +73,15 @@ def tokenizer_routes(serving: Serving) -> APIRouter:
         serving.check_model(body.model)
         tok = tokenizer()
         if body.messages is not None:
-            text = serving.chat_text(body.messages, generation_prompt(body), body.continue_final_message)
+            add_generation_prompt = generation_prompt(body)
+            extra = template_kwargs(body.chat_template_kwargs, add_generation_prompt, body.continue_final_message)
+            try:
+                tools = plan_tools(body.tools, None).tools or None
+            except ToolRequestError as exc:
+                raise APIError(400, str(exc), exc.param) from None
+            text = serving.chat_text(
+                body.messages, add_generation_prompt, body.continue_final_message, tools, extra=extra
+            )
         else:
             text = body.prompt or ""
         special = body.add_special_tokens if body.add_special_tokens is not None else body.messages is None

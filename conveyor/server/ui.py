@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Query
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from conveyor.runtime.timeline import DEVICE_LANE, Span
@@ -48,9 +48,14 @@ def mount_ui(app: FastAPI, state: ServerState, serve_page: bool) -> None:
     if not serve_page:
         return
 
+    # the page's URLs are relative to its <base>: the root, or --root-path's prefix, so that it works behind a proxy
+    html = (
+        (STATIC_DIR / "index.html").read_text().replace('<base href="/">', f'<base href="{state.options.root_path}/">')
+    )
+
     @app.get("/", include_in_schema=False)
-    async def page() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+    async def page() -> HTMLResponse:
+        return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
 
     app.mount("/ui", StaticFiles(directory=STATIC_DIR), name="ui")
 

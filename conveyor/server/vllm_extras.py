@@ -2,8 +2,9 @@
 models), the ones it refuses by name, and the response fields they add.
 
 Honoured: prompt_logprobs, return_token_ids (prompt_token_ids and token_ids in responses),
-return_tokens_as_token_ids, stream_options.continuous_usage_stats (protocol.py), and for chat: echo,
-continue_final_message, add_generation_prompt. Refused with a 400 that says so: beam search
+return_tokens_as_token_ids, truncate_prompt_tokens and truncation_side (prompt_truncation.py),
+stream_options.continuous_usage_stats (protocol.py, usage.py), and for chat: echo, continue_final_message,
+add_generation_prompt, chat_template_kwargs (template_kwargs.py). Refused with a 400 that says so: beam search
 (use_beam_search, length_penalty other than 1), prompt embeddings, and -1 ("the whole vocabulary") as a
 logprobs count.
 """
@@ -11,8 +12,8 @@ logprobs count.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -21,6 +22,10 @@ from conveyor.params import MAX_LOGPROBS
 from conveyor.server.error_responses import APIError
 from conveyor.server.logprobs import TokenBytes
 from conveyor.server.strict_body import StrictBody
+from conveyor.server.usage import UsagePolicy, usage_policy
+
+if TYPE_CHECKING:
+    from conveyor.server.state import ServerOptions
 
 
 class VllmFields(StrictBody):
@@ -30,8 +35,14 @@ class VllmFields(StrictBody):
     """Logprobs of each prompt token (and its top-N alternatives), in vLLM's shape; not when streaming."""
     return_token_ids: bool = False
     """Add prompt_token_ids and each choice's generated token_ids to the response."""
-    return_tokens_as_token_ids: bool = False
-    """Name tokens in logprobs as 'token_id:<id>' (for tokens that are not valid UTF-8 on their own)."""
+    return_tokens_as_token_ids: bool | None = None
+    """Name tokens in logprobs as 'token_id:<id>' (for tokens that are not valid UTF-8 on their own); None: the
+    server's --return-tokens-as-token-ids."""
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    """Keep only this many prompt tokens (the last ones, unless truncation_side is 'right'); -1: as many as the
+    context leaves after max_tokens."""
+    truncation_side: Literal["left", "right"] | None = None
+    """Which end truncate_prompt_tokens cuts: 'left' (the default: keep the last tokens) or 'right'."""
     use_beam_search: bool = False
     length_penalty: float = 1.0
     prompt_embeds: Any | None = None
@@ -75,6 +86,8 @@ class VllmChatFields(StrictBody):
     """Start the reply with the last message's content when that message has the reply's role."""
     continue_final_message: bool = False
     """Render the last message open-ended, so that the reply continues it (needs add_generation_prompt off)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """More variables for the chat template (e.g. Qwen3's enable_thinking); checked in template_kwargs.py."""
 
 
 @dataclass(frozen=True)
@@ -85,21 +98,22 @@ class ResponseExtras:
     tokens_as_ids: bool = False
     prompt_logprobs: int | None = None
     """How many alternatives per prompt position to report (the engine may compute more, for echo)."""
-    continuous_usage: bool = False
-    """Usage in every streamed chunk (stream_options.continuous_usage_stats)."""
+    usage: UsagePolicy = field(default_factory=UsagePolicy)
+    """Which chunks of a stream carry usage, and what a full usage holds (usage.py)."""
     role: str = "assistant"
     """Chat: the reply's role: assistant, or with add_generation_prompt off the last message's role (as vLLM)."""
     chat_echo: str = ""
     """Chat with echo: the text the reply starts with."""
 
 
-def extras_of(body: Any, role: str = "assistant", chat_echo: str = "") -> ResponseExtras:
-    options = body.stream_options
+def extras_of(body: Any, server: ServerOptions, role: str = "assistant", chat_echo: str = "") -> ResponseExtras:
+    """What a request's fields and the server's flags ask of its response."""
+    as_ids = body.return_tokens_as_token_ids
     return ResponseExtras(
         return_token_ids=body.return_token_ids,
-        tokens_as_ids=body.return_tokens_as_token_ids,
+        tokens_as_ids=server.return_tokens_as_token_ids if as_ids is None else as_ids,
         prompt_logprobs=body.prompt_logprobs,
-        continuous_usage=bool(options is not None and options.continuous_usage_stats),
+        usage=usage_policy(body.stream_options, server.force_include_usage, server.prompt_tokens_details),
         role=role,
         chat_echo=chat_echo,
     )
@@ -131,32 +145,24 @@ def prompt_logprobs_json(positions: Sequence[PositionLogprobs | None] | None, to
     return result
 
 
-def running_usage(extras: ResponseExtras, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    """continuous_usage_stats: the usage of one streamed choice so far, for its chunk (nothing when not asked)."""
-    if not extras.continuous_usage:
-        return {}
-    return {
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-    }
-
-
-def choice_token_ids(extras: ResponseExtras, c: CompletionOutput, start: int = 0) -> dict[str, Any]:
-    """A choice's generated token ids from `start` on, when return_token_ids asked for them."""
-    return {"token_ids": list(c.token_ids[start:])} if extras.return_token_ids else {}
+def choice_token_ids(
+    extras: ResponseExtras, c: CompletionOutput, start: int = 0, nulls: bool = False
+) -> dict[str, Any]:
+    """A choice's generated token ids from `start` on, when return_token_ids asked for them; else nothing, or
+    with `nulls` (a whole response, whose fields vLLM always sends) `token_ids: null`."""
+    if extras.return_token_ids:
+        return {"token_ids": list(c.token_ids[start:])}
+    return {"token_ids": None} if nulls else {}
 
 
 def prompt_fields(extras: ResponseExtras, out: RequestOutput) -> dict[str, Any]:
-    """vLLM's prompt_token_ids / prompt_logprobs of a response (chat) or of a choice (completions), when asked."""
-    fields: dict[str, Any] = {}
-    if extras.return_token_ids:
-        fields["prompt_token_ids"] = list(out.prompt_token_ids)
+    """vLLM's prompt_token_ids / prompt_logprobs of a whole response (chat) or of its choices (completions): null
+    unless asked for, as vLLM always sends them."""
+    ids = list(out.prompt_token_ids) if extras.return_token_ids else None
+    logprobs = None
     if extras.prompt_logprobs is not None:
-        fields["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, extras.prompt_logprobs)
-    return fields
+        logprobs = prompt_logprobs_json(out.prompt_logprobs, extras.prompt_logprobs)
+    return {"prompt_token_ids": ids, "prompt_logprobs": logprobs}
 
 
 def generation_prompt(body: Any) -> bool:

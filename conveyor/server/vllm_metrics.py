@@ -2,7 +2,8 @@
 `model_name` label, so that dashboards made for vLLM (its Grafana examples) work unchanged.
 
 The values are the same samples, read from the server's registry at each scrape; nothing is counted twice.
-Conveyor series without a vLLM counterpart keep only their own name (see docs/server.md, "Metrics").
+Conveyor series without a vLLM counterpart keep only their own name (see docs/server.md, "Metrics"); vLLM's series
+without a Conveyor counterpart are in vllm_series.py.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from conveyor.config import EngineConfig
 from conveyor.server.metrics import Metrics
+from conveyor.server.vllm_series import VllmSeries
 
 VLLM_NAMES: dict[str, tuple[str, ...]] = {
     "conveyor_num_requests_running": ("vllm:num_requests_running",),
@@ -53,9 +56,12 @@ class VllmNames(Collector):
                 yield renamed
 
 
-def export_vllm_names(metrics: Metrics, model_name: str) -> None:
+def export_vllm_names(metrics: Metrics, model_name: str, config: EngineConfig | None = None) -> None:
     """Render the vllm:* series after the conveyor_* ones on /metrics (their own registry: collecting the
-    source registry from inside it would recurse)."""
+    source registry from inside it would recurse): the renamed ones, and vLLM's series without a conveyor_* twin
+    (vllm_series.py)."""
     renamed = CollectorRegistry(auto_describe=False)
     renamed.register(VllmNames(metrics.registry, model_name))
+    series = VllmSeries(renamed, metrics, model_name, config if config is not None else EngineConfig())
+    metrics.timing_listeners.append(series.observe)
     metrics.extra_registries.append(renamed)

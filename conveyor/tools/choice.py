@@ -6,7 +6,8 @@ and how the reply is read back into tool calls.
     "required"   the reply is constrained to a JSON array of calls [{"name", "arguments"}] (at least one;
                  exactly one when parallel_tool_calls is false), each name one of the tools' and its
                  arguments following that tool's parameter schema (vLLM's approach), so even a small
-                 model emits valid calls
+                 model emits valid calls; a reply cut short (max_tokens) keeps the calls it completed and
+                 no content, as vLLM's does
     named        {"type": "function", "function": {"name": N}}: the reply is constrained to N's arguments
 """
 
@@ -74,6 +75,44 @@ class ToolPlan:
         if not calls or any(c is None for c in calls):
             return text, []
         return None, [c for c in calls if c is not None]
+
+    def read_cut_reply(self, text: str) -> tuple[str, list[ToolCall]] | None:
+        """A reply cut short (finish_reason "length") -> ("", the calls it completed) for 'required', whose reply is
+        an array of calls (a small model may repeat a call until max_tokens); None for other modes (the text stays
+        content)."""
+        if self.mode != "required":
+            return None
+        return "", complete_calls(text)
+
+
+def complete_calls(text: str) -> list[ToolCall]:
+    """The calls of a JSON array of calls, up to the last complete one when the array was cut short."""
+    decoder = json.JSONDecoder()
+    at = _skip_space(text, 0)
+    if not text.startswith("[", at):
+        return []
+    at = _skip_space(text, at + 1)
+    calls: list[ToolCall] = []
+    while at < len(text):
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except ValueError:
+            break  # the call that was cut short
+        call = call_from_json(item)
+        if call is None:
+            break
+        calls.append(call)
+        at = _skip_space(text, at)
+        if not text.startswith(",", at):
+            break
+        at = _skip_space(text, at + 1)
+    return calls
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    return at
 
 
 def _parameters(function: FunctionDefinition) -> dict[str, Any]:

@@ -507,3 +507,19 @@ def test_random_workloads_finish_exactly_once_without_leaks(w: dict) -> None:
         step += 1
     assert len(d.requests) == len(w["requests"])
     d.check_all_done()
+
+
+def test_step_tokens_count_as_vllm_counts_iterations() -> None:
+    """One token per token sampled, plus a sequence's whole prompt in the step that samples its first token (chunks
+    before it count 0, a prompt served from the prefix cache counts whole): vllm:iteration_tokens_total."""
+    d = Driver(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=6)
+    prompt = list(range(1, 15))  # 14 tokens: chunks of 6, 6 and 2
+    d.add(make_request("a", prompt, max_tokens=3, arrival=0))
+    d.run()
+    d.add(make_request("b", prompt, max_tokens=3, arrival=1))  # 12 of its tokens from the prefix cache: one step
+    d.run()
+    tokens = d.scheduler.stats.step_tokens
+    assert tokens.total == 2 * (14 + 3)
+    assert sum(tokens.counts) == (3 + 2) + (1 + 2)  # a: three chunks, two decodes; b: one prefill, two decodes
+    assert tokens.counts[0] == 2 + 4  # the chunks that sample nothing (0) and the decodes (1): bucket <= 1
+    assert tokens.counts[2] == 2  # the steps that end a prompt: 14 + 1, bucket <= 16

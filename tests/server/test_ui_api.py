@@ -35,7 +35,8 @@ def test_page_and_assets_are_served_without_a_key() -> None:
     client = _app(ui=True, keys=(KEY,))
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assets = re.findall(r'(?:src|href)="(/ui/[^"]+)"', page.text)
+    assert '<base href="/">' in page.text  # the page's URLs are relative to it (--root-path: the prefix)
+    assets = ["/" + a for a in re.findall(r'(?:src|href)="(ui/[^"]+)"', page.text)]
     assert {"/ui/app.css", "/ui/main.js"} <= set(assets)
     scripts = {f"/ui/{p.name}" for p in STATIC_DIR.glob("*.js")}
     for path in set(assets) | scripts:

@@ -14,6 +14,7 @@ import uvicorn
 from conveyor.config import EngineConfig
 from conveyor.data_parallel.replicas import ReplicaSet
 from conveyor.data_parallel.serving.front import Front, build_front_app
+from conveyor.errors import ConfigError
 from conveyor.server.main import DrainingServer, api_keys, model_name
 from conveyor.server.state import ServerOptions
 
@@ -29,6 +30,21 @@ def serve_data_parallel(args: argparse.Namespace, config: EngineConfig) -> int:
         logger.warning(
             "--vllm-metrics is not exported by the data-parallel front yet; the conveyor_* series "
             "(per replica and totals) are"
+        )
+    unserved = [
+        flag
+        for flag, given in (
+            ("--root-path", bool(args.root_path.strip("/ "))),
+            ("--enable-force-include-usage", args.enable_force_include_usage),
+            ("--return-tokens-as-token-ids", args.return_tokens_as_token_ids),
+            ("--enable-prompt-tokens-details", args.enable_prompt_tokens_details),
+        )
+        if given
+    ]
+    if unserved:
+        raise ConfigError(
+            f"{', '.join(unserved)} {'is' if len(unserved) == 1 else 'are'} not honoured by the data-parallel front "
+            f"yet; leave {'it' if len(unserved) == 1 else 'them'} out, or serve one replica (--data-parallel-size 1)"
         )
     options = ServerOptions(
         model_name=args.served_model_name or model_name(config),

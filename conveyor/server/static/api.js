@@ -40,12 +40,18 @@ async function errorOf(response) {
   return `HTTP ${response.status} ${response.statusText}${text ? `: ${text.slice(0, 300)}` : ""}`;
 }
 
+/** The full URL of an API path ("/v1/..."), under the prefix the page is served at (the server's --root-path,
+ * which it writes into the page's <base>). */
+export function apiURL(path) {
+  return new URL(path.replace(/^\//, ""), document.baseURI).href;
+}
+
 /** fetch with the key; a non-2xx answer throws ApiError carrying the server's message. */
 export async function apiFetch(path, options = {}) {
   const headers = { ...(options.headers || {}), ...authHeaders() };
   let response;
   try {
-    response = await fetch(path, { ...options, headers });
+    response = await fetch(apiURL(path), { ...options, headers });
   } catch (err) {
     if (err.name === "AbortError") throw err;
     throw new ApiError(0, `the server could not be reached (${err.message})`);

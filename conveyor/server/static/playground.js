@@ -1,7 +1,7 @@
 // The chat playground: a conversation kept in this browser (localStorage), streamed replies,
 // the sampling settings, stop / regenerate, a per-token logprob view and copy as curl / Python.
 
-import { streamSSE } from "./api.js";
+import { apiURL, streamSSE } from "./api.js";
 
 const CHAT_STORAGE = "conveyor.chat";
 const SETTINGS_STORAGE = "conveyor.settings";
@@ -223,7 +223,7 @@ function copyText(title, text, note) {
 
 function copyCurl() {
   const body = JSON.stringify(requestBody(pendingHistory(), false), null, 2).replaceAll("'", "'\\''");
-  const text = `curl ${location.origin}/v1/chat/completions \\\n  -H 'Content-Type: application/json' \\\n` +
+  const text = `curl ${apiURL("/v1/chat/completions")} \\\n  -H 'Content-Type: application/json' \\\n` +
     `  -H "Authorization: Bearer $CONVEYOR_API_KEY" \\\n  -d '${body}'`;
   copyText("Copy as curl", text, "The key is read from $CONVEYOR_API_KEY; the page never puts it in the text.");
 }
@@ -251,7 +251,7 @@ function copyPython() {
   if (Object.keys(extra).length) args.push(`    extra_body=${py(extra)},`);
   const text = [
     "import os", "", "from openai import OpenAI", "",
-    `client = OpenAI(base_url="${location.origin}/v1", api_key=os.environ.get("CONVEYOR_API_KEY", "unused"))`,
+    `client = OpenAI(base_url="${apiURL("/v1")}", api_key=os.environ.get("CONVEYOR_API_KEY", "unused"))`,
     "reply = client.chat.completions.create(",
     `    model=client.models.list().data[0].id,`,
     "    messages=[",
