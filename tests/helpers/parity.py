@@ -79,7 +79,7 @@ def teacher_forced_logits(model: Any, prompts: list[list[int]], got: list[list[i
     sequence: -> per sequence [len(continuation), vocab], row j predicting continuation token j."""
     out = []
     for ids, ours in zip(prompts, got, strict=True):
-        with torch.no_grad(), reference_threads():
+        with torch.no_grad():  # whole-sequence products: large enough for torch's threads to pay (unlike generate)
             out.append(model(torch.tensor([ids + ours])).logits[0, len(ids) - 1 : -1].float())  # [new, vocab]
     return out
 
