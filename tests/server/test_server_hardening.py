@@ -193,6 +193,7 @@ EXTREMES: list[dict[str, Any]] = [
     {"temperature": 1e-30},
     {"top_p": 1e-30},
     {"repetition_penalty": 1e-30},
+    {"repetition_penalty": 5e-324},  # once divided logits into infinities (a 500 blaming the model)
     {"min_p": 1e-45},
     {"stop": ["\u0000"], "user": "\u0000"},
     {"logit_bias": {"-0": 1, "00005": 1}},
