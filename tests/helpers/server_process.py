@@ -41,6 +41,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
         )
+        self._stopping = False
 
     def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.time() + timeout
@@ -55,9 +56,15 @@ class ServerProcess:
             time.sleep(0.3)
         raise TimeoutError("server did not become healthy")
 
-    def stop(self) -> int:
-        if self.proc.poll() is None:
+    def begin_stop(self) -> None:
+        """Send SIGTERM, once; `stop()` then waits for the exit. Servers stopped together shut down side by side."""
+        if self.proc.poll() is None and not self._stopping:
+            self._stopping = True
             self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self) -> int:
+        self.begin_stop()
+        if self.proc.poll() is None:
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
