@@ -24,8 +24,9 @@ SMALL = ["--kv-cache-memory", "64MiB", "--max-model-len", "512"]
 CHAT_HISTORY = "My name is Alice and I live in Lisbon.\nWhat is my name?\n"
 CHAT_OVERFLOW = "Hi\nTell me a long story about a dragon and a knight.\nAnd another one, please.\n" + "x " * 200 + "\n"
 MODEL_LINES: dict[str, tuple[list[str], str]] = {
-    "chat-history": (["chat", "--max-tokens", "40", *SMALL], CHAT_HISTORY),
-    "chat-fresh": (["chat", "--max-tokens", "40", *SMALL], "What is my name?\n"),
+    # 16 tokens a reply tell the answer with the first turn in its context from the answer without it
+    "chat-history": (["chat", "--max-tokens", "16", *SMALL], CHAT_HISTORY),
+    "chat-fresh": (["chat", "--max-tokens", "16", *SMALL], "What is my name?\n"),
     "chat-exit": (["chat", *SMALL], "/exit\nnever read\n"),
     "chat-overflow": (
         ["chat", "--max-tokens", "16", "--kv-cache-memory", "64MiB", "--max-model-len", "96"],

@@ -14,7 +14,6 @@ the setup scripts) stay parse-only: their flags are still checked by the real pa
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
 import pathlib
@@ -235,11 +234,18 @@ def _run(args: list[str], stdin: str, cwd: str, timeout: float) -> subprocess.Co
     return subprocess.run(args, input=stdin, capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
+def _line_key(run: dict[str, Any]) -> tuple[tuple[str, ...], str]:
+    """What makes two pages' CLI lines the same run: the argv and the input."""
+    return tuple(run["argv"]), run["stdin"]
+
+
 @pytest.fixture(scope="module")
 def servers() -> Any:
     """Servers by their flags, shared by the pages that start the same one; each must exit 0 on SIGTERM."""
     started: dict[tuple[str, ...], Any] = {}
     yield started
+    for server in started.values():
+        server.begin_stop()
     codes = {args: server.stop() for args, server in started.items()}
     assert all(rc == 0 for rc in codes.values()), (
         f"`conveyor serve` exit status on SIGTERM (the docs promise 0): {codes}"
@@ -297,8 +303,9 @@ def doc_runs(request: pytest.FixtureRequest, servers: dict[tuple[str, ...], Any]
     failures when their test is), run together so that they share child interpreters: all CLI lines in one
     (tests/helpers/run_cli.py, each line as the console script runs it), all Python blocks in another
     (tests/docs/run_python.py, each page in a namespace of its own); each page's curl lines go to its server.
-    The servers start while the CLI lines run. -> {"failures": {page: [...]}, "planted_cli": [results],
-    "planted_python": (exit status, [page results])}."""
+    A line that several pages document (the same argv and input) runs once. The servers start while the CLI
+    lines run. -> {"failures": {page: [...]}, "planted_cli": [results], "planted_python": (exit status, [page
+    results])}."""
     from helpers.server_process import ServerProcess
 
     tests = [item for item in request.session.items if item.module is request.module]
@@ -317,14 +324,20 @@ def doc_runs(request: pytest.FixtureRequest, servers: dict[tuple[str, ...], Any]
         if planted:
             runs += [("", {"argv": argv, "stdin": "", "where": "planted"}) for argv in PLANTED_CLI]
         if runs:
+            unique = list(dict.fromkeys(_line_key(run) for _, run in runs))
             done = _run(
-                [sys.executable, str(ROOT / "tests/helpers/run_cli.py")], json.dumps([r for _, r in runs]), cwd, 1800
+                [sys.executable, str(ROOT / "tests/helpers/run_cli.py")],
+                json.dumps([{"argv": list(argv), "stdin": stdin} for argv, stdin in unique]),
+                cwd,
+                1800,
             )
             results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-            found["planted_cli"] = results[len(runs) - len(PLANTED_CLI) :] if planted else []
-            for (page, run), result in itertools.zip_longest(runs, results):
+            by_line = dict(zip(unique, results))
+            found["planted_cli"] = [by_line.get(_line_key(run)) for page, run in runs if not page]
+            for page, run in runs:
                 if not page:
                     continue
+                result = by_line.get(_line_key(run))
                 if result is None:
                     failures[page].append(
                         f"{run['where']}: the CLI runner stopped before `conveyor {shlex.join(run['argv'])}`:\n"

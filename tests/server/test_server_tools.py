@@ -6,7 +6,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import jsonschema
 import openai
 import pytest
@@ -84,7 +83,7 @@ def test_json_object_and_schema_on_completions(server: ServerProcess) -> None:
         "required": ["answer"],
         "additionalProperties": False,
     }
-    r = httpx.post(
+    r = server.http.post(
         server.url + "/v1/completions",
         timeout=600,
         json={
@@ -98,7 +97,7 @@ def test_json_object_and_schema_on_completions(server: ServerProcess) -> None:
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "stop"
     jsonschema.validate(json.loads(choice["text"]), schema)
-    r = httpx.post(
+    r = server.http.post(
         server.url + "/v1/chat/completions",
         timeout=600,
         json={
@@ -114,7 +113,7 @@ def test_json_object_and_schema_on_completions(server: ServerProcess) -> None:
     for choice in r.json()["choices"]:
         if choice["finish_reason"] == "stop":
             assert isinstance(json.loads(choice["message"]["content"]), dict)
-    r = httpx.post(
+    r = server.http.post(
         server.url + "/v1/completions",
         timeout=600,
         json={"prompt": "Pick a colour:", "max_tokens": 10, "guided_choice": ["red", "green"], "temperature": 0},

@@ -35,13 +35,13 @@ def client(server: ServerProcess) -> openai.OpenAI:
 
 
 def _post(server: ServerProcess, path: str, body: dict[str, Any], **kwargs: Any) -> httpx.Response:
-    return httpx.post(server.url + path, json=body, timeout=300, **kwargs)
+    return server.http.post(server.url + path, json=body, timeout=300, **kwargs)
 
 
 def _sse(server: ServerProcess, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """Every data line of a streamed response, parsed as guidellm does (an error object is a failure)."""
     chunks: list[dict[str, Any]] = []
-    with httpx.stream("POST", server.url + path, json=body, timeout=300) as response:
+    with server.http.stream("POST", server.url + path, json=body, timeout=300) as response:
         assert response.status_code == 200, response.read()
         lines = [line.strip() for line in response.iter_lines() if line.strip()]
     assert lines[-1] == "data: [DONE]"
@@ -96,7 +96,7 @@ def _check_guidellm_stream(chunks: list[dict[str, Any]], output_tokens: int, cha
 
 
 def test_guidellm_streaming_requests_have_no_errors(server: ServerProcess) -> None:
-    assert httpx.get(server.url + "/v1/models", timeout=30).status_code == 200  # guidellm's backend check
+    assert server.http.get(server.url + "/v1/models", timeout=30).status_code == 200  # guidellm's backend check
     prompts = ["The history of the printing press", "Explain how tides work", "A recipe for bread", "Why is the sky"]
     errors: list[BaseException] = []
 
@@ -386,7 +386,7 @@ def test_x_request_id_is_echoed_or_made(server: ServerProcess) -> None:
     made = _post(server, "/v1/completions", body)
     assert made.json()["id"] == "cmpl-" + made.headers["x-request-id"]
     assert _post(server, "/v1/completions", body).headers["x-request-id"] != made.headers["x-request-id"]
-    with httpx.stream(
+    with server.http.stream(
         "POST",
         server.url + "/v1/chat/completions",
         json={"messages": QUESTION, "max_tokens": 2, "stream": True},
@@ -441,7 +441,7 @@ def test_tokenize_detokenize_tokenizer_info(server: ServerProcess, default_llm: 
         _post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"]
         == tokenizer(text, add_special_tokens=False)["input_ids"]
     )
-    info = httpx.get(server.url + "/tokenizer_info", timeout=30).json()
+    info = server.http.get(server.url + "/tokenizer_info", timeout=30).json()
     assert info["eos_token"] == tokenizer.eos_token and info["model_max_length"] == 2048
     assert info["vocab_size"] >= len(tokenizer) - len(info["added_tokens_decoder"])
     assert info["chat_template"] == tokenizer.chat_template
@@ -482,7 +482,7 @@ def test_offline_logprobs_in_vllm_shape(default_llm: Any) -> None:
 
 def test_metrics_under_vllm_names(server: ServerProcess) -> None:
     _post(server, "/v1/completions", {"prompt": "Count: 1, 2,", "max_tokens": 3})
-    lines = httpx.get(server.url + "/metrics", timeout=30).text.splitlines()
+    lines = server.http.get(server.url + "/metrics", timeout=30).text.splitlines()
     values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if not line.startswith("#")}
     label = f'{{model_name="{MODEL}"}}'
     for name in ("prompt_tokens_total", "time_to_first_token_seconds_count", "e2e_request_latency_seconds_sum"):
