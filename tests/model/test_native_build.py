@@ -1,12 +1,17 @@
 """The native-kernel cache is keyed by content, not by the checkout's path: two checkouts at different paths,
-run alternately, build once; concurrent first starts build once; a killed build leaves nothing that blocks."""
+run alternately, build once; concurrent first starts build once; a killed build leaves nothing that blocks.
+
+Each start is a process of its own, forked from a server process that has imported torch and transformers (most
+of a new interpreter's start) and nothing else: each imports conveyor afresh, from the checkout or package copy its
+path names first, with no extension loaded, as `python -c` would."""
 
 from __future__ import annotations
 
-import os
+import multiprocessing
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,6 +49,23 @@ assert module.answer() == 42
 print("answer", module.answer())
 """
 
+AS_A_NEW_INTERPRETER = """
+import os, sys
+out, err, cache, cwd, argv, package_parent = start
+for fd, path in ((1, out), (2, err)):
+    with open(path, "w") as file:
+        os.dup2(file.fileno(), fd)
+os.environ["TORCH_EXTENSIONS_DIR"] = cache
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+os.chdir(cwd)
+sys.argv = argv
+if package_parent:
+    sys.path.insert(0, package_parent)
+"""
+"""What `python -c <code> <argv...>` would start with, run with the extension cache `cache`, ninja on PATH, in the
+folder cwd, PYTHONPATH=package_parent (where given), its stdout and stderr into the files out and err (`start`
+holds these)."""
+
 
 def _checkout(root: Path, name: str) -> Path:
     """A 'checkout' of the tiny extension: the same source text at its own path."""
@@ -54,14 +76,43 @@ def _checkout(root: Path, name: str) -> Path:
     return source
 
 
-def _run(args: list[str], cache: Path, cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Python with these arguments, outside any checkout (`-c` puts the working folder first on sys.path)."""
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(cache)}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
-    bin_dir = str(Path(sys.executable).parent)  # ninja is installed beside the venv's python
-    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=600, cwd=cwd)
+def _starts(
+    code: str, runs: list[tuple[list[str], Path | None]], cache: Path, cwd: Path
+) -> list[subprocess.CompletedProcess[str]]:
+    """`python -c code` once for each (arguments, package_parent) of runs, all at once, each a process of its own
+    (see the module's docstring); their exit statuses and output."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "transformers"])  # what conveyor imports that costs the most time
+    with tempfile.TemporaryDirectory() as folder:
+        outputs = [(Path(folder, f"{i}.out"), Path(folder, f"{i}.err")) for i in range(len(runs))]
+        processes = []
+        for (args, package_parent), (out, err) in zip(runs, outputs, strict=True):
+            start = (str(out), str(err), str(cache), str(cwd), ["-c", *args], str(package_parent or ""))
+            namespace = {"__name__": "__main__", "start": start}
+            processes.append(context.Process(target=exec, args=(AS_A_NEW_INTERPRETER + code, namespace)))
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(timeout=600)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+        return [
+            subprocess.CompletedProcess(
+                ["-c", code, *args],
+                process.exitcode,
+                out.read_text() if out.exists() else "",
+                err.read_text() if err.exists() else "",
+            )
+            for (args, _), process, (out, err) in zip(runs, processes, outputs, strict=True)
+        ]
+
+
+def _run(
+    code: str, args: list[str], cache: Path, cwd: Path, package_parent: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """One start of `python -c code args...` (see _starts); it must succeed."""
+    (result,) = _starts(code, [(args, package_parent)], cache, cwd)
     assert result.returncode == 0, result.stdout + result.stderr
     return result
 
@@ -69,7 +120,7 @@ def _run(args: list[str], cache: Path, cwd: Path, pythonpath: Path | None = None
 def test_two_checkouts_alternating_build_once(tmp_path: Path) -> None:
     cache = tmp_path / "extensions"
     first, second = _checkout(tmp_path, "clone-a"), _checkout(tmp_path, "clone-b")
-    logs = [_run(["-c", LOAD_TINY, str(source)], cache, tmp_path).stderr for source in (first, second) * 2]
+    logs = [_run(LOAD_TINY, [str(source)], cache, tmp_path).stderr for source in (first, second) * 2]
     builds = [i for i, log in enumerate(logs) if BUILD_LINE in log]
     assert builds == [0], f"expected one build (the first run), got builds in runs {builds}: {logs}"
     entries = [p.name for p in cache.iterdir() if p.is_dir()]
@@ -80,34 +131,19 @@ def test_two_checkouts_alternating_build_once(tmp_path: Path) -> None:
 def test_changed_source_builds_anew(tmp_path: Path) -> None:
     cache = tmp_path / "extensions"
     source = _checkout(tmp_path, "clone")
-    assert BUILD_LINE in _run(["-c", LOAD_TINY, str(source)], cache, tmp_path).stderr
+    assert BUILD_LINE in _run(LOAD_TINY, [str(source)], cache, tmp_path).stderr
     source.write_text(TINY_SOURCE + "\n// changed\n")
-    assert BUILD_LINE in _run(["-c", LOAD_TINY, str(source)], cache, tmp_path).stderr
-    assert BUILD_LINE not in _run(["-c", LOAD_TINY, str(source)], cache, tmp_path).stderr
+    assert BUILD_LINE in _run(LOAD_TINY, [str(source)], cache, tmp_path).stderr
+    assert BUILD_LINE not in _run(LOAD_TINY, [str(source)], cache, tmp_path).stderr
     assert len([p for p in cache.iterdir() if p.is_dir()]) == 2
 
 
 def test_concurrent_first_starts_build_once(tmp_path: Path) -> None:
     cache = tmp_path / "extensions"
     sources = [_checkout(tmp_path, f"clone-{i}") for i in range(3)]
-    env = {
-        **os.environ,
-        "TORCH_EXTENSIONS_DIR": str(cache),
-        "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""),
-    }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", LOAD_TINY, str(s)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-        )
-        for s in sources
-    ]
-    outputs = [p.communicate(timeout=600) for p in procs]
-    assert all(p.returncode == 0 for p in procs), outputs
+    runs = _starts(LOAD_TINY, [([str(source)], None) for source in sources], cache, tmp_path)
+    outputs = [(run.stdout, run.stderr) for run in runs]
+    assert all(run.returncode == 0 for run in runs), outputs
     assert all("answer 42" in out for out, _ in outputs)
     assert sum(BUILD_LINE in err for _, err in outputs) == 1, [err for _, err in outputs]
 
@@ -117,15 +153,15 @@ def test_leftovers_of_a_killed_build_do_not_block(tmp_path: Path) -> None:
     wait forever) and perhaps a stale lock file: the next start rebuilds; so does a damaged cached library."""
     cache = tmp_path / "extensions"
     source = _checkout(tmp_path, "clone")
-    _run(["-c", LOAD_TINY, str(source)], cache, tmp_path)
+    _run(LOAD_TINY, [str(source)], cache, tmp_path)
     entry = next(p for p in cache.iterdir() if p.is_dir())
     (entry / f"{entry.name}.so").unlink()  # as if the process died before moving the library into place
     (entry / "build" / "lock").write_text("")
     (entry / "build" / f"{entry.name}.so").write_bytes(b"half a library")
-    log = _run(["-c", LOAD_TINY, str(source)], cache, tmp_path).stderr
+    log = _run(LOAD_TINY, [str(source)], cache, tmp_path).stderr
     assert BUILD_LINE in log
     (entry / f"{entry.name}.so").write_bytes(b"not a library")  # a damaged cached build is built again
-    log = _run(["-c", LOAD_TINY, str(source)], cache, tmp_path).stderr
+    log = _run(LOAD_TINY, [str(source)], cache, tmp_path).stderr
     assert "does not load" in log and BUILD_LINE in log
 
 
@@ -146,7 +182,7 @@ def test_real_kernels_from_two_package_copies_share_one_build(tmp_path: Path) ->
         "from conveyor.model.native import load_kernels, NoToolchain\n"
         "load_kernels(); print('loaded')\n"
     )
-    runs = [_run(["-c", script, str(copy)], cache_root(), tmp_path, pythonpath=copy) for copy in copies * 2]
+    runs = [_run(script, [str(copy)], cache_root(), tmp_path, package_parent=copy) for copy in copies * 2]
     assert all(run.stdout.strip() == "loaded" for run in runs)
     logs = [run.stderr for run in runs]
     builds = [i for i, log in enumerate(logs) if BUILD_LINE in log]
