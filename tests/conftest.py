@@ -55,6 +55,9 @@ FULL_TIER_ONLY = (
     "tests/model/test_parity_bf16.py",
     "tests/model/test_model_families.py",
     "tests/model/test_native_build.py",
+    "tests/model/test_kernel_background_build.py::test_auto_with_an_empty_cache",
+    # The fuzzer's seeded hundred mutants (the fast tier keeps the regression test of each finding).
+    "tests/fuzz/test_fuzz.py",
     "tests/model/test_isa.py::test_kernel_tests_pass_at_a_forced_lower_tier",
     "tests/model/test_isa.py::test_the_portable_tier_compiles_for_arm64",
     "tests/model/test_quant.py::test_default_model_int4_",
