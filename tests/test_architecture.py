@@ -9,6 +9,8 @@ import graphlib
 import pathlib
 from collections import defaultdict
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "conveyor"
 
 LAYERS: dict[str, float] = {
@@ -154,3 +156,37 @@ def test_the_private_attribute_check_can_fail(tmp_path: pathlib.Path) -> None:
     sample.write_text("def f(engine):\n    engine._on_timings = print\n    return self._x, engine.engine._ready\n")
     found = _private_uses(sample)
     assert len(found) == 2 and "_on_timings" in found[0] and "_ready" in found[1]
+
+
+BASE_ENTRY_POINTS = """
+import contextlib, io, json, sys
+import conveyor.cli, conveyor.server.app
+for argv in (["--help"], ["generate", "--help"], ["chat", "--help"], ["serve", "--help"], ["inspect", "--help"],
+             ["bench", "--help"]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        conveyor.cli.main(argv)
+print(json.dumps(sorted(name.partition(".")[0] for name in sys.modules)))
+"""
+
+
+def test_the_base_install_needs_no_extra() -> None:
+    """What `pip install conveyor` (no extras) runs, the CLI and the server, imports no module that only an extra
+    (test, bench, ray, openvino) installs: a fresh machine's first `conveyor generate` once died on one."""
+    import json
+    import subprocess
+    import sys
+
+    from packaging.requirements import Requirement
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["project"]
+    base = {Requirement(r).name.lower() for r in project["dependencies"]}
+    extras = {Requirement(r).name.lower() for reqs in project["optional-dependencies"].values() for r in reqs}
+    extra_only = {name.replace("-", "_") for name in extras - base}
+    assert {"ray", "matplotlib", "psutil"} <= extra_only, extra_only  # the walk reads the extras
+    result = subprocess.run(
+        [sys.executable, "-c", BASE_ENTRY_POINTS], capture_output=True, text=True, timeout=300, check=True
+    )
+    imported = set(json.loads(result.stdout.splitlines()[-1]))
+    assert not imported & extra_only, sorted(imported & extra_only)
