@@ -33,7 +33,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tiny_chat_model(folder: str) -> str:
+def build_tiny_chat_model(folder: str, chat_template: str = CHAT_TEMPLATE) -> str:
     """A tiny Llama with a byte-level BPE tokenizer of 500 tokens ("</s>" = 1 ends a reply) and a chat template."""
     build_tiny_model("llama", folder, vocab_size=TINY_VOCAB, eos_token_id=1, bos_token_id=0)
     save_small_tokenizer(folder)
@@ -41,7 +41,7 @@ def build_tiny_chat_model(folder: str) -> str:
     with open(path) as f:
         config = json.load(f)
     with open(path, "w") as f:
-        json.dump(config | {"chat_template": CHAT_TEMPLATE}, f)
+        json.dump(config | {"chat_template": chat_template}, f)
     return folder
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import threading
 from collections.abc import Iterator
@@ -46,13 +45,7 @@ TOOL = {
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: Any) -> str:
-    path = build_tiny_chat_model(str(tmp_path_factory.mktemp("tiny-vllm-surface")))
-    config_path = os.path.join(path, "tokenizer_config.json")
-    with open(config_path) as f:
-        config = json.load(f)
-    with open(config_path, "w") as f:
-        json.dump(config | {"chat_template": TEMPLATE}, f)
-    return path
+    return build_tiny_chat_model(str(tmp_path_factory.mktemp("tiny-vllm-surface")), chat_template=TEMPLATE)
 
 
 @pytest.fixture(scope="module")
