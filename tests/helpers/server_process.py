@@ -54,16 +54,15 @@ class ServerProcess:
 
     def wait_ready(self, timeout: float = 120) -> None:
         deadline = time.time() + timeout
-        with httpx.Client() as client:  # one client for every poll (each httpx.get would build one, TLS and all)
-            while time.time() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited early:\n{self.proc.stdout.read() if self.proc.stdout else ''}")
-                try:
-                    if client.get(self.url + "/health", timeout=2).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.3)
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.proc.stdout.read() if self.proc.stdout else ''}")
+            try:
+                if self.http.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
         raise TimeoutError("server did not become healthy")
 
     def begin_stop(self) -> None:

@@ -27,14 +27,6 @@ def server() -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="module")
-def http() -> Iterator[httpx.Client]:
-    """One client for the module's requests (httpx.post and the like build a client, TLS context included, per
-    call: a tenth of a second each, CPU the servers would rather have)."""
-    with httpx.Client() as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TinyServer]:
     """The same HTTP layer and limits around a tiny random model (helpers/tiny_server.py): for checks of status
     codes and error shapes, which do not depend on the default model's answers."""
@@ -175,13 +167,11 @@ CASES: list[tuple[str, Any, int, str | None]] = [
 @pytest.mark.parametrize(
     "route, body, status, param", CASES, ids=[f"{i}-{c[0].split('/')[-1]}-{c[2]}" for i, c in enumerate(CASES)]
 )
-def test_bad_request_table(
-    server: ServerProcess, http: httpx.Client, route: str, body: Any, status: int, param: str | None
-) -> None:
+def test_bad_request_table(server: ServerProcess, route: str, body: Any, status: int, param: str | None) -> None:
     if isinstance(body, bytes):
-        r = http.post(server.url + route, content=body, headers={"Content-Type": "application/json"}, timeout=30)
+        r = server.http.post(server.url + route, content=body, headers={"Content-Type": "application/json"}, timeout=30)
     else:
-        r = http.post(server.url + route, json=body, timeout=30)
+        r = server.http.post(server.url + route, json=body, timeout=30)
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -189,7 +179,7 @@ def test_bad_request_table(
     if param is not None:
         assert error["param"] == param or (error["param"] or "").startswith(param), error
     _no_internals(error["message"])
-    assert http.get(server.url + "/health").status_code == 200
+    assert server.http.get(server.url + "/health").status_code == 200
 
 
 def _no_internals(message: str) -> None:
@@ -197,15 +187,16 @@ def _no_internals(message: str) -> None:
     assert ".py" not in message and "/site-packages" not in message
 
 
-def test_one_bad_request_does_not_disturb_another(server: ServerProcess, http: httpx.Client) -> None:
+def test_one_bad_request_does_not_disturb_another(server: ServerProcess) -> None:
     import concurrent.futures as cf
 
     # 3 tokens: well inside this server's 3 s --request-timeout on a loaded machine too
     good = {"model": MODEL, "prompt": "1, 2, 3,", "max_tokens": 3, "temperature": 0}
     with cf.ThreadPoolExecutor(8) as pool:
-        goods = [pool.submit(http.post, server.url + COMPLETIONS, json=good, timeout=60) for _ in range(2)]
+        goods = [pool.submit(server.http.post, server.url + COMPLETIONS, json=good, timeout=60) for _ in range(2)]
         bads = [
-            pool.submit(http.post, server.url + COMPLETIONS, json={"prompt": [10**8]}, timeout=60) for _ in range(6)
+            pool.submit(server.http.post, server.url + COMPLETIONS, json={"prompt": [10**8]}, timeout=60)
+            for _ in range(6)
         ]
         answers = [f.result() for f in goods]
         assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
@@ -214,13 +205,15 @@ def test_one_bad_request_does_not_disturb_another(server: ServerProcess, http: h
     assert len(texts) == 1
 
 
-def test_queue_full_gives_503_with_retry_after(server: ServerProcess, http: httpx.Client) -> None:
+def test_queue_full_gives_503_with_retry_after(server: ServerProcess) -> None:
     import concurrent.futures as cf
 
     # 2 tokens each: the admitted batch finishes well inside the 3 s deadline on a loaded machine too
     body = {"model": MODEL, "prompt": "Story:", "max_tokens": 2, "ignore_eos": True}
     with cf.ThreadPoolExecutor(40) as pool:
-        results = list(pool.map(lambda _: http.post(server.url + COMPLETIONS, json=body, timeout=120), range(40)))
+        results = list(
+            pool.map(lambda _: server.http.post(server.url + COMPLETIONS, json=body, timeout=120), range(40))
+        )
     refused = [r for r in results if r.status_code == 503]
     assert refused, "40 simultaneous requests with --max-queued-requests 2 should see a 503"
     assert all(r.headers.get("retry-after") and r.json()["error"]["code"] == "queue_full" for r in refused)
@@ -230,42 +223,43 @@ def test_queue_full_gives_503_with_retry_after(server: ServerProcess, http: http
     timed_out = [r for r in results if r.status_code == 504]
     assert all(r.json()["error"]["type"] == "timeout_error" for r in timed_out), [r.text for r in timed_out]
     assert all(r.status_code in (200, 503, 504) for r in results), [(r.status_code, r.text) for r in results]
-    assert http.get(server.url + "/health").status_code == 200
+    assert server.http.get(server.url + "/health").status_code == 200
 
 
-def _errors_counted(server: ServerProcess, http: httpx.Client) -> float:
-    text = http.get(server.url + "/metrics", timeout=10).text
+def _errors_counted(server: ServerProcess) -> float:
+    text = server.http.get(server.url + "/metrics", timeout=10).text
     line = next((x for x in text.splitlines() if x.startswith('conveyor_requests_total{status="error"}')), None)
     return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
 
 
-def test_empty_or_form_body_says_to_send_json(server: ServerProcess, http: httpx.Client) -> None:
+def test_empty_or_form_body_says_to_send_json(server: ServerProcess) -> None:
     for headers in ({"Content-Type": "application/json"}, {"Content-Type": "application/x-www-form-urlencoded"}):
         for content in (b"", b'{"prompt": "x"}'):
-            r = http.post(server.url + COMPLETIONS, content=content, headers=headers, timeout=30)
+            r = server.http.post(server.url + COMPLETIONS, content=content, headers=headers, timeout=30)
             if content and headers["Content-Type"] == "application/json":
                 continue  # a valid request
             assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"], r.text
 
 
-def test_timeout_ends_with_an_error(server: ServerProcess, http: httpx.Client) -> None:
+def test_timeout_ends_with_an_error(server: ServerProcess) -> None:
     body = {"model": MODEL, "prompt": "Tell a long story", "max_tokens": 1900, "ignore_eos": True}
-    errors_before = _errors_counted(server, http)
-    r = http.post(server.url + COMPLETIONS, json=body, timeout=60)
+    errors_before = _errors_counted(server)
+    r = server.http.post(server.url + COMPLETIONS, json=body, timeout=60)
     assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
-    assert _errors_counted(server, http) == errors_before + 1
-    with http.stream("POST", server.url + COMPLETIONS, json=body | {"stream": True}, timeout=60) as s:
+    assert _errors_counted(server) == errors_before + 1
+    with server.http.stream("POST", server.url + COMPLETIONS, json=body | {"stream": True}, timeout=60) as s:
         lines = [line for line in s.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
     assert "error" in json.loads(lines[-2][6:]) and "timed out" in lines[-2]
     time.sleep(0.5)
-    assert http.get(server.url + "/health").status_code == 200
+    assert server.http.get(server.url + "/health").status_code == 200
 
 
-def test_schemathesis_finds_no_500(tiny_server: TinyServer, http: httpx.Client) -> None:
+def test_schemathesis_finds_no_500(tiny_server: TinyServer) -> None:
     """Property-based fuzzing from the app's own OpenAPI schema (bounded), on the tiny model: every generated body
     goes through the same routes, validation and error handling, at a fraction of the default model's cost."""
     server = tiny_server
+    http = httpx.Client()  # one for every generated request (httpx.post would build one, TLS context and all, each)
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis import HealthCheck, settings
 
@@ -298,6 +292,7 @@ def test_schemathesis_finds_no_500(tiny_server: TinyServer, http: httpx.Client) 
     assert not failures, failures[:3]
     assert len(sent) >= 25, f"only {len(sent)} generated requests were sent"
     assert http.get(server.url + "/health").status_code == 200
+    http.close()
 
 
 def test_server_value_bounds_are_sampling_params_own() -> None:
