@@ -83,7 +83,7 @@ class SamplingParams(BaseModel):
     frequency_penalty: RealNumber = Field(default=0.0, ge=-2.0, le=2.0)
     repetition_penalty: RealNumber = Field(default=1.0, ge=0.01, le=10.0)
     """Divides a seen token's positive logit (multiplies a negative one); from 0.01 up, so the result stays finite
-    (a subnormal penalty turned finite logits into infinities)."""
+    (a much smaller penalty turns finite logits into infinities)."""
     seed: WholeNumber | None = Field(default=None, ge=-(2**63), lt=2**63)
     """Any 64-bit signed integer, as OpenAI and vLLM accept (negative ones too); the draws hash all 64 bits
     (two's complement), so every seed draws its own sequence."""

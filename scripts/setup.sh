@@ -21,7 +21,7 @@ echo "torch==2.13.0" > .venv/constraints.txt
 extra=${1:-}
 if [ "$extra" = "test" ]; then spec=".[test,bench,ray]"; else spec="."; fi
 # The project and its extras: skipped when this venv already holds them for this pyproject.toml (pip's resolution of
-# the test extras alone takes half a minute), recorded only after pip succeeded.
+# the test extras alone is slow), recorded only after pip succeeded.
 stamp=".venv/.installed-${extra:-base}-$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
     if pip_q -c .venv/constraints.txt -e "$spec"; then touch "$stamp"; fi

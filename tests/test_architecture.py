@@ -171,7 +171,8 @@ print(json.dumps(sorted(name.partition(".")[0] for name in sys.modules)))
 
 def test_the_base_install_needs_no_extra() -> None:
     """What `pip install conveyor` (no extras) runs, the CLI and the server, imports no module that only an extra
-    (test, bench, ray, openvino) installs: a fresh machine's first `conveyor generate` once died on one."""
+    (test, bench, ray, openvino) installs: the CLI loads every subcommand's module, so one such import anywhere in them
+    stops `conveyor generate` on a base install."""
     import json
     import subprocess
     import sys
